@@ -1,0 +1,125 @@
+"""The seams of the agent: small protocols passed into its constructor.
+
+``Agent(model, env, store, approver)`` depends only on these, so a worker, a
+test or the CLI can supply its own implementations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from swarm.llm.types import ChatResult, Message, OnEvent
+
+
+class Model(Protocol):
+    """An OpenAI-compatible chat model."""
+
+    model: str
+
+    def context_length(self) -> int:
+        """The model's context window in tokens."""
+        ...
+
+    def chat(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        on_event: OnEvent | None = None,
+        temperature: float | None = None,
+        stream: bool | None = None,
+    ) -> ChatResult:
+        """One completion; raises :class:`swarm.errors.ModelError` after its retries."""
+        ...
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a shell command left behind."""
+
+    output: str
+    """stdout and stderr interleaved, capped, UTF-8 (bad bytes replaced)."""
+    exit_code: int | None
+    """None when the command was killed (timeout or interrupt)."""
+    timed_out: bool = False
+    cut_chars: int = 0
+    """How many characters of output the cap removed."""
+
+    def for_model(self) -> str:
+        """The text the model sees as the tool result."""
+        if self.timed_out:
+            return f"{self.output}\n[timed out: the command and its children were killed]"
+        return f"{self.output}\n[exit code: {self.exit_code}]"
+
+
+class Environment(Protocol):
+    """Where commands run: a workspace on some host."""
+
+    workspace: Path
+
+    def execute(self, command: str, timeout: int) -> CommandResult:
+        """Run ``command`` with ``bash -c`` in the workspace; never raises for the command's own
+        failure. Ctrl-C (KeyboardInterrupt) kills the command's process group and re-raises."""
+        ...
+
+
+Decision = Literal["approve", "deny", "always"]
+"""``always`` approves and remembers the approval for this tool for the rest of the session."""
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """What an approver is asked: may ``tool`` run with ``arguments``?"""
+
+    tool: str
+    arguments: dict[str, Any]
+    summary: str
+    """One line for a person, e.g. the command."""
+    reason: str = ""
+    """Why a person is asked (the policy, or what the reviewer said)."""
+    agent_id: str = ""
+
+
+class Approver(Protocol):
+    """Decides on an approval request; a terminal asks a person, a worker asks a queue."""
+
+    def __call__(self, request: ApprovalRequest) -> Decision: ...
+
+
+@dataclass
+class Session:
+    """One conversation, keyed by its workspace. Saved after every step."""
+
+    id: str
+    workspace: str
+    messages: list[Message]
+    usage: dict[str, int]
+    created: float
+    updated: float
+    turns: int = 0
+
+
+class SessionStore(Protocol):
+    """Where sessions live (Redis in production)."""
+
+    def load(self, session_id: str) -> Session | None: ...
+
+    def save(self, session: Session) -> None:
+        """Replace the stored session whole (idempotent)."""
+        ...
+
+    def delete(self, session_id: str) -> bool: ...
+
+    def list(self) -> list[Session]:
+        """Every stored session, most recently updated first."""
+        ...
+
+
+class HintStore(Protocol):
+    """Memory hints an agent leaves for its future self (``hints.md`` and Redis)."""
+
+    def load(self) -> str: ...
+
+    def save(self, text: str) -> None: ...

@@ -1,0 +1,204 @@
+"""Settings: every knob, its environment variable and its default, in one place.
+
+Precedence for each value: CLI flag > ``SWARM_*`` > ``OPENAI_*`` > ``EVA_*`` > default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from swarm.errors import ConfigError
+
+POLICIES = ("always", "never", "once", "review")
+
+
+class Secret(str):
+    """A string that never shows itself in a repr, a log line or a traceback."""
+
+    def __repr__(self) -> str:
+        return "Secret('***')" if self else "Secret('')"
+
+    def reveal(self) -> str:
+        return str.__str__(self)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting: the environment variables it reads, first match wins."""
+
+    env: tuple[str, ...]
+    help: str
+
+
+KNOBS: dict[str, Knob] = {
+    "base_url": Knob(("SWARM_BASE_URL", "OPENAI_BASE_URL", "EVA_BASE_URL"),
+                     "OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1"),
+    "model": Knob(("SWARM_MODEL", "OPENAI_MODEL", "EVA_MODEL_NAME"),
+                  "model id; when unset and /models lists exactly one, that one"),
+    "api_key": Knob(("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY"), "bearer token"),
+    "redis_url": Knob(("SWARM_REDIS_URL",), "Redis URL; unset starts the embedded server"),
+    "home": Knob(("SWARM_HOME",), "embedded server data, hints.md, logs"),
+    "max_turns": Knob(("SWARM_MAX_TURNS",), "model calls per run before stopping; 0 = no cap"),
+    "command_timeout": Knob(("SWARM_COMMAND_TIMEOUT",), "default run_cli timeout, seconds"),
+    "command_timeout_max": Knob(("SWARM_COMMAND_TIMEOUT_MAX",), "ceiling for run_cli timeouts"),
+    "output_cap": Knob(("SWARM_OUTPUT_CAP",), "characters of command output kept (head+tail)"),
+    "context_length": Knob(("SWARM_CONTEXT_LENGTH",),
+                           "context window when /models does not tell one"),
+    "compact_at": Knob(("SWARM_COMPACT_AT",), "fraction of the context that triggers compaction"),
+    "connect_timeout": Knob(("SWARM_CONNECT_TIMEOUT",), "seconds to connect to the model"),
+    "read_timeout": Knob(("SWARM_READ_TIMEOUT",), "seconds to wait for the next byte"),
+    "retries": Knob(("SWARM_RETRIES",), "tries per model call on 429/5xx/timeouts"),
+    "backoff_max": Knob(("SWARM_BACKOFF_MAX",), "longest wait between tries, seconds"),
+    "stream": Knob(("SWARM_STREAM",), "stream answers (1) or not (0)"),
+    "approval": Knob(("SWARM_APPROVAL",),
+                     "per-tool policies, e.g. 'run_cli=review,*=once' (always|never|once|review)"),
+    "yes": Knob(("SWARM_YES",), "approve every tool call"),
+    "lock_ttl": Knob(("SWARM_LOCK_TTL",), "seconds a session lock lives without renewal"),
+    "session_ttl": Knob(("SWARM_SESSION_TTL",), "seconds an idle session is kept in Redis"),
+    "max_depth": Knob(("SWARM_MAX_DEPTH",), "berserk: deepest child level"),
+    "max_children": Knob(("SWARM_MAX_CHILDREN",), "berserk: children per swarm"),
+    "max_parallel": Knob(("SWARM_MAX_PARALLEL",), "berserk: children in flight"),
+    "token_budget": Knob(("SWARM_TOKEN_BUDGET",), "berserk: tokens per swarm; 0 = no cap"),
+    "child_timeout": Knob(("SWARM_CHILD_TIMEOUT",), "berserk: wall seconds per child"),
+}
+
+
+def _default_home() -> Path:
+    return Path.home() / ".swarm"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of swarm. Build with :meth:`from_env`; never mutate, use :meth:`with_`."""
+
+    base_url: str = "https://api.openai.com/v1"
+    model: str = ""
+    api_key: Secret = field(default_factory=lambda: Secret(""))
+    redis_url: str = ""
+    home: Path = field(default_factory=_default_home)
+    max_turns: int = 0
+    command_timeout: int = 300
+    command_timeout_max: int = 3600
+    output_cap: int = 20_000
+    context_length: int = 128_000
+    compact_at: float = 0.75
+    connect_timeout: float = 10.0
+    read_timeout: float = 300.0
+    retries: int = 5
+    backoff_max: float = 30.0
+    stream: bool = True
+    approval: dict[str, str] = field(default_factory=lambda: {"run_cli": "review"})
+    yes: bool = False
+    lock_ttl: int = 30
+    session_ttl: int = 30 * 24 * 3600
+    max_depth: int = 3
+    max_children: int = 200
+    max_parallel: int = 64
+    token_budget: int = 0
+    child_timeout: int = 3600
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read settings from ``env`` (default ``os.environ``); ``overrides`` (CLI flags) win.
+
+        An override of ``None`` means "not given" and is ignored.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        types = {f.name: f.type for f in fields(cls)}
+        for name, knob in KNOBS.items():
+            raw = next((env[k] for k in knob.env if env.get(k, "") != ""), None)
+            if raw is not None:
+                values[name] = _parse(name, str(types[name]), raw, knob.env[0])
+        for name, value in overrides.items():
+            if name not in types:
+                raise ConfigError(f"unknown setting {name!r}")
+            if value is not None:
+                values[name] = _coerce(name, value)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def with_(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied (``None`` values are ignored)."""
+        return replace(self, **{k: _coerce(k, v) for k, v in changes.items() if v is not None})
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` for values that cannot work."""
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"SWARM_BASE_URL={self.base_url!r} is not an http(s) URL; "
+                "set it to your endpoint, e.g. http://127.0.0.1:8080/v1"
+            )
+        if not 0.1 <= self.compact_at <= 0.95:
+            raise ConfigError("SWARM_COMPACT_AT must be between 0.1 and 0.95, e.g. 0.75")
+        for tool, policy in self.approval.items():
+            if policy not in POLICIES:
+                raise ConfigError(
+                    f"approval policy {policy!r} for {tool!r} is not one of {', '.join(POLICIES)}"
+                )
+        for name in ("command_timeout", "command_timeout_max", "output_cap", "context_length",
+                     "retries", "lock_ttl"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{KNOBS[name].env[0]} must be a positive number")
+
+    def policy_for(self, tool: str) -> str:
+        """The approval policy of ``tool``: its own entry, else ``*``, else ``once``."""
+        return self.approval.get(tool, self.approval.get("*", "once"))
+
+    @property
+    def embedded(self) -> bool:
+        """True when no Redis URL is set and swarm runs its own server."""
+        return not self.redis_url
+
+
+def parse_policies(raw: str) -> dict[str, str]:
+    """Parse ``'run_cli=review,*=once'`` into a dict; raise :class:`ConfigError` on bad input."""
+    out: dict[str, str] = {"run_cli": "review"}
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        tool, sep, policy = part.partition("=")
+        if not sep or not tool.strip():
+            raise ConfigError(
+                f"SWARM_APPROVAL entry {part!r} is not TOOL=POLICY, e.g. 'run_cli=always'"
+            )
+        out[tool.strip()] = policy.strip()
+    return out
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse(name: str, type_name: str, raw: str, var: str) -> Any:
+    raw = raw.strip()
+    try:
+        if name == "approval":
+            return parse_policies(raw)
+        if type_name == "bool":
+            low = raw.lower()
+            if low not in _TRUE | _FALSE:
+                raise ValueError(raw)
+            return low in _TRUE
+        if type_name == "int":
+            return int(raw)
+        if type_name == "float":
+            return float(raw)
+        if type_name == "Path":
+            return Path(raw).expanduser()
+        if type_name == "Secret":
+            return Secret(raw)
+        return raw
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not a valid {type_name}") from None
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name == "api_key" and not isinstance(value, Secret):
+        return Secret(str(value))
+    if name == "home":
+        return Path(value).expanduser()
+    return value

@@ -1,0 +1,88 @@
+"""The one error tree of swarm.
+
+Every exception swarm raises on purpose derives from :class:`SwarmError`, and
+every message says what to check or how to fix it::
+
+    SwarmError
+    ├── ConfigError                 a setting is missing or invalid
+    ├── ModelError                  talking to the OpenAI-compatible endpoint
+    │   ├── ModelConnectionError    cannot connect / timed out (after retries)
+    │   ├── ModelHTTPError          the server answered 4xx/5xx (after retries)
+    │   │   └── ModelRateLimitError 429 after every retry
+    │   ├── ModelResponseError      the answer could not be parsed, or the stream broke
+    │   └── ModelNotFoundError      the model id is not listed by GET /models
+    ├── StoreError                  Redis / the embedded server
+    │   ├── StoreUnavailableError   cannot reach Redis, or the embedded server did not start
+    │   └── LockError               the session is held by another swarm process
+    ├── ToolError                   a tool call the model made cannot run (returned to the model)
+    └── AgentStopped                the loop stopped before an answer
+        ├── TurnLimitReached        --max-turns reached
+        └── Interrupted             the user pressed Ctrl-C
+"""
+
+from __future__ import annotations
+
+
+class SwarmError(Exception):
+    """Base of every error swarm raises on purpose."""
+
+
+class ConfigError(SwarmError):
+    """A setting is missing or invalid."""
+
+
+class ModelError(SwarmError):
+    """A problem talking to the model endpoint."""
+
+
+class ModelConnectionError(ModelError):
+    """The endpoint could not be reached, or did not answer in time."""
+
+
+class ModelHTTPError(ModelError):
+    """The endpoint answered with an HTTP error status."""
+
+    def __init__(self, message: str, status_code: int, body: str = "") -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.body = body
+
+
+class ModelRateLimitError(ModelHTTPError):
+    """The endpoint kept answering 429 Too Many Requests."""
+
+
+class ModelResponseError(ModelError):
+    """The endpoint's answer could not be understood, or its stream was cut."""
+
+
+class ModelNotFoundError(ModelError):
+    """The configured model id is not one the endpoint lists."""
+
+
+class StoreError(SwarmError):
+    """A problem with Redis or the embedded server."""
+
+
+class StoreUnavailableError(StoreError):
+    """Redis cannot be reached, or the embedded server did not start."""
+
+
+class LockError(StoreError):
+    """Another swarm process holds the lock this one needs."""
+
+
+class ToolError(SwarmError):
+    """A tool call cannot be run; the message goes back to the model as the result."""
+
+
+class AgentStopped(SwarmError):
+    """The agent loop stopped before the model gave a final answer."""
+
+
+class TurnLimitReached(AgentStopped):
+    """The agent made as many model calls as --max-turns allows."""
+
+
+class Interrupted(AgentStopped):
+    """The user interrupted the current answer (Ctrl-C)."""

@@ -1,0 +1,78 @@
+"""Plain data passed between the model client and the agent loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Message = dict[str, Any]
+"""One Chat Completions message, exactly as sent to / received from the API."""
+
+
+@dataclass
+class Usage:
+    """Token counts of one or more model calls."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.total_tokens += other.total_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Usage:
+        data = data or {}
+        prompt = int(data.get("prompt_tokens") or 0)
+        completion = int(data.get("completion_tokens") or 0)
+        total = int(data.get("total_tokens") or (prompt + completion))
+        return cls(prompt, completion, total)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """A piece of an answer as it arrives, for display only.
+
+    ``kind`` is ``reasoning`` (thinking text), ``content`` (answer text) or
+    ``tool_call`` (``text`` is the tool name, sent once per call when it is known).
+    """
+
+    kind: Literal["reasoning", "content", "tool_call"]
+    text: str
+
+
+OnEvent = Callable[[StreamEvent], None]
+
+
+@dataclass
+class ChatResult:
+    """The outcome of one chat completion.
+
+    ``message`` is the assistant message to append to the history as is:
+    ``role``, ``content`` (str or None), ``tool_calls`` when present (each
+    ``{"id", "type": "function", "function": {"name", "arguments"}}`` with
+    ``arguments`` the raw JSON string), and ``reasoning_content`` when the
+    provider sent reasoning (DeepSeek requires it back).
+    """
+
+    message: Message
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return list(self.message.get("tool_calls") or [])
+
+    @property
+    def content(self) -> str:
+        return str(self.message.get("content") or "")
