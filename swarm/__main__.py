@@ -1,0 +1,3 @@
+from swarm.cli import main
+
+main()

@@ -1,0 +1,155 @@
+"""Approvals: per-tool policies, EVA's LLM reviewer, and the approvers that ask a person.
+
+Policies (set per tool with ``SWARM_APPROVAL``, e.g. ``run_cli=review,*=once``):
+
+- ``always``  ask before every call
+- ``never``   never ask: the call runs
+- ``once``    ask the first time; after an approval the tool runs freely for the session
+
+Whatever the policy, a person who answers ``always`` approves that tool for the session.
+- ``review``  an LLM reviewer at temperature 0 passes read-only commands; others are asked
+
+``--yes`` approves everything. The loop never reads stdin: it calls the
+:class:`~swarm.agent.protocols.Approver` it was given. Silence is not consent:
+an approver that cannot get an answer denies.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import IO
+
+from swarm.agent.protocols import ApprovalRequest, Decision, Model
+from swarm.errors import SwarmError
+
+log = logging.getLogger(__name__)
+
+REVIEW_PROMPT = """You review shell commands for safety on {os} with bash.
+If the command only reads (like cat, ls, grep, head, find without -delete or -exec, git status),
+answer ALLOW. If it writes, deletes, executes programs or scripts, installs, changes permissions,
+connects to the network, or you are unsure, answer DENY.
+Answer with exactly one word: ALLOW or DENY."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of the approval gate for one call."""
+
+    allowed: bool
+    reason: str = ""
+
+
+class LLMReviewer:
+    """EVA's reviewer: one non-streamed call at temperature 0 per command.
+
+    Returns True only for a clear ``ALLOW``; anything else (DENY, garbage, an error
+    reaching the model) sends the command to a person.
+    """
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.system = REVIEW_PROMPT.format(os=platform.system() or "Linux")
+
+    def __call__(self, command: str) -> bool:
+        messages = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": f"<command>\n{command}\n</command>"},
+        ]
+        try:
+            result = self.model.chat(messages, temperature=0, stream=False)
+        except SwarmError as exc:
+            log.warning("safety review failed, asking instead: %s", exc)
+            return False
+        words = result.content.upper()
+        return "ALLOW" in words and "DENY" not in words
+
+
+@dataclass
+class ApprovalGate:
+    """Applies the per-tool policies; asks ``approver`` when a person must decide."""
+
+    policies: Callable[[str], str]
+    approver: Callable[[ApprovalRequest], Decision]
+    reviewer: Callable[[str], bool] | None = None
+    yes: bool = False
+    approved_tools: set[str] = field(default_factory=set)
+
+    def check(self, request: ApprovalRequest) -> Verdict:
+        if self.yes:
+            return Verdict(True, "--yes")
+        policy = self.policies(request.tool)
+        if policy == "never":
+            return Verdict(True, "policy never")
+        if request.tool in self.approved_tools:
+            return Verdict(True, "approved earlier this session")
+        reason = f"policy {policy} for {request.tool}"
+        if policy == "review":
+            if self.reviewer is not None and self.reviewer(request.summary):
+                return Verdict(True, "reviewer: read-only")
+            reason = "the safety reviewer did not pass it as read-only"
+        decision = self.approver(ApprovalRequest(
+            request.tool, request.arguments, request.summary, reason, request.agent_id))
+        if decision == "always":
+            self.approved_tools.add(request.tool)
+            return Verdict(True, "approved for the session")
+        if decision == "approve":
+            if policy == "once":
+                self.approved_tools.add(request.tool)
+            return Verdict(True, "approved")
+        return Verdict(False, "denied by the user")
+
+
+def approve_all(request: ApprovalRequest) -> Decision:
+    """The approver behind ``--yes``."""
+    return "approve"
+
+
+def deny_all(request: ApprovalRequest) -> Decision:
+    """An approver for places with nobody to ask."""
+    return "deny"
+
+
+_ANSWERS: dict[str, Decision] = {
+    "y": "approve", "yes": "approve", "a": "always", "always": "always",
+}
+
+
+class TerminalApprover:
+    """Asks ``y/N/a`` on the terminal. EOF, a closed stream or anything but y/a is a denial."""
+
+    def __init__(self, stdin: IO[str] | None = None, stderr: IO[str] | None = None,
+                 lock: threading.Lock | None = None,
+                 before_ask: Iterable[Callable[[], None]] = ()) -> None:
+        self.stdin = stdin
+        self.stderr = stderr
+        self.lock = lock or threading.Lock()
+        self.before_ask = list(before_ask)
+
+    def __call__(self, request: ApprovalRequest) -> Decision:
+        stdin = self.stdin if self.stdin is not None else sys.stdin
+        stderr = self.stderr if self.stderr is not None else sys.stderr
+        with self.lock:
+            for hook in self.before_ask:
+                hook()
+            who = f"[{request.agent_id}] " if request.agent_id else ""
+            stderr.write(f"\n{who}{request.tool} wants to run: {request.summary}\n")
+            if request.reason:
+                stderr.write(f"  ({request.reason})\n")
+            stderr.write("  Allow? [y]es / [N]o / [a]lways for this tool: ")
+            stderr.flush()
+            try:
+                if stdin is None or stdin.closed:
+                    line = ""
+                else:
+                    line = stdin.readline()
+            except (OSError, ValueError):
+                line = ""
+            if not line:
+                stderr.write("\n  no answer (stdin closed): denied\n")
+                return "deny"
+            return _ANSWERS.get(line.strip().lower(), "deny")

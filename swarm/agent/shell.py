@@ -1,0 +1,268 @@
+"""Run shell commands in a workspace: capped, binary-safe, killable as a process group.
+
+Never ``os.chdir``: a worker runs many agents in threads of one process, so every
+command gets ``cwd=`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from swarm.agent.protocols import CommandResult
+from swarm.errors import ToolError
+
+SECRET_VARS = ("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY", "SWARM_SERVE_TOKEN")
+"""Environment variables a command never sees."""
+
+QUIET_VARS = {"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb", "GIT_TERMINAL_PROMPT": "0"}
+"""Set for every command so nothing pages or waits for a prompt."""
+
+BACKGROUND_DRAIN = 0.5
+"""Seconds to keep reading after bash exits while a background child holds the output open."""
+
+KILL_GRACE = 1.0
+"""Seconds between SIGTERM and SIGKILL when a process group is killed."""
+
+_CHUNK = 65536
+_TICK = 0.05
+_CONTINUATION = bytes(range(0x80, 0xC0))
+
+BACKGROUND_NOTE = "[bash exited; background processes still hold the output open: not waited for]"
+CANCEL_NOTE = "[cancelled: the command and its children were killed]"
+
+
+def child_env(extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``os.environ`` without secrets, plus the no-pager/no-prompt settings and ``extra_env``."""
+    env = {k: v for k, v in os.environ.items() if k not in SECRET_VARS}
+    env.update(QUIET_VARS)
+    if extra_env:
+        env.update(extra_env)
+    return env
+
+
+def clamp_timeout(requested: int | None, default: int, ceiling: int) -> int:
+    """The timeout to use: ``requested`` (or ``default`` when missing or not positive),
+    at most ``ceiling`` and at least 1 second."""
+    value = default if requested is None or requested <= 0 else requested
+    return max(1, min(int(value), ceiling))
+
+
+def _char_count(data: bytes | bytearray) -> int:
+    """Characters in UTF-8 ``data`` (bytes that do not continue a character)."""
+    return len(data.translate(None, _CONTINUATION))
+
+
+class _CappedBuffer:
+    """Keeps the first and last ``half`` characters of a byte stream, counting what is dropped.
+
+    Bytes are kept (up to 4 per character, the UTF-8 maximum) and decoded only at the end,
+    so a character split across two reads decodes fine.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.half = max(cap // 2, 1)
+        self.limit = self.half * 4
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped_chars = 0
+
+    def add(self, data: bytes) -> None:
+        room = self.limit - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        self.tail += data
+        excess = len(self.tail) - self.limit
+        if excess > 0:
+            # Cut on a character boundary so the kept tail starts with a whole character.
+            while excess < len(self.tail) and 0x80 <= self.tail[excess] < 0xC0:
+                excess += 1
+            self.dropped_chars += _char_count(self.tail[:excess])
+            del self.tail[:excess]
+
+    def text(self) -> tuple[str, int]:
+        """The kept output (with a marker where it was cut) and the number of characters cut."""
+        if not self.dropped_chars:
+            whole = _decode(bytes(self.head + self.tail))
+            if len(whole) <= 2 * self.half:
+                return whole, 0
+            head, tail = whole[: self.half], whole[-self.half :]
+            cut = len(whole) - 2 * self.half
+        else:
+            head_all = _decode(bytes(self.head))
+            tail_all = _decode(bytes(self.tail))
+            head, tail = head_all[: self.half], tail_all[-self.half :]
+            cut = (
+                len(head_all) - len(head) + self.dropped_chars + len(tail_all) - len(tail)
+            )
+        return f"{head}\n[... {cut} characters cut ...]\n{tail}", cut
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group of ``proc``, then SIGKILL whatever is left after a grace."""
+    pgid = proc.pid  # start_new_session=True: the child leads its own group
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        proc.poll()
+        return
+    deadline = time.monotonic() + KILL_GRACE
+    while time.monotonic() < deadline:
+        proc.poll()  # reap bash, so a zombie leader does not look alive
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_GRACE)
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a non-zombie process of group ``pgid`` exists."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    # killpg also succeeds for zombies nobody reaped yet; look closer where /proc exists.
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        return True
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+class LocalEnvironment:
+    """An :class:`~swarm.agent.protocols.Environment` running ``bash -c`` on this host."""
+
+    def __init__(
+        self,
+        workspace: Path,
+        output_cap: int = 20_000,
+        cancel: threading.Event | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        if output_cap <= 0:
+            raise ValueError("output_cap must be positive")
+        self.workspace = Path(workspace)
+        self.output_cap = output_cap
+        self.cancel = cancel
+        self.extra_env = dict(extra_env or {})
+
+    def execute(self, command: str, timeout: int) -> CommandResult:
+        """Run ``command`` in the workspace for at most ``timeout`` seconds.
+
+        Never raises for the command's own failure; raises :class:`ToolError` when the
+        workspace is missing, and re-raises KeyboardInterrupt after killing the command.
+        """
+        if not self.workspace.is_dir():
+            raise ToolError(
+                f"workspace {self.workspace} does not exist or is not a directory; "
+                "create it or run swarm from an existing folder"
+            )
+        try:
+            proc = subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=self.workspace,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=child_env(self.extra_env),
+            )
+        except OSError as exc:
+            raise ToolError(f"cannot start bash: {exc}; is bash installed and on PATH?") from exc
+        assert proc.stdout is not None
+        buffer = _CappedBuffer(self.output_cap)
+        try:
+            exit_code, note, timed_out = self._collect(proc, buffer, timeout)
+        except BaseException:
+            _kill_group(proc)
+            proc.stdout.close()
+            raise
+        proc.stdout.close()
+        output, cut = buffer.text()
+        if note:
+            sep = "" if not output or output.endswith("\n") else "\n"
+            output = f"{output}{sep}{note}"
+        return CommandResult(output=output, exit_code=exit_code, timed_out=timed_out,
+                             cut_chars=cut)
+
+    def _collect(
+        self, proc: subprocess.Popen[bytes], buffer: _CappedBuffer, timeout: float
+    ) -> tuple[int | None, str, bool]:
+        """Read output until the command ends; return (exit code, note, timed out)."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        background_deadline: float | None = None
+        eof = False
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while True:
+                if self.cancel is not None and self.cancel.is_set():
+                    _kill_group(proc)
+                    _drain(fd, buffer)
+                    return None, CANCEL_NOTE, False
+                now = time.monotonic()
+                if now >= deadline:
+                    _kill_group(proc)
+                    _drain(fd, buffer)
+                    return None, "", True
+                wait = min(_TICK, deadline - now)
+                if eof:
+                    try:
+                        return proc.wait(timeout=wait), "", False
+                    except subprocess.TimeoutExpired:
+                        continue
+                if sel.select(timeout=wait):
+                    data = os.read(fd, _CHUNK)
+                    if data:
+                        buffer.add(data)
+                    else:
+                        eof = True
+                        continue
+                code = proc.poll()
+                if code is None:
+                    continue
+                # bash is gone; if something it started still holds the pipe open, stop
+                # reading after a short drain and leave that process alone.
+                if background_deadline is None:
+                    background_deadline = time.monotonic() + BACKGROUND_DRAIN
+                elif time.monotonic() >= background_deadline:
+                    return code, BACKGROUND_NOTE, False
+
+
+def _drain(fd: int, buffer: _CappedBuffer, limit: float = 0.2) -> None:
+    """Read what is already in the pipe after a kill, for at most ``limit`` seconds."""
+    end = time.monotonic() + limit
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while time.monotonic() < end and sel.select(timeout=0.01):
+            data = os.read(fd, _CHUNK)
+            if not data:
+                return
+            buffer.add(data)

@@ -1,0 +1,5 @@
+"""The ``swarm`` command line."""
+
+from swarm.cli.main import main
+
+__all__ = ["main"]

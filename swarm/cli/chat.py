@@ -1,0 +1,84 @@
+"""``swarm chat``: talk with the agent in this folder's conversation."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import click
+
+from swarm.agent.approval import TerminalApprover
+from swarm.agent.build import local_agent
+from swarm.cli.main import Abort, agent_options, handle_errors, settings_from
+from swarm.cli.render import TerminalView
+from swarm.errors import Interrupted, ModelError, TurnLimitReached
+
+
+def _enable_history(path: Path) -> None:
+    try:
+        import readline
+    except ImportError:  # not on every platform; chat works without it
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        readline.read_history_file(path)
+    readline.set_history_length(1000)
+    import atexit
+
+    atexit.register(lambda: readline.write_history_file(path))
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@agent_options
+@handle_errors
+def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
+         max_turns: int | None, workspace: Path) -> None:
+    """Chat with the agent in the workspace; the conversation is kept per folder.
+
+    Ctrl-C stops the current answer or command and returns to the prompt; Ctrl-D exits.
+    Type /new to start over, /exit to leave.
+    """
+    settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
+    if not workspace.is_dir():
+        raise Abort(f"workspace {workspace} does not exist")
+    _enable_history(settings.home / "chat_history")
+    view = TerminalView(stream_answer=True)
+    with local_agent(settings, workspace, approver=TerminalApprover(), observer=view,
+                     new=new) as local:
+        agent = local.agent
+        if local.resumed:
+            click.secho(f"(resuming this folder's conversation: {len(agent.messages)} "
+                        "messages; /new starts over)", dim=True, err=True)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                click.echo(err=True)
+                return
+            except KeyboardInterrupt:
+                click.echo(err=True)
+                continue
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/exit", "/quit"):
+                return
+            if text == "/new":
+                agent.session.messages.clear()
+                agent.save()
+                click.secho("(new conversation)", dim=True, err=True)
+                continue
+            try:
+                answer = agent.run(text)
+                if not view.stream_answer:
+                    click.echo(answer)
+            except (Interrupted, KeyboardInterrupt):
+                click.secho("\n(interrupted)", dim=True, err=True)
+            except TurnLimitReached as exc:
+                click.secho(str(exc), fg="yellow", err=True)
+            except ModelError as exc:
+                click.secho(f"{type(exc).__name__}: {exc}", fg="red", err=True)
+            click.echo(err=True)
+            bar = view.context_bar()
+            if bar:
+                click.echo(bar, err=True)

@@ -1,0 +1,99 @@
+"""The ``swarm`` group and the options shared by its commands."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from swarm import __version__
+from swarm.config import Settings
+from swarm.errors import ConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class Abort(click.ClickException):
+    """A user-facing failure with its own exit code."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def agent_options(fn: F) -> F:
+    """Options of commands that run an agent; each also reads its SWARM_* variable."""
+    options = [
+        click.option("-y", "--yes", is_flag=True, default=None, envvar="SWARM_YES",
+                     help="Approve every tool call without asking. [env: SWARM_YES]"),
+        click.option("--model", envvar="SWARM_MODEL",
+                     help="Model id (falls back to OPENAI_MODEL, EVA_MODEL_NAME; if unset and "
+                          "the endpoint lists one model, that one). [env: SWARM_MODEL]"),
+        click.option("--base-url", envvar="SWARM_BASE_URL",
+                     help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1 (falls "
+                          "back to OPENAI_BASE_URL, EVA_BASE_URL). [env: SWARM_BASE_URL]"),
+        click.option("--new", is_flag=True,
+                     help="Start a new conversation instead of resuming this folder's."),
+        click.option("--max-turns", type=click.IntRange(min=0), envvar="SWARM_MAX_TURNS",
+                     help="Stop cleanly after N model calls (0 = no cap). [env: SWARM_MAX_TURNS]"),
+        click.option("-C", "--workspace", type=click.Path(file_okay=False, path_type=Path),
+                     default=".", show_default=True,
+                     help="Folder to work in; each folder has its own conversation."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def settings_from(**flags: Any) -> Settings:
+    """Settings from the environment with the given CLI flags on top."""
+    try:
+        return Settings.from_env(**flags)
+    except ConfigError as exc:
+        raise Abort(str(exc)) from None
+
+
+def handle_errors(fn: F) -> F:
+    """Turn expected errors into clean messages instead of tracebacks."""
+    from swarm.errors import SwarmError
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SwarmError as exc:
+            raise Abort(f"{type(exc).__name__}: {exc}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "-V", "--version")
+@click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
+def main(verbose: int) -> None:
+    """swarm: a shell agent over any OpenAI-compatible API.
+
+    Set SWARM_BASE_URL, SWARM_MODEL and SWARM_API_KEY (or OPENAI_* / EVA_*), then
+    `swarm run "task"` works in the current folder. State lives in Redis: with no
+    SWARM_REDIS_URL an embedded server is started under SWARM_HOME (~/.swarm).
+    """
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+def register() -> None:
+    from swarm.cli import chat, run, sessions
+
+    main.add_command(run.run)
+    main.add_command(chat.chat)
+    main.add_command(sessions.sessions)
+
+
+register()

@@ -1,0 +1,202 @@
+"""Build one assistant message from ``chat.completion.chunk`` deltas (or a whole completion).
+
+Servers differ in small ways; this module absorbs them so the message stored in
+the history is always the same shape::
+
+    {"role": "assistant", "content": str | None,
+     "reasoning_content": str,              # only when reasoning came (or "reasoning")
+     "tool_calls": [{"id", "type": "function",
+                     "function": {"name", "arguments": raw JSON string}}]}  # only when calls came
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from swarm.errors import ModelResponseError
+from swarm.llm.types import ChatResult, Message, OnEvent, StreamEvent, Usage
+
+REASONING_KEYS = ("reasoning_content", "reasoning")
+"""Delta fields that carry thinking text: DeepSeek/llama.cpp use the first, vLLM/OpenRouter the
+second. The finished message keeps whichever name the provider used, so it goes back as it came."""
+
+
+@dataclass
+class _Call:
+    id: str = ""
+    type: str = "function"
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    announced: bool = False
+
+
+class MessageAssembler:
+    """Feed parsed stream chunks with :meth:`feed`; take the answer with :meth:`result`."""
+
+    def __init__(self, on_event: OnEvent | None = None) -> None:
+        self._on_event = on_event
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._reasoning_key = ""
+        self._calls: list[_Call] = []
+        self._by_index: dict[int, _Call] = {}
+        self._by_id: dict[str, _Call] = {}
+        self.finish_reason: str | None = None
+        self.usage = Usage()
+        self.usage_seen = False
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        """Take one ``chat.completion.chunk``; raise ModelResponseError for an error chunk."""
+        if not isinstance(chunk, dict):
+            raise ModelResponseError(f"the model server sent a chunk that is not an object: "
+                                     f"{str(chunk)[:200]}")
+        if chunk.get("error"):
+            raise ModelResponseError(f"the model server reported an error mid-answer: "
+                                     f"{_error_text(chunk['error'])}")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = Usage.from_dict(usage)
+            self.usage_seen = True
+        for choice in chunk.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # we always ask for n=1
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                self._feed_delta(delta)
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+
+    def _feed_delta(self, delta: dict[str, Any]) -> None:
+        for key in REASONING_KEYS:
+            piece = delta.get(key)
+            if isinstance(piece, str) and piece:
+                # Some servers send both names with the same text; keep the first name seen.
+                if self._reasoning_key and key != self._reasoning_key:
+                    continue
+                self._reasoning_key = key
+                self._reasoning.append(piece)
+                self._emit("reasoning", piece)
+        piece = delta.get("content")
+        if isinstance(piece, str) and piece:
+            self._content.append(piece)
+            self._emit("content", piece)
+        for position, part in enumerate(delta.get("tool_calls") or []):
+            if isinstance(part, dict):
+                self._feed_call(position, part)
+
+    def _feed_call(self, position: int, part: dict[str, Any]) -> None:
+        call = self._find_call(position, part)
+        call_id = part.get("id")
+        if isinstance(call_id, str) and call_id and not call.id:
+            call.id = call_id
+            self._by_id[call_id] = call
+        if isinstance(part.get("type"), str) and part["type"]:
+            call.type = part["type"]
+        function = part.get("function")
+        if not isinstance(function, dict):
+            return
+        name = function.get("name")
+        if isinstance(name, str) and name and name != call.name:
+            # Names normally arrive whole, once; a server that repeats it must not double it.
+            call.name += name
+        arguments = function.get("arguments")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        if isinstance(arguments, str) and arguments:
+            call.arguments.append(arguments)
+        if call.name and not call.announced:
+            call.announced = True
+            self._emit("tool_call", call.name)
+
+    def _find_call(self, position: int, part: dict[str, Any]) -> _Call:
+        index = part.get("index")
+        raw_id = part.get("id")
+        call_id = raw_id if isinstance(raw_id, str) else ""
+        if isinstance(index, int) and not isinstance(index, bool):
+            call = self._by_index.get(index)
+            # A new id at a used index is a new call (servers that send index 0 for every call).
+            if call is None or (call_id and call.id and call_id != call.id):
+                call = self._by_index[index] = self._by_id.get(call_id) or self._new_call()
+            return call
+        # No index: match by id; a fragment with neither continues the latest call,
+        # unless it is not the first fragment of its delta (then it starts another).
+        if call_id:
+            return self._by_id.get(call_id) or self._new_call()
+        if position > 0 or not self._calls:
+            return self._new_call()
+        return self._calls[-1]
+
+    def _new_call(self) -> _Call:
+        call = _Call()
+        self._calls.append(call)
+        return call
+
+    def _emit(self, kind: Literal["reasoning", "content", "tool_call"], text: str) -> None:
+        if self._on_event is not None:
+            self._on_event(StreamEvent(kind, text))
+
+    @property
+    def message(self) -> Message:
+        """The assistant message so far, in its storable shape."""
+        content = "".join(self._content)
+        message: Message = {"role": "assistant", "content": content}
+        if self._reasoning:
+            message[self._reasoning_key] = "".join(self._reasoning)
+        if self._calls:
+            if not content:
+                message["content"] = None
+            message["tool_calls"] = [
+                {
+                    "id": call.id or f"call_{uuid.uuid4().hex[:24]}",
+                    "type": call.type,
+                    "function": {"name": call.name, "arguments": "".join(call.arguments) or "{}"},
+                }
+                for call in self._calls
+            ]
+        return message
+
+    def result(self) -> ChatResult:
+        """The finished answer."""
+        return ChatResult(message=self.message, usage=self.usage, finish_reason=self.finish_reason)
+
+
+def from_completion(data: Any, on_event: OnEvent | None = None) -> ChatResult:
+    """Normalise a non-streamed ``chat.completion`` the same way as a stream.
+
+    ``on_event`` still receives the text, so a caller shows a non-streamed answer too.
+    """
+    if not isinstance(data, dict):
+        raise ModelResponseError(f"the model server's answer is not a JSON object: "
+                                 f"{str(data)[:200]}")
+    if data.get("error"):
+        raise ModelResponseError(
+            f"the model server reported an error: {_error_text(data['error'])}"
+        )
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ModelResponseError(f"the model server's answer has no choices: {str(data)[:200]}")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise ModelResponseError(f"the model server's answer has no message: {str(data)[:200]}")
+    delta = dict(message)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        delta["tool_calls"] = [
+            {**call, "index": i} for i, call in enumerate(calls) if isinstance(call, dict)
+        ]
+    assembler = MessageAssembler(on_event)
+    assembler.feed({
+        "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
+        "usage": data.get("usage"),
+    })
+    return assembler.result()
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:500]
+    return str(error)[:500]

@@ -1,0 +1,483 @@
+"""The OpenAI-compatible chat client: httpx, SSE streaming, retries, typed errors.
+
+Implements :class:`swarm.agent.protocols.Model`. Every error it raises is a
+:class:`swarm.errors.ModelError` (or ConfigError) whose message says what to
+check, and none of them, nor any log line, contains the API key.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+
+from swarm.config import Secret
+from swarm.errors import (
+    ConfigError,
+    ModelConnectionError,
+    ModelError,
+    ModelHTTPError,
+    ModelNotFoundError,
+    ModelRateLimitError,
+    ModelResponseError,
+)
+from swarm.llm.assemble import MessageAssembler, from_completion
+from swarm.llm.sse import LineDecoder, ServerSentEvent, SSEDecoder
+from swarm.llm.types import ChatResult, Message, OnEvent
+
+if TYPE_CHECKING:
+    from swarm.config import Settings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_RETRY_STATUSES = frozenset({408, 409, 429})
+
+
+class _Retry(Exception):
+    """One try failed in a way another try may fix; ``error`` is raised after the last."""
+
+    def __init__(self, error: ModelError, delay: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.delay = delay
+
+
+class LLMClient:
+    """A chat model behind an OpenAI-compatible endpoint (``POST {base_url}/chat/completions``).
+
+    ``retries`` is the number of tries per call (at least one). ``transport``,
+    ``sleep`` and ``backoff_base`` exist for tests. One ``httpx.Client`` is shared
+    by every call, so an instance may be used from several threads.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "",
+        api_key: Secret | str = "",
+        *,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 300.0,
+        retries: int = 5,
+        backoff_max: float = 30.0,
+        stream: bool = True,
+        default_context_length: int = 128_000,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        backoff_base: float = 1.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._api_key = api_key if isinstance(api_key, Secret) else Secret(api_key)
+        self.tries = max(1, retries)
+        self.backoff_max = backoff_max
+        self.backoff_base = backoff_base
+        self.stream = stream
+        self.default_context_length = default_context_length
+        self._sleep = sleep
+        self._stream_options = True
+        self._context_length: int | None = None
+        self._listed: list[dict[str, Any]] | None = None
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(
+                connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout
+            ),
+            transport=transport,
+            headers={"User-Agent": "swarm"},
+        )
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, transport: httpx.BaseTransport | None = None
+    ) -> LLMClient:
+        """A client configured by :class:`swarm.config.Settings`."""
+        return cls(
+            settings.base_url,
+            settings.model,
+            settings.api_key,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            retries=settings.retries,
+            backoff_max=settings.backoff_max,
+            stream=settings.stream,
+            default_context_length=settings.context_length,
+            transport=transport,
+        )
+
+    def __repr__(self) -> str:
+        return (f"LLMClient(base_url={self.base_url!r}, model={self.model!r}, "
+                f"api_key={self._api_key!r})")
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> LLMClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- chat -------------------------------------------------------------------------------
+
+    def chat(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        on_event: OnEvent | None = None,
+        temperature: float | None = None,
+        stream: bool | None = None,
+    ) -> ChatResult:
+        """One completion; retries what may pass on another try, then raises a ModelError.
+
+        After a broken stream the whole call is retried, so ``on_event`` may see the
+        start of an answer twice; the returned message is always whole.
+        """
+        if not self.model:
+            self.resolve_model()
+        use_stream = self.stream if stream is None else stream
+        return self._with_retries(
+            "model call",
+            lambda: self._chat_once(messages, tools, on_event, temperature, use_stream),
+        )
+
+    def _chat_once(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        on_event: OnEvent | None,
+        temperature: float | None,
+        use_stream: bool,
+    ) -> ChatResult:
+        payload: dict[str, Any] = {"model": self.model, "messages": messages, "stream": use_stream}
+        if tools:
+            payload["tools"] = tools
+        if temperature is not None:
+            payload["temperature"] = temperature
+        if use_stream and self._stream_options:
+            payload["stream_options"] = {"include_usage": True}
+        headers = self._headers("text/event-stream" if use_stream else "application/json")
+        url = f"{self.base_url}/chat/completions"
+        started = False
+        try:
+            with self._http.stream("POST", url, json=payload, headers=headers) as response:
+                started = True
+                if response.status_code < 400:
+                    return self._read_answer(response, on_event)
+                body = self._error_body(response)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, started) from exc
+        if response.status_code == 400 and "stream_options" in payload and "stream_options" in body:
+            log.info("%s does not accept stream_options; sending without it", self.base_url)
+            self._stream_options = False
+            return self._chat_once(messages, tools, on_event, temperature, use_stream)
+        raise self._http_error(response, body)
+
+    def _read_answer(self, response: httpx.Response, on_event: OnEvent | None) -> ChatResult:
+        # Decide by what came, not by what was asked: some servers ignore `stream`.
+        if "text/event-stream" in response.headers.get("content-type", ""):
+            return self._read_stream(response.iter_bytes(), on_event)
+        body = response.read()
+        if body.lstrip().startswith((b"data:", b":")):
+            return self._read_stream([body], on_event)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise _Retry(ModelResponseError(
+                f"the model server at {self.base_url} answered with something that is not JSON: "
+                f"{self._redact(body[:200].decode('utf-8', 'replace'))!r}"
+            )) from None
+        try:
+            return from_completion(data, on_event)
+        except ModelResponseError as exc:
+            raise _Retry(exc) from None
+
+    def _read_stream(self, chunks: Iterable[bytes], on_event: OnEvent | None) -> ChatResult:
+        assembler = MessageAssembler(on_event)
+        done = False
+        for event in _events(chunks):
+            data = event.data.strip()
+            if data == "[DONE]":
+                done = True
+                break
+            if not data or event.event == "ping":
+                continue
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise _Retry(ModelResponseError(
+                    f"the model server sent a stream chunk that is not JSON: "
+                    f"{self._redact(data[:200])!r}"
+                )) from None
+            if event.event == "error" and isinstance(chunk, dict) and "error" not in chunk:
+                chunk = {"error": chunk}
+            try:
+                assembler.feed(chunk)
+            except ModelResponseError as exc:
+                raise _Retry(ModelResponseError(self._redact(str(exc)))) from None
+        if not done and assembler.finish_reason is None:
+            raise _Retry(ModelResponseError(
+                f"the stream from {self.base_url} ended before the answer was complete "
+                "(no finish_reason, no [DONE]); the server may have crashed or a proxy cut it"
+            ))
+        return assembler.result()
+
+    # -- models -----------------------------------------------------------------------------
+
+    def list_models(self) -> list[dict[str, Any]]:
+        """The entries of ``GET {base_url}/models`` (each has at least an ``id``)."""
+        models = self._with_retries("listing models", self._models_once)
+        self._listed = models
+        return models
+
+    def _models_once(self) -> list[dict[str, Any]]:
+        try:
+            response = self._http.get(f"{self.base_url}/models",
+                                      headers=self._headers("application/json"))
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, False) from exc
+        if response.status_code >= 400:
+            raise self._http_error(response, self._error_body(response))
+        try:
+            data = response.json()
+        except ValueError:
+            raise _Retry(ModelResponseError(
+                f"GET {self.base_url}/models answered with something that is not JSON: "
+                f"{self._redact(response.text[:200])!r}"
+            )) from None
+        entries = data.get("data") if isinstance(data, dict) else data
+        if not isinstance(entries, list):
+            raise ModelResponseError(
+                f"GET {self.base_url}/models has no 'data' list; is SWARM_BASE_URL an "
+                "OpenAI-compatible endpoint ending in /v1?"
+            )
+        return [e for e in entries if isinstance(e, dict) and e.get("id")]
+
+    def resolve_model(self) -> str:
+        """The model id: the configured one, else the only one ``/models`` lists."""
+        if self.model:
+            return self.model
+        ids = [str(entry["id"]) for entry in self.list_models()]
+        if len(ids) == 1:
+            self.model = ids[0]
+            log.info("SWARM_MODEL is not set; using %s, the only model %s lists",
+                     self.model, self.base_url)
+            return self.model
+        if not ids:
+            raise ConfigError(f"SWARM_MODEL is not set and {self.base_url}/models lists no "
+                              "models; set SWARM_MODEL to the model id to use")
+        raise ConfigError(f"SWARM_MODEL is not set and {self.base_url}/models lists "
+                          f"{len(ids)} models; set SWARM_MODEL to one of: {_listing(ids)}")
+
+    def context_length(self) -> int:
+        """The model's context window from ``/models``, else ``default_context_length``.
+
+        Raises ModelNotFoundError when ``/models`` lists models but not this one.
+        """
+        if self._context_length is not None:
+            return self._context_length
+        if not self.model:
+            self.resolve_model()
+        try:
+            models = self._listed if self._listed is not None else self.list_models()
+        except (ModelConnectionError, ModelHTTPError, ModelResponseError) as exc:
+            log.warning("cannot read the context length from %s/models (%s); assuming %d "
+                        "tokens (SWARM_CONTEXT_LENGTH sets this)",
+                        self.base_url, exc, self.default_context_length)
+            self._context_length = self.default_context_length
+            return self._context_length
+        entry = self._entry(models)
+        length = _context_of(entry) if entry is not None else None
+        if length is None:
+            log.info("%s/models does not tell the context length of %s; assuming %d tokens",
+                     self.base_url, self.model, self.default_context_length)
+        self._context_length = length or self.default_context_length
+        return self._context_length
+
+    def _entry(self, models: list[dict[str, Any]]) -> dict[str, Any] | None:
+        if not models:
+            return None
+        wanted = {self.model} if ":" in self.model else {self.model, f"{self.model}:latest"}
+        for entry in models:
+            if entry.get("id") in wanted:
+                return entry
+        ids = [str(entry["id"]) for entry in models]
+        raise ModelNotFoundError(
+            f"the model server at {self.base_url} does not list SWARM_MODEL={self.model!r}; "
+            f"it lists: {_listing(ids)}. Set SWARM_MODEL to one of them."
+        )
+
+    # -- retries and errors -----------------------------------------------------------------
+
+    def _with_retries(self, what: str, attempt: Callable[[], T]) -> T:
+        for number in range(1, self.tries + 1):
+            try:
+                return attempt()
+            except _Retry as retry:
+                if number == self.tries:
+                    error = retry.error
+                    if self.tries > 1:
+                        error.args = (f"{error.args[0]} (gave up after {self.tries} tries)",
+                                      *error.args[1:])
+                    raise error from retry.__cause__
+                delay = retry.delay if retry.delay is not None else self._backoff(number)
+                log.warning("%s failed: %s; try %d of %d in %.1f s",
+                            what, retry.error, number + 1, self.tries, delay)
+                self._sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _backoff(self, number: int) -> float:
+        """Full jitter: uniform in [0, min(cap, base * 2^(n-1))]."""
+        return random.uniform(0.0, min(self.backoff_max, self.backoff_base * 2 ** (number - 1)))
+
+    def _headers(self, accept: str) -> dict[str, str]:
+        headers = {"Accept": accept}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key.reveal()}"
+        return headers
+
+    def _redact(self, text: str) -> str:
+        key = self._api_key.reveal()
+        return text.replace(key, "***") if key else text
+
+    def _error_body(self, response: httpx.Response) -> str:
+        try:
+            response.read()
+            return self._redact(response.text[:4000])
+        except httpx.HTTPError:
+            return ""
+
+    def _transport_error(self, exc: httpx.TransportError, started: bool) -> _Retry:
+        detail = self._redact(str(exc) or type(exc).__name__)
+        if isinstance(exc, httpx.TimeoutException):
+            phase = "connecting to" if isinstance(exc, httpx.ConnectTimeout) else "waiting for"
+            return _Retry(ModelConnectionError(
+                f"timed out {phase} the model server at {self.base_url} ({type(exc).__name__}); "
+                "is it overloaded? SWARM_CONNECT_TIMEOUT and SWARM_READ_TIMEOUT set the limits"
+            ))
+        if started:
+            return _Retry(ModelResponseError(
+                f"the connection to {self.base_url} broke in the middle of the answer: {detail}"
+            ))
+        return _Retry(ModelConnectionError(
+            f"cannot connect to the model server at {self.base_url}: {detail}. Is the server "
+            "running there? Check SWARM_BASE_URL."
+        ))
+
+    def _http_error(self, response: httpx.Response, body: str) -> ModelError | _Retry:
+        status = response.status_code
+        summary = _summary(body)
+        where = f"the model server at {self.base_url}"
+        delay = _retry_after(response.headers.get("retry-after"), self.backoff_max)
+        if status == 429:
+            return _Retry(ModelRateLimitError(
+                f"{where} is rate limiting (HTTP 429): {summary}. Wait and try again, or lower "
+                "SWARM_MAX_PARALLEL", status, body), delay)
+        if status >= 500 or status in _RETRY_STATUSES:
+            return _Retry(ModelHTTPError(
+                f"{where} failed with HTTP {status}: {summary}. Check the server's log",
+                status, body), delay)
+        if status in (401, 403):
+            hint = "Check SWARM_API_KEY" + ("; it is not set" if not self._api_key else "")
+            message = f"{where} refused the request (HTTP {status}): {summary}. {hint}"
+        elif status == 404:
+            message = (f"{where} answered 404 Not Found for {response.request.url.path}: "
+                       f"{summary}. Check that SWARM_BASE_URL ends in /v1 (e.g. "
+                       f"http://127.0.0.1:8080/v1) and that SWARM_MODEL={self.model!r} is served")
+        elif status in (400, 413, 422) and "context" in body.lower():
+            message = (f"the prompt is longer than the context window of {self.model!r}: "
+                       f"{summary}. Compact the history or start a new session")
+        else:
+            message = f"{where} rejected the request (HTTP {status}): {summary}"
+        return ModelHTTPError(message, status, body)
+
+
+def _events(chunks: Iterable[bytes]) -> Iterator[ServerSentEvent]:
+    """Events of an SSE body; unlike the spec, a last event without its blank line counts."""
+    lines = LineDecoder()
+    decoder = SSEDecoder()
+    for chunk in chunks:
+        for line in lines.decode(chunk):
+            event = decoder.decode(line)
+            if event is not None:
+                yield event
+    for line in [*lines.flush(), ""]:
+        event = decoder.decode(line)
+        if event is not None:
+            yield event
+
+
+def _summary(body: str) -> str:
+    """The error message inside an OpenAI-style error body, else the body's start."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        message = error.get("message") if isinstance(error, dict) else error
+        if message:
+            return str(message)[:500]
+    text = " ".join(body.split())
+    return text[:300] or "(empty body)"
+
+
+def _retry_after(value: str | None, cap: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (seconds or HTTP-date), capped."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if math.isnan(seconds):
+        return None
+    return min(cap, max(0.0, seconds))
+
+
+def _context_of(entry: dict[str, Any]) -> int | None:
+    """The context window an entry of ``/models`` states, in the known dialects."""
+    candidates: list[Any] = [entry.get(key) for key in (
+        "max_model_len",  # vLLM
+        "context_length",  # OpenRouter, LiteLLM, SGLang
+        "max_context_length",  # LM Studio
+        "context_window",  # Groq
+    )]
+    meta = entry.get("meta")
+    if isinstance(meta, dict):  # llama.cpp
+        candidates += [meta.get("n_ctx"), meta.get("n_ctx_train")]
+    provider = entry.get("top_provider")
+    if isinstance(provider, dict):
+        candidates.append(provider.get("context_length"))
+    for value in candidates:
+        if isinstance(value, bool):
+            continue
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            continue
+        if number > 0:
+            return number
+    return None
+
+
+def _listing(ids: list[str], limit: int = 20) -> str:
+    shown = ", ".join(ids[:limit])
+    return shown + (f" (and {len(ids) - limit} more)" if len(ids) > limit else "")

@@ -1,0 +1,161 @@
+"""Connecting to Redis: one place for timeouts, retries, URL masking and the embedded default."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from swarm.config import Settings
+from swarm.errors import ConfigError, StoreError, StoreUnavailableError
+from swarm.store.server import EmbeddedServer
+
+EXTERNAL_HINT = "check SWARM_REDIS_URL, or unset it to use the embedded server"
+EMBEDDED_HINT = (
+    "the embedded server under SWARM_HOME/redis stopped answering; see its valkey.log, "
+    "or set SWARM_REDIS_URL to use an external Redis"
+)
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (in the user info or a ``password=`` query) shown as ``***``."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user, sep, _ = userinfo.partition(":")
+        # A lone ``secret@host`` is masked too: people often put the password there.
+        netloc = f"{user}:***@{host}" if sep else f"***@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _password(url: str) -> str | None:
+    parts = urlsplit(url)
+    if parts.password:
+        return parts.password
+    return dict(parse_qsl(parts.query)).get("password")
+
+
+def _scrub(text: str, url: str) -> str:
+    secret = _password(url)
+    return text.replace(secret, "***") if secret else text
+
+
+def connect(
+    url: str,
+    *,
+    socket_timeout: float | None = 30.0,
+    connect_timeout: float = 5.0,
+    retries: int = 3,
+    health_check_interval: int = 30,
+    hint: str = EXTERNAL_HINT,
+) -> redis.Redis:
+    """A client for ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``) that answered PING.
+
+    Strings come back decoded. Connection errors and timeouts are retried ``retries`` times
+    with exponential backoff. ``socket_timeout`` bounds every reply: callers of blocking
+    commands (BLPOP, XREADGROUP BLOCK) must block for less, or pass ``None``.
+    Raises :class:`StoreUnavailableError` (password masked) or :class:`ConfigError`.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme not in _SCHEMES:
+        raise ConfigError(
+            f"{mask_url(url)!r} is not a Redis URL; use redis://[[user]:password@]host[:port][/db],"
+            " rediss://... for TLS, or unix:///path/to/redis.sock"
+        )
+    retry = Retry(
+        ExponentialBackoff(cap=1.0, base=0.05),
+        retries,
+        supported_errors=(redis.ConnectionError, redis.TimeoutError, TimeoutError),
+    )
+    try:
+        client = redis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=retry,
+            health_check_interval=health_check_interval,
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            f"{mask_url(url)} is not a valid Redis URL: {_scrub(str(exc), url)}"
+        ) from None
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        client.close()
+        raise StoreUnavailableError(
+            f"Redis at {mask_url(url)} refused the credentials ({_scrub(str(exc), url)}); "
+            "check the user and password in SWARM_REDIS_URL"
+        ) from None
+    except (redis.RedisError, OSError) as exc:
+        client.close()
+        raise StoreUnavailableError(
+            f"cannot reach Redis at {mask_url(url)} ({_scrub(str(exc), url)}); {hint}"
+        ) from None
+    return client
+
+
+@contextlib.contextmanager
+def store_errors(doing: str) -> Iterator[None]:
+    """Turn redis-py errors raised while ``doing`` something into swarm's store errors."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailableError(
+            f"Redis stopped answering while {doing} ({exc}); check that it runs "
+            "(SWARM_REDIS_URL, or the embedded server's log under SWARM_HOME/redis)"
+        ) from exc
+    except redis.RedisError as exc:
+        raise StoreError(f"Redis failed while {doing}: {exc}") from exc
+
+
+@dataclass
+class Store:
+    """An open store: a client, its URL and, in the embedded default, the server."""
+
+    redis: redis.Redis
+    url: str
+    server: EmbeddedServer | None = None
+
+    @property
+    def embedded(self) -> bool:
+        return self.server is not None
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.url)
+
+
+@contextlib.contextmanager
+def open_store(settings: Settings) -> Iterator[Store]:
+    """The store of ``settings``: the external Redis of ``redis_url``, else the embedded server
+    of ``home`` (ensured on enter, released on exit)."""
+    if settings.redis_url:
+        client = connect(settings.redis_url)
+        try:
+            yield Store(client, settings.redis_url)
+        finally:
+            client.close()
+        return
+    server = EmbeddedServer(settings.home)
+    url = server.ensure()
+    try:
+        client = connect(url, hint=EMBEDDED_HINT)
+        try:
+            yield Store(client, url, server)
+        finally:
+            client.close()
+    finally:
+        server.release()

@@ -1,0 +1,63 @@
+"""Memory hints: ``SWARM_HOME/hints.md`` for people and this host, Redis for every worker."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import cast
+
+import redis
+
+from swarm.store import keys
+from swarm.store.connection import store_errors
+
+log = logging.getLogger(__name__)
+
+
+class HintsStore:
+    """:class:`swarm.agent.protocols.HintStore` kept in a file and in Redis.
+
+    The ``global`` scope uses ``home/hints.md``; another scope ``home/hints-<scope>.md``.
+    """
+
+    def __init__(self, redis: redis.Redis, home: Path, scope: str = "global") -> None:
+        self.redis = redis
+        self.scope = scope
+        safe = re.sub(r"[^\w.-]", "_", scope)
+        name = "hints.md" if scope == "global" else f"hints-{safe}.md"
+        self.path = Path(home) / name
+
+    def save(self, text: str) -> None:
+        """Replace the hints in the file (atomically) and in Redis."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        with store_errors("saving memory hints"):
+            self.redis.set(keys.hints(self.scope), text)
+
+    def load(self) -> str:
+        """The hints in Redis, else the file's text (also when Redis is unreachable), else ""."""
+        try:
+            value = cast("str | None", self.redis.get(keys.hints(self.scope)))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("memory hints: Redis unreachable (%s); reading %s", exc, self.path)
+            value = None
+        if value is not None:
+            return value
+        try:
+            return self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return ""

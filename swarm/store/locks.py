@@ -1,0 +1,198 @@
+"""A Redis lock that says who holds it, renews itself, and never frees someone else's.
+
+The lock's value is a JSON object: a random token plus the holder's info (host, pid,
+started, and whatever ``owner_info`` adds), set atomically with ``SET NX PX``. Renewal
+and release compare the whole value in a Lua script, so a holder whose lock expired
+(and was taken by another) can neither extend nor delete the new holder's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from swarm.errors import LockError
+from swarm.store import keys
+from swarm.store.connection import store_errors
+
+log = logging.getLogger(__name__)
+
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+class RedisLock:
+    """A lock named ``name`` (key ``keys.lock(name)``) living ``ttl`` seconds unless renewed.
+
+    While held, a daemon thread renews it every ``ttl/3``; if a renewal finds the lock gone
+    or taken, :attr:`lost` becomes True (check it between steps). ``subject`` names what the
+    lock guards in the :class:`LockError` message.
+    """
+
+    def __init__(
+        self,
+        redis: redis.Redis,
+        name: str,
+        ttl: float = keys.LOCK_TTL,
+        owner_info: Mapping[str, Any] | None = None,
+        *,
+        blocking_timeout: float | None = None,
+        subject: str = "this folder",
+    ) -> None:
+        self.redis = redis
+        self.name = name
+        self.key = keys.lock(name)
+        self.ttl = ttl
+        self.owner_info = dict(owner_info or {})
+        self.blocking_timeout = blocking_timeout
+        self.subject = subject
+        self._ttl_ms = max(1, int(ttl * 1000))
+        self._value: str | None = None
+        self._lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+
+    @property
+    def held(self) -> bool:
+        """True between a successful :meth:`acquire` and :meth:`release`, unless lost."""
+        return self._value is not None and not self._lost.is_set()
+
+    @property
+    def lost(self) -> bool:
+        """True once a renewal found the lock expired or taken by another holder."""
+        return self._lost.is_set()
+
+    def acquire(self, blocking_timeout: float | None = None) -> None:
+        """Take the lock, waiting up to ``blocking_timeout`` s (default: the constructor's;
+        None = do not wait). Raises :class:`LockError` naming the holder."""
+        if self._value is not None:
+            raise RuntimeError(f"lock {self.name!r} is already acquired by this object")
+        timeout = self.blocking_timeout if blocking_timeout is None else blocking_timeout
+        deadline = time.monotonic() + (timeout or 0.0)
+        value = json.dumps({
+            "token": secrets.token_hex(16),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+            **self.owner_info,
+        })
+        while True:
+            with store_errors(f"taking the lock {self.name}"):
+                if self.redis.set(self.key, value, nx=True, px=self._ttl_ms):
+                    break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LockError(self._held_message())
+            time.sleep(min(0.05, remaining))
+        self._value = value
+        self._lost.clear()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._renew_loop, args=(value,), name=f"lock-renew:{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def release(self) -> bool:
+        """Stop renewing and delete the lock if it is still ours; True if it was deleted."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+        value, self._value = self._value, None
+        if value is None:
+            return False
+        with store_errors(f"releasing the lock {self.name}"):
+            return bool(self._release(keys=[self.key], args=[value]))
+
+    def holder(self) -> dict[str, Any] | None:
+        """The current holder's info (without its token), or None when the lock is free."""
+        with store_errors(f"reading the lock {self.name}"):
+            raw = self.redis.get(self.key)
+        if raw is None:
+            return None
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            return {"raw": raw}
+        if not isinstance(info, dict):
+            return {"raw": raw}
+        info.pop("token", None)
+        return info
+
+    def _held_message(self) -> str:
+        with store_errors(f"reading the lock {self.name}"), self.redis.pipeline() as pipe:
+            pipe.get(self.key)
+            pipe.pttl(self.key)
+            raw, pttl = pipe.execute()
+        if raw is None:
+            return f"the lock on {self.subject} was released just now; try again"
+        try:
+            info = json.loads(raw)
+            who = (
+                f"another swarm process (pid {info['pid']} on host {info['host']}, "
+                f"since {_clock(float(info['started']))})"
+            )
+        except (ValueError, KeyError, TypeError):
+            who = "another process"
+        expires = math.ceil(pttl / 1000) if pttl and pttl > 0 else math.ceil(self.ttl)
+        return (
+            f"{who} is working in {self.subject}; wait for it or work in another folder; "
+            f"a crashed holder's lock expires within {expires} s"
+        )
+
+    def _renew_loop(self, value: str) -> None:
+        interval = self._ttl_ms / 3000
+        while not self._stop.wait(interval):
+            try:
+                renewed = self._renew(keys=[self.key], args=[value, self._ttl_ms])
+            except redis.RedisError as exc:
+                # Keep trying: if Redis is back before the TTL runs out, nothing was lost.
+                log.warning("lock %s: renewal failed (%s); retrying", self.name, exc)
+                continue
+            if not renewed:
+                self._lost.set()
+                log.warning("lock %s: lost (expired or taken by another process)", self.name)
+                return
+
+    def __enter__(self) -> RedisLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _clock(ts: float) -> str:
+    """``12:01`` today, ``2025-01-31 12:01`` on another day."""
+    then = time.localtime(ts)
+    same_day = time.strftime("%Y-%m-%d", then) == time.strftime("%Y-%m-%d")
+    return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", then)

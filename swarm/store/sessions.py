@@ -1,0 +1,157 @@
+"""Sessions in Redis: one hash per session plus a sorted-set index by last update.
+
+``load`` repairs a history a crash left invalid (a tool call with no result): the
+returned :class:`LoadedSession` lists what was repaired in ``repairs`` (empty when
+nothing was), and a warning is logged.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+
+from swarm.agent import history
+from swarm.agent.protocols import Session
+from swarm.errors import StoreError
+from swarm.store import keys
+from swarm.store.connection import store_errors
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedSession(Session):
+    """A session as loaded: ``repairs`` describes the pairing problems fixed at load."""
+
+    repairs: list[str] = field(default_factory=list)
+
+
+class RedisSessionStore:
+    """:class:`swarm.agent.protocols.SessionStore` on Redis; every save refreshes the TTL."""
+
+    def __init__(self, redis: redis.Redis, ttl: int = keys.SESSION_TTL) -> None:
+        self.redis = redis
+        self.ttl = ttl
+
+    def save(self, session: Session) -> None:
+        """Replace the stored session whole, index it by ``session.updated``, refresh its TTL."""
+        meta = {
+            "id": session.id,
+            "workspace": session.workspace,
+            "created": session.created,
+            "updated": session.updated,
+            "usage": session.usage,
+            "turns": session.turns,
+        }
+        key = keys.session(session.id)
+        with store_errors(f"saving session {session.id}"), self.redis.pipeline() as pipe:
+            pipe.delete(key)
+            pipe.hset(key, mapping={
+                "meta": json.dumps(meta),
+                "messages": json.dumps(session.messages, ensure_ascii=False),
+            })
+            pipe.expire(key, self.ttl)
+            pipe.zadd(keys.sessions_index(), {session.id: session.updated})
+            pipe.execute()
+
+    def load(self, session_id: str) -> LoadedSession | None:
+        """The session, with a dangling tool call repaired; None when absent or expired."""
+        with store_errors(f"loading session {session_id}"):
+            row = self.redis.hmget(keys.session(session_id), ["meta", "messages"])
+        # decode_responses=True: every value is a str (redis-py types it as bytes | str)
+        meta, messages = cast("tuple[str | None, str | None]", tuple(row))
+        if meta is None:
+            return None
+        session = _decode(session_id, meta, messages)
+        if session.repairs:
+            log.warning("session %s: repaired at load: %s", session_id, "; ".join(session.repairs))
+        return session
+
+    def delete(self, session_id: str) -> bool:
+        """Forget a session; True if it existed."""
+        with store_errors(f"deleting session {session_id}"), self.redis.pipeline() as pipe:
+            pipe.delete(keys.session(session_id))
+            pipe.zrem(keys.sessions_index(), session_id)
+            deleted, _ = pipe.execute()
+        return bool(deleted)
+
+    def list(self) -> builtins.list[LoadedSession]:
+        """Every stored session, most recently updated first; index entries of expired
+        sessions are pruned, undecodable sessions skipped (with a warning)."""
+        with store_errors("listing sessions"):
+            ids = cast("builtins.list[str]", self.redis.zrevrange(keys.sessions_index(), 0, -1))
+            if not ids:
+                return []
+            with self.redis.pipeline(transaction=False) as pipe:
+                for sid in ids:
+                    pipe.hmget(keys.session(sid), ["meta", "messages"])
+                rows = pipe.execute()
+            gone = [sid for sid, (meta, _) in zip(ids, rows, strict=True) if meta is None]
+            if gone:
+                self.redis.zrem(keys.sessions_index(), *gone)
+        out = []
+        for sid, (meta, messages) in zip(ids, rows, strict=True):
+            if meta is None:
+                continue
+            try:
+                out.append(_decode(sid, meta, messages))
+            except StoreError as exc:
+                log.warning("%s", exc)
+        return out
+
+    def clear(self) -> int:
+        """Delete every session and the index; return how many sessions were deleted."""
+        with store_errors("clearing sessions"):
+            ids = cast("builtins.list[str]", self.redis.zrange(keys.sessions_index(), 0, -1))
+            names = {keys.session(sid) for sid in ids}
+            names.update(self.redis.scan_iter(match=keys.session("*"), count=500))
+            deleted = 0
+            batch = sorted(names)
+            for i in range(0, len(batch), 500):
+                deleted += int(self.redis.delete(*batch[i:i + 500]))
+            self.redis.delete(keys.sessions_index())
+        return deleted
+
+    def size_bytes(self, session_id: str) -> int:
+        """Memory the session takes in Redis (MEMORY USAGE, else its JSON length); 0 if absent."""
+        key = keys.session(session_id)
+        with store_errors(f"sizing session {session_id}"):
+            try:
+                used = self.redis.memory_usage(key)
+                return int(used or 0)
+            except redis.ResponseError:  # MEMORY disabled (some managed Redis services)
+                with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.hstrlen(key, "meta")
+                    pipe.hstrlen(key, "messages")
+                    return sum(int(n) for n in pipe.execute())
+
+
+def _decode(session_id: str, meta_raw: str, messages_raw: str | None) -> LoadedSession:
+    try:
+        meta: dict[str, Any] = json.loads(meta_raw)
+        messages: builtins.list[dict[str, Any]] = json.loads(messages_raw or "[]")
+        if not isinstance(meta, dict) or not isinstance(messages, builtins.list):
+            raise ValueError("meta must be an object and messages a list")
+        found = history.problems(messages)
+        if found:
+            messages = history.repair(messages)
+        return LoadedSession(
+            id=session_id,
+            workspace=str(meta.get("workspace", "")),
+            messages=messages,
+            usage={k: int(v) for k, v in (meta.get("usage") or {}).items()},
+            created=float(meta.get("created", 0.0)),
+            updated=float(meta.get("updated", 0.0)),
+            turns=int(meta.get("turns", 0)),
+            repairs=found,
+        )
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise StoreError(
+            f"session {session_id} in Redis is damaged ({exc}); delete it "
+            f"(`swarm sessions` / DEL {keys.session(session_id)}) to start that folder afresh"
+        ) from exc

@@ -1,0 +1,102 @@
+"""Policies always/never/once/review, the reviewer, and the terminal approver."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from swarm.agent.approval import ApprovalGate, TerminalApprover
+from swarm.agent.protocols import ApprovalRequest, Decision
+from swarm.config import Settings, parse_policies
+
+
+class Recorder:
+    def __init__(self, *answers: Decision) -> None:
+        self.answers = list(answers)
+        self.asked: list[ApprovalRequest] = []
+
+    def __call__(self, request: ApprovalRequest) -> Decision:
+        self.asked.append(request)
+        return self.answers.pop(0)
+
+
+def req(tool: str = "run_cli", summary: str = "rm -rf build") -> ApprovalRequest:
+    return ApprovalRequest(tool, {"command": summary}, summary)
+
+
+def gate(policy: str, approver: Recorder, reviewer: object = None, yes: bool = False
+         ) -> ApprovalGate:
+    return ApprovalGate(lambda tool: policy, approver, reviewer, yes=yes)  # type: ignore[arg-type]
+
+
+def test_never_runs_without_asking() -> None:
+    ask = Recorder()
+    assert gate("never", ask).check(req()).allowed
+    assert ask.asked == []
+
+
+def test_always_asks_every_time() -> None:
+    ask = Recorder("approve", "approve", "deny")
+    g = gate("always", ask)
+    assert [g.check(req()).allowed for _ in range(3)] == [True, True, False]
+    assert len(ask.asked) == 3
+
+
+def test_once_asks_until_approved_then_remembers() -> None:
+    ask = Recorder("deny", "approve")
+    g = gate("once", ask)
+    assert not g.check(req()).allowed
+    assert g.check(req()).allowed
+    assert g.check(req()).allowed
+    assert len(ask.asked) == 2
+
+
+def test_review_passes_read_only_and_asks_for_the_rest() -> None:
+    ask = Recorder("deny")
+    g = gate("review", ask, reviewer=lambda cmd: cmd.startswith("ls"))
+    assert g.check(req(summary="ls -la")).reason == "reviewer: read-only"
+    verdict = g.check(req(summary="rm -rf /"))
+    assert not verdict.allowed
+    assert "reviewer" in ask.asked[0].reason
+
+
+def test_always_answer_remembers_for_the_session() -> None:
+    ask = Recorder("always")
+    g = gate("always", ask)
+    assert g.check(req()).allowed and g.check(req()).allowed
+    assert len(ask.asked) == 1
+
+
+def test_yes_skips_every_policy() -> None:
+    ask = Recorder()
+    assert gate("always", ask, yes=True).check(req()).allowed
+    assert ask.asked == []
+
+
+@pytest.mark.parametrize(("typed", "decision"), [
+    ("y\n", "approve"), ("YES\n", "approve"), ("a\n", "always"), ("n\n", "deny"),
+    ("\n", "deny"), ("maybe\n", "deny"), ("", "deny"),
+])
+def test_terminal_approver_answers(typed: str, decision: str) -> None:
+    err = io.StringIO()
+    assert TerminalApprover(io.StringIO(typed), err)(req()) == decision
+    assert "rm -rf build" in err.getvalue()
+
+
+def test_terminal_approver_closed_stdin_denies() -> None:
+    stdin = io.StringIO("y\n")
+    stdin.close()
+    err = io.StringIO()
+    assert TerminalApprover(stdin, err)(req()) == "deny"
+    assert "denied" in err.getvalue()
+
+
+def test_policies_parse_and_default() -> None:
+    policies = parse_policies("run_cli=always, *=never")
+    assert policies == {"run_cli": "always", "*": "never"}
+    s = Settings.from_env({"SWARM_APPROVAL": "run_cli=always,*=never"})
+    assert s.policy_for("run_cli") == "always"
+    assert s.policy_for("my_tool") == "never"
+    assert Settings.from_env({}).policy_for("run_cli") == "review"
+    assert Settings.from_env({}).policy_for("my_tool") == "once"
