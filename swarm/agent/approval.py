@@ -143,10 +143,7 @@ class TerminalApprover:
             stderr.write("  Allow? [y]es / [N]o / [a]lways for this tool: ")
             stderr.flush()
             try:
-                if stdin is None or stdin.closed:
-                    line = ""
-                else:
-                    line = stdin.readline()
+                line = "" if stdin is None or stdin.closed else stdin.readline()
             except (OSError, ValueError):
                 line = ""
             if not line:

@@ -88,11 +88,10 @@ def local_agent(
                          owner_info={"host": socket.gethostname(), "pid": os.getpid(),
                                      "workspace": str(workspace)})
         with lock:
-            session = None if new else sessions.load(session_id)
-            resumed = session is not None and bool(session.messages)
-            repaired = bool(getattr(session, "repaired", False))
-            if session is None:
-                session = new_session(workspace)
+            loaded = None if new else sessions.load(session_id)
+            resumed = loaded is not None and bool(loaded.messages)
+            repaired = bool(loaded.repairs) if loaded is not None else False
+            session: Session = loaded if loaded is not None else new_session(workspace)
             model = LLMClient.from_settings(settings)
             try:
                 model.resolve_model()

@@ -99,10 +99,12 @@ class TypedTool:
 
 
 class AgentFolder:
-    """Reads the agent folder of ``workspace``; every call looks at the files afresh."""
+    """Reads the agent folder of ``workspace``; every call looks at the files afresh,
+    except :meth:`typed_tools`, which imports the tool modules once."""
 
     def __init__(self, workspace: Path) -> None:
         self.workspace = Path(workspace)
+        self._typed: tuple[list[TypedTool], list[str]] | None = None
 
     def instructions(self) -> str:
         """``AGENTS.md`` and ``.swarm/instructions.md``, each under a heading; "" when neither."""
@@ -148,7 +150,15 @@ class AgentFolder:
             raise ToolError(f"cannot read skill {name!r}: {exc.strerror or exc}") from exc
 
     def typed_tools(self) -> tuple[list[TypedTool], list[str]]:
-        """Load ``.swarm/tools/*.py``: the tools that loaded, and one message per skipped file."""
+        """Load ``.swarm/tools/*.py``: the tools that loaded, and one message per skipped file.
+
+        Loaded once per folder object: a tool module's top level runs only once per agent.
+        """
+        if self._typed is None:
+            self._typed = self._load_typed_tools()
+        return self._typed
+
+    def _load_typed_tools(self) -> tuple[list[TypedTool], list[str]]:
         folder = self.workspace / TOOLS_DIR
         if not folder.is_dir():
             return [], []

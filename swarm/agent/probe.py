@@ -23,7 +23,6 @@ from swarm.agent.shell import child_env
 TOOLS: dict[str, tuple[str, ...]] = {
     "bash": ("--version",),
     "python3": ("--version",),
-    "pip": ("--version",),
     "git": ("--version",),
     "node": ("--version",),
     "npm": ("--version",),

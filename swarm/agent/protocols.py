@@ -6,6 +6,7 @@ test or the CLI can supply its own implementations.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -46,12 +47,18 @@ class CommandResult:
     timed_out: bool = False
     cut_chars: int = 0
     """How many characters of output the cap removed."""
+    cancelled: bool = False
+    """The command was killed because the agent was cancelled (``output`` says so)."""
 
     def for_model(self) -> str:
         """The text the model sees as the tool result."""
+        if self.cancelled:
+            return self.output
+        body = self.output.rstrip("\n")
+        sep = "\n" if body else ""
         if self.timed_out:
-            return f"{self.output}\n[timed out: the command and its children were killed]"
-        return f"{self.output}\n[exit code: {self.exit_code}]"
+            return f"{body}{sep}[timed out: the command and its children were killed]"
+        return f"{body}{sep}[exit code: {self.exit_code}]"
 
 
 class Environment(Protocol):
@@ -112,7 +119,7 @@ class SessionStore(Protocol):
 
     def delete(self, session_id: str) -> bool: ...
 
-    def list(self) -> list[Session]:
+    def list(self) -> Sequence[Session]:
         """Every stored session, most recently updated first."""
         ...
 

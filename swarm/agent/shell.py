@@ -209,7 +209,7 @@ class LocalEnvironment:
             sep = "" if not output or output.endswith("\n") else "\n"
             output = f"{output}{sep}{note}"
         return CommandResult(output=output, exit_code=exit_code, timed_out=timed_out,
-                             cut_chars=cut)
+                             cut_chars=cut, cancelled=note == CANCEL_NOTE)
 
     def _collect(
         self, proc: subprocess.Popen[bytes], buffer: _CappedBuffer, timeout: float

@@ -8,10 +8,12 @@ check, and none of them, nor any log line, contains the API key.
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import logging
 import math
 import random
+import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
@@ -93,6 +95,7 @@ class LLMClient:
                 connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout
             ),
             transport=transport,
+            verify=_ssl_context(),
             headers={"User-Agent": "swarm"},
         )
 
@@ -173,7 +176,7 @@ class LLMClient:
         try:
             with self._http.stream("POST", url, json=payload, headers=headers) as response:
                 started = True
-                if response.status_code < 400:
+                if 200 <= response.status_code < 300:
                     return self._read_answer(response, on_event)
                 body = self._error_body(response)
         except httpx.TransportError as exc:
@@ -201,7 +204,7 @@ class LLMClient:
         try:
             return from_completion(data, on_event)
         except ModelResponseError as exc:
-            raise _Retry(exc) from None
+            raise _Retry(ModelResponseError(self._redact(str(exc)))) from None
 
     def _read_stream(self, chunks: Iterable[bytes], on_event: OnEvent | None) -> ChatResult:
         assembler = MessageAssembler(on_event)
@@ -247,7 +250,7 @@ class LLMClient:
                                       headers=self._headers("application/json"))
         except httpx.TransportError as exc:
             raise self._transport_error(exc, False) from exc
-        if response.status_code >= 400:
+        if not 200 <= response.status_code < 300:
             raise self._http_error(response, self._error_body(response))
         try:
             data = response.json()
@@ -332,8 +335,8 @@ class LLMClient:
                                       *error.args[1:])
                     raise error from retry.__cause__
                 delay = retry.delay if retry.delay is not None else self._backoff(number)
-                log.warning("%s failed: %s; try %d of %d in %.1f s",
-                            what, retry.error, number + 1, self.tries, delay)
+                log.warning("%s failed: %s; retrying in %.1f s (try %d of %d)",
+                            what, retry.error, delay, number + 1, self.tries)
                 self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -388,7 +391,10 @@ class LLMClient:
             return _Retry(ModelHTTPError(
                 f"{where} failed with HTTP {status}: {summary}. Check the server's log",
                 status, body), delay)
-        if status in (401, 403):
+        if 300 <= status < 400:
+            message = (f"{where} redirects to {response.headers.get('location', '?')!r} "
+                       f"(HTTP {status}); set SWARM_BASE_URL to the final URL")
+        elif status in (401, 403):
             hint = "Check SWARM_API_KEY" + ("; it is not set" if not self._api_key else "")
             message = f"{where} refused the request (HTTP {status}): {summary}. {hint}"
         elif status == 404:
@@ -401,6 +407,12 @@ class LLMClient:
         else:
             message = f"{where} rejected the request (HTTP {status}): {summary}"
         return ModelHTTPError(message, status, body)
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # Loading the CA bundle takes ~30 ms and some memory; a worker runs many clients.
+    return httpx.create_ssl_context()
 
 
 def _events(chunks: Iterable[bytes]) -> Iterator[ServerSentEvent]:

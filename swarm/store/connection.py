@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -25,18 +25,19 @@ _SCHEMES = ("redis", "rediss", "unix")
 
 def mask_url(url: str) -> str:
     """``url`` with its password (in the user info or a ``password=`` query) shown as ``***``."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
+    # Edit the string in place: urlunsplit would turn unix:///path into unix:/path.
+    head, sep, query = url.partition("?")
+    netloc = urlsplit(url).netloc
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)
-        user, sep, _ = userinfo.partition(":")
+        user, colon, _ = userinfo.partition(":")
         # A lone ``secret@host`` is masked too: people often put the password there.
-        netloc = f"{user}:***@{host}" if sep else f"***@{host}"
-    query = parts.query
+        masked = f"{user}:***@{host}" if colon else f"***@{host}"
+        head = head.replace(f"//{netloc}", f"//{masked}", 1)
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="*/")
+    return head + sep + query
 
 
 def _password(url: str) -> str | None:

@@ -16,6 +16,7 @@ crash the next :meth:`EmbeddedServer.ensure` adopts it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -85,6 +86,7 @@ class EmbeddedServer:
         self._binary = binary
         self._registered_pid: int | None = None
         self._info: ServerInfo | None = None
+        self._atexit = False
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -122,6 +124,10 @@ class EmbeddedServer:
             if self._registered_pid != os.getpid():
                 self._add_user(1)
                 self._registered_pid = os.getpid()
+                if not self._atexit:
+                    # A caller that forgets release() still leaves no orphan on a normal exit.
+                    atexit.register(self.release)
+                    self._atexit = True
             self._info = info
         return info.url
 
@@ -267,7 +273,12 @@ class EmbeddedServer:
                     close_fds=True,
                 )
             _CHILDREN[proc.pid] = proc
-            if self._wait_ready(proc, port, offset, binary):
+            try:
+                ready = self._wait_ready(proc, port, offset, binary)
+            except BaseException:  # Ctrl-C while waiting: leave no unrecorded server behind
+                _kill(proc.pid)
+                raise
+            if ready:
                 return ServerInfo(proc.pid, port, time.time())
             # The port was taken between choosing and binding it: try another.
         raise StoreUnavailableError(

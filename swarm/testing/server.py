@@ -1,0 +1,619 @@
+"""A scripted OpenAI-compatible model server over real HTTP, for tests and demos.
+
+::
+
+    with ScriptedModelServer() as server:
+        server.script(Fault(429, retry_after=1), Reply("hi"))
+        ...  # point a client at server.base_url
+
+Each chat request takes the next scripted item; when none is left the
+``responder`` answers. Safety reviews (a request without tools whose messages
+hold ``<command>...</command>``) never touch the script: ``reviewer`` answers them.
+
+Run by hand: ``python -m swarm.testing.server --port 8000 --latency 0.2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import re
+import shlex
+import socket
+import string
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Literal
+
+ContextStyle = Literal["vllm", "llamacpp", "openrouter", "none"]
+IdStyle = Literal["openai", "llamacpp"]
+
+
+@dataclass
+class ToolCall:
+    """A tool call the model makes; ``arguments`` as a dict or a raw (maybe broken) JSON string."""
+
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+    """Fixed call id; None makes one in the server's id style."""
+
+
+@dataclass
+class Reply:
+    """One answer of the model."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning: str | None = None
+    usage: dict[str, int] | None = None
+    """None counts roughly four characters a token."""
+    finish_reason: str | None = None
+    """None means ``tool_calls`` when there are calls, else ``stop``."""
+
+
+@dataclass
+class Fault:
+    """Answer with an HTTP error status (and ``Retry-After`` when given)."""
+
+    status: int = 500
+    retry_after: float | str | None = None
+    body: str | dict[str, Any] | None = None
+    """None gives an OpenAI-style error object."""
+
+
+@dataclass
+class CutStream:
+    """Start the answer, then stop after ``after_chunks`` SSE events without ``[DONE]``.
+
+    ``clean=False`` drops the connection mid-body; ``clean=True`` ends the HTTP body
+    properly, so the client sees a plain end of stream without a finish_reason.
+    """
+
+    after_chunks: int = 3
+    clean: bool = False
+
+
+@dataclass
+class Garbage:
+    """Answer 200 with a body (or stream chunk) that is not JSON."""
+
+
+@dataclass
+class Slow:
+    """Wait ``seconds`` before answering with ``reply`` (None: the responder's answer)."""
+
+    seconds: float
+    reply: Reply | None = None
+
+
+Item = Reply | Fault | CutStream | Garbage | Slow
+Responder = Callable[[dict[str, Any]], Reply]
+Reviewer = Callable[[str], str]
+
+_CUT_TEXT = "This answer is long enough to be cut into many small pieces before it ends. " * 3
+_READ_ONLY = {"ls", "cat", "head", "tail", "grep", "wc", "pwd", "echo", "find"}
+_GIT_READ_ONLY = {"status", "log", "diff"}
+_COMMAND = re.compile(r"<command>\s*(.*?)\s*</command>", re.S)
+_FENCED = re.compile(r"```[\w-]*\n(.*?)```", re.S)
+_BACKTICKED = re.compile(r"`([^`\n]+)`")
+
+
+def default_reviewer(command: str) -> str:
+    """``ALLOW`` for plainly read-only commands (pipes of them too), ``DENY`` for the rest."""
+    if re.search(r"[;&<>`]|\$\(", command):
+        return "DENY"
+    for segment in command.split("|"):
+        try:
+            words = shlex.split(segment)
+        except ValueError:
+            return "DENY"
+        if not words:
+            return "DENY"
+        head = words[0]
+        if head == "git":
+            if len(words) < 2 or words[1] not in _GIT_READ_ONLY:
+                return "DENY"
+        elif head not in _READ_ONLY:
+            return "DENY"
+        if head == "find" and any(w in {"-delete", "-exec", "-execdir", "-ok", "-okdir",
+                                        "-fprint", "-fprintf", "-fls"} for w in words):
+            return "DENY"
+    return "ALLOW"
+
+
+def demo_responder(request: dict[str, Any]) -> Reply:
+    """Run a command given in backticks with ``run_cli``; report a tool result; else chat."""
+    messages = request.get("messages") or []
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    text = message_text(last)
+    if last.get("role") == "tool":
+        return Reply("Done. Output:\n" + text[:500])
+    if last.get("role") == "user":
+        match = _FENCED.search(text) or _BACKTICKED.search(text)
+        if match and match.group(1).strip():
+            return Reply(tool_calls=[ToolCall("run_cli", {"command": match.group(1).strip()})])
+    return Reply("Hello from the scripted model. Put a command in `backticks` and I will run it.")
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a message whose content is a string or a list of parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def review_command(request: dict[str, Any]) -> str | None:
+    """The command of a safety-review request, or None when the request is not one."""
+    if request.get("tools"):
+        return None
+    for message in reversed(request.get("messages") or []):
+        if isinstance(message, dict):
+            match = _COMMAND.search(message_text(message))
+            if match:
+                return match.group(1)
+    return None
+
+
+def parse_script(items: Iterable[dict[str, Any]]) -> list[Item]:
+    """Script items from JSON objects: ``{"content"|"tool_calls"|"reasoning": ...}``,
+    ``{"fault": 429, "retry_after": 1}``, ``{"cut": 3}``, ``{"garbage": true}``, ``{"slow": 2}``."""
+    out: list[Item] = []
+    for raw in items:
+        if "fault" in raw:
+            out.append(Fault(int(raw["fault"]), raw.get("retry_after"), raw.get("body")))
+        elif "cut" in raw:
+            out.append(CutStream(int(raw["cut"]), bool(raw.get("clean", False))))
+        elif raw.get("garbage"):
+            out.append(Garbage())
+        elif "slow" in raw:
+            out.append(Slow(float(raw["slow"])))
+        else:
+            calls = [ToolCall(c["name"], c.get("arguments", {})) for c in raw.get("tool_calls", [])]
+            out.append(Reply(raw.get("content"), calls, raw.get("reasoning"), raw.get("usage")))
+    return out
+
+
+class ScriptedModelServer:
+    """An OpenAI-compatible HTTP server on 127.0.0.1 whose answers are scripted.
+
+    Settings are plain attributes read on every request, so a test may change
+    them on a running server.
+    """
+
+    def __init__(
+        self,
+        *,
+        models: Iterable[str] = ("scripted-model",),
+        context_style: ContextStyle = "vllm",
+        context_length: int = 32_768,
+        tool_call_ids: IdStyle = "openai",
+        latency: float = 0.0,
+        require_key: str | None = None,
+        responder: Responder = demo_responder,
+        reviewer: Reviewer = default_reviewer,
+        force_stream: bool | None = None,
+        reject_stream_options: bool = False,
+        reasoning_key: str = "reasoning_content",
+        seed: int = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.models = list(models)
+        self.context_style: ContextStyle = context_style
+        self.context_length = context_length
+        self.tool_call_ids: IdStyle = tool_call_ids
+        self.latency = latency
+        self.require_key = require_key
+        self.responder = responder
+        self.reviewer = reviewer
+        self.force_stream = force_stream
+        """None honours the request's ``stream``; True/False ignores it, like some servers."""
+        self.reject_stream_options = reject_stream_options
+        """Answer 400 to requests carrying ``stream_options``, like some older servers."""
+        self.reasoning_key = reasoning_key
+        self.host = host
+        self.port = port
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._queue: deque[Item] = deque()
+        self._requests: list[dict[str, Any]] = []
+        self._reviews: list[dict[str, Any]] = []
+        self.models_requests = 0
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> ScriptedModelServer:
+        """Bind and serve in a daemon thread."""
+        if self._httpd is None:
+            self._httpd = _HTTPServer((self.host, self.port), _Handler)
+            self._httpd.owner = self
+            self.port = self._httpd.server_address[1]
+            self._thread = threading.Thread(
+                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01},
+                name=f"scripted-model:{self.port}", daemon=True,
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and release the port."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._httpd = None
+
+    def __enter__(self) -> ScriptedModelServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1`` (start the server first)."""
+        if self._httpd is None:
+            raise RuntimeError("the scripted model server is not started")
+        return f"http://{self.host}:{self.port}/v1"
+
+    # -- scripting ---------------------------------------------------------------------------
+
+    def script(self, *items: Item) -> ScriptedModelServer:
+        """Queue answers; each chat request (not a review) takes one."""
+        with self._lock:
+            self._queue.extend(items)
+        return self
+
+    @property
+    def pending(self) -> int:
+        """Scripted items not yet used."""
+        with self._lock:
+            return len(self._queue)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """JSON bodies of the chat requests received (reviews excluded), oldest first."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def review_requests(self) -> list[dict[str, Any]]:
+        """JSON bodies of the safety-review requests received."""
+        with self._lock:
+            return list(self._reviews)
+
+    def _record(self, request: dict[str, Any], review: bool) -> None:
+        with self._lock:
+            (self._reviews if review else self._requests).append(request)
+
+    def _take(self, request: dict[str, Any]) -> Item:
+        with self._lock:
+            if self._queue:
+                return self._queue.popleft()
+        return self.responder(request)
+
+    def _call_id(self) -> str:
+        alphabet = string.ascii_letters + string.digits
+        with self._lock:
+            if self.tool_call_ids == "llamacpp":
+                return "".join(self._rng.choices(alphabet, k=32))
+            return "call_" + "".join(self._rng.choices(alphabet, k=24))
+
+    def _split(self, text: str) -> list[str]:
+        """Small pieces of 1-6 characters."""
+        pieces = []
+        with self._lock:
+            i = 0
+            while i < len(text):
+                n = self._rng.randint(1, 6)
+                pieces.append(text[i:i + n])
+                i += n
+        return pieces
+
+    # -- answers -----------------------------------------------------------------------------
+
+    def models_body(self) -> dict[str, Any]:
+        """The body of ``GET /v1/models`` in the configured context style."""
+        data = []
+        for name in self.models:
+            entry: dict[str, Any] = {"id": name, "object": "model", "created": 0,
+                                     "owned_by": "swarm-testing"}
+            if self.context_style == "vllm":
+                entry["max_model_len"] = self.context_length
+            elif self.context_style == "openrouter":
+                entry["context_length"] = self.context_length
+            elif self.context_style == "llamacpp":
+                entry["meta"] = {"n_ctx": self.context_length, "n_ctx_train": 131_072,
+                                 "n_vocab": 32_000}
+            data.append(entry)
+        return {"object": "list", "data": data}
+
+    def _usage(self, reply: Reply, request: dict[str, Any]) -> dict[str, int]:
+        if reply.usage is not None:
+            return dict(reply.usage)
+        prompt = len(json.dumps(request.get("messages", []))) // 4
+        produced = (reply.content or "") + (reply.reasoning or "")
+        produced += "".join(_arguments(c) + c.name for c in reply.tool_calls)
+        completion = max(1, len(produced) // 4)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    def stream_chunks(self, reply: Reply, request: dict[str, Any]) -> list[dict[str, Any]]:
+        """The ``chat.completion.chunk`` objects of a streamed reply (without ``[DONE]``)."""
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": request.get("model") or self.models[0]}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": finish}]}
+
+        out = [chunk({"role": "assistant", "content": ""})]
+        out += [chunk({self.reasoning_key: p}) for p in self._split(reply.reasoning or "")]
+        out += [chunk({"content": p}) for p in self._split(reply.content or "")]
+        for index, call in enumerate(reply.tool_calls):
+            pieces = self._split(_arguments(call))
+            # llama.cpp puts the first piece of the arguments into the delta that names the call.
+            first = pieces.pop(0) if self.tool_call_ids == "llamacpp" and pieces else ""
+            out.append(chunk({"tool_calls": [{
+                "index": index, "id": call.id or self._call_id(), "type": "function",
+                "function": {"name": call.name, "arguments": first},
+            }]}))
+            out += [chunk({"tool_calls": [{"index": index, "function": {"arguments": p}}]})
+                    for p in pieces]
+        out.append(chunk({}, _finish(reply)))
+        options = request.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            out.append({**base, "choices": [], "usage": self._usage(reply, request)})
+        return out
+
+    def completion(self, reply: Reply, request: dict[str, Any]) -> dict[str, Any]:
+        """The ``chat.completion`` object of a non-streamed reply."""
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.reasoning:
+            message[self.reasoning_key] = reply.reasoning
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id or self._call_id(), "type": "function",
+                 "function": {"name": c.name, "arguments": _arguments(c)}}
+                for c in reply.tool_calls
+            ]
+        elif message["content"] is None:
+            message["content"] = ""
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
+            "created": int(time.time()), "model": request.get("model") or self.models[0],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": _finish(reply)}],
+            "usage": self._usage(reply, request),
+        }
+
+
+def _arguments(call: ToolCall) -> str:
+    if isinstance(call.arguments, str):
+        return call.arguments
+    return json.dumps(call.arguments, ensure_ascii=False)
+
+
+def _finish(reply: Reply) -> str:
+    return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+
+
+def _error(message: str, kind: str, code: int | str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    owner: ScriptedModelServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+    timeout = 60
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    @property
+    def owner(self) -> ScriptedModelServer:
+        return self.server.owner
+
+    def handle(self) -> None:
+        # The client may go away mid-answer (it gave up waiting, or retries).
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
+            super().handle()
+
+    # -- routing -----------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        if not self._authorised():
+            return
+        if self.path.rstrip("/") == "/v1/models":
+            with self.owner._lock:
+                self.owner.models_requests += 1
+            self._send_json(200, self.owner.models_body())
+        else:
+            self._send_json(404, _error(f"no route GET {self.path}", "not_found", 404))
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        if not self._authorised():
+            return
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._send_json(404, _error(f"no route POST {self.path}", "not_found", 404))
+            return
+        try:
+            request = json.loads(raw)
+            if not isinstance(request, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            self._send_json(400, _error(f"request body is not JSON: {exc}",
+                                        "invalid_request_error", 400))
+            return
+        self._chat(request)
+
+    def _authorised(self) -> bool:
+        key = self.owner.require_key
+        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        self._send_json(401, _error("Incorrect API key provided.", "invalid_request_error",
+                                    "invalid_api_key"))
+        return False
+
+    def _chat(self, request: dict[str, Any]) -> None:
+        owner = self.owner
+        stream = bool(request.get("stream")) if owner.force_stream is None else owner.force_stream
+        command = review_command(request)
+        owner._record(request, review=command is not None)
+        if owner.reject_stream_options and "stream_options" in request:
+            self._send_json(400, _error("Unrecognized request argument supplied: stream_options",
+                                        "invalid_request_error", 400))
+            return
+        if owner.latency:
+            time.sleep(owner.latency)
+        if command is not None:
+            self._reply(Reply(owner.reviewer(command)), request, stream)
+            return
+        item = owner._take(request)
+        if isinstance(item, Slow):
+            time.sleep(item.seconds)
+            item = item.reply or owner.responder(request)
+        if isinstance(item, Reply):
+            self._reply(item, request, stream)
+        elif isinstance(item, Fault):
+            self._fault(item)
+        elif isinstance(item, CutStream):
+            self._cut(item, request, stream)
+        else:
+            self._garbage(stream)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reply(self, reply: Reply, request: dict[str, Any], stream: bool) -> None:
+        if stream:
+            events = [json.dumps(c) for c in self.owner.stream_chunks(reply, request)]
+            self._send_events([*events, "[DONE]"])
+        else:
+            self._send_json(200, self.owner.completion(reply, request))
+
+    def _fault(self, fault: Fault) -> None:
+        headers = {}
+        if fault.retry_after is not None:
+            value = fault.retry_after
+            headers["Retry-After"] = (str(int(value)) if isinstance(value, float | int)
+                                      and float(value).is_integer() else str(value))
+        body = fault.body if fault.body is not None else _error(
+            f"scripted fault {fault.status}", "server_error" if fault.status >= 500
+            else "invalid_request_error", fault.status)
+        self._send_json(fault.status, body, headers)
+
+    def _cut(self, cut: CutStream, request: dict[str, Any], stream: bool) -> None:
+        reply = Reply(_CUT_TEXT)
+        if stream:
+            events = [json.dumps(c) for c in self.owner.stream_chunks(reply, request)]
+            self._send_events(events[:cut.after_chunks], end=cut.clean)
+            if not cut.clean:
+                self._drop()
+            return
+        data = json.dumps(self.owner.completion(reply, request)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self._drop()
+
+    def _garbage(self, stream: bool) -> None:
+        if stream:
+            self._send_events(['{"id": "chatcmpl-garbage", "choices": [{"delta": {"content": "Hel',
+                               "[DONE]"])
+        else:
+            self._send_json(200, "<html><body>502 Bad Gateway</body></html>")
+
+    def _send_events(self, datas: list[str], end: bool = True) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for data in datas:
+            payload = f"data: {data}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+        if end:
+            self.wfile.write(b"0\r\n\r\n")
+
+    def _drop(self) -> None:
+        """Close the connection abruptly, in the middle of the body."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the scripted model by hand (for demos)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m swarm.testing.server",
+        description="A scripted OpenAI-compatible model server. Without --script, it runs "
+        "commands given in `backticks` with run_cli, reports tool results, and answers safety "
+        "reviews ALLOW for read-only commands, DENY otherwise. Point swarm at it with "
+        "SWARM_BASE_URL=http://HOST:PORT/v1.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
+    parser.add_argument("--script", type=Path, help='JSON list of answers, used in order: '
+                        '{"content": "..."}, {"tool_calls": [{"name": "run_cli", "arguments": '
+                        '{"command": "ls"}}]}, {"fault": 429, "retry_after": 1}, {"cut": 3}, '
+                        '{"garbage": true}, {"slow": 2}; when they run out, the demo '
+                        'behaviour above answers')
+    parser.add_argument("--model", action="append", help="model id to list (repeatable)")
+    parser.add_argument("--context-style", default="vllm",
+                        choices=["vllm", "llamacpp", "openrouter", "none"],
+                        help="how /v1/models tells the context length")
+    parser.add_argument("--context-length", type=int, default=32_768)
+    parser.add_argument("--tool-call-ids", default="openai", choices=["openai", "llamacpp"])
+    parser.add_argument("--api-key", help="answer 401 unless this bearer token is sent")
+    args = parser.parse_args(argv)
+    server = ScriptedModelServer(
+        models=args.model or ["scripted-model"], context_style=args.context_style,
+        context_length=args.context_length, tool_call_ids=args.tool_call_ids,
+        latency=args.latency, require_key=args.api_key, host=args.host, port=args.port,
+    )
+    if args.script:
+        server.script(*parse_script(json.loads(args.script.read_text())))
+    with server:
+        print(f"scripted model serving on {server.base_url} (Ctrl-C stops)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The loop over real HTTP: tool calls, pairing, approvals, limits, compaction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+
+from swarm.agent import compaction
+from swarm.agent.approval import deny_all
+from swarm.agent.history import problems
+from swarm.errors import TurnLimitReached
+from swarm.store.sessions import RedisSessionStore
+from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+from tests.helpers import MemoryHints, make_agent
+
+
+def tool_messages(request: dict[str, object]) -> list[dict[str, object]]:
+    return [m for m in request["messages"] if m["role"] == "tool"]  # type: ignore[union-attr,index]
+
+
+def test_runs_a_command_and_pairs_the_result(model_server: ScriptedModelServer,
+                                             tmp_path: Path) -> None:
+    model_server.script(
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo hello; pwd"}, id="call_1")]),
+        Reply(content="All done."),
+    )
+    agent = make_agent(model_server, tmp_path)
+    assert agent.run("say hello") == "All done."
+    second = model_server.requests[1]
+    assistant = [m for m in second["messages"] if m["role"] == "assistant"][0]
+    assert assistant["tool_calls"][0]["id"] == "call_1"
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {
+        "command": "echo hello; pwd"}
+    (result,) = tool_messages(second)
+    assert result["tool_call_id"] == "call_1"
+    assert "hello" in result["content"] and str(tmp_path) in result["content"]
+    assert "[exit code: 0]" in result["content"]
+    assert problems(agent.messages) == []
+
+
+def test_bad_calls_become_errors_and_the_loop_goes_on(model_server: ScriptedModelServer,
+                                                      tmp_path: Path) -> None:
+    model_server.script(
+        Reply(tool_calls=[
+            ToolCall("format_disk", {}, id="a"),
+            ToolCall("run_cli", '{"command": ', id="b"),
+            ToolCall("run_cli", {"cmd": "ls"}, id="c"),
+            ToolCall("run_cli", {"command": "echo ok"}, id="d"),
+        ]),
+        Reply(content="recovered"),
+    )
+    agent = make_agent(model_server, tmp_path)
+    assert agent.run("go") == "recovered"
+    results = {m["tool_call_id"]: m["content"] for m in tool_messages(model_server.requests[1])}
+    assert list(results) == ["a", "b", "c", "d"]
+    assert "unknown tool 'format_disk'" in results["a"]
+    assert "not valid JSON" in results["b"]
+    assert "'command' is a required property" in results["c"]
+    assert results["d"].startswith("ok")
+
+
+def test_denied_command_does_not_run(model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    model_server.script(
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "touch made"})]),
+        Reply(content="could not"),
+    )
+    agent = make_agent(model_server, tmp_path, approver=deny_all, policy="always")
+    assert agent.run("make a file") == "could not"
+    assert not (tmp_path / "made").exists()
+    assert "denied" in tool_messages(model_server.requests[1])[0]["content"]
+
+
+def test_review_policy_asks_the_model_then_runs_read_only(model_server: ScriptedModelServer,
+                                                          tmp_path: Path) -> None:
+    from swarm.agent.approval import LLMReviewer
+
+    model_server.script(
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "ls"}),
+                          ToolCall("run_cli", {"command": "touch x"})]),
+        Reply(content="ok"),
+    )
+    agent = make_agent(model_server, tmp_path, approver=deny_all, policy="review")
+    agent.gate.reviewer = LLMReviewer(agent.model)  # type: ignore[arg-type]
+    agent.run("look")
+    assert len(model_server.review_requests) == 2
+    assert model_server.review_requests[0]["temperature"] == 0
+    results = [m["content"] for m in tool_messages(model_server.requests[1])]
+    assert "[exit code: 0]" in results[0]
+    assert results[1].startswith("denied")
+    assert not (tmp_path / "x").exists()
+
+
+def test_max_turns_stops_cleanly(model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    model_server.script(*[Reply(tool_calls=[ToolCall("run_cli", {"command": "true"})])] * 3)
+    agent = make_agent(model_server, tmp_path, max_turns=2)
+    with pytest.raises(TurnLimitReached, match="--max-turns 2"):
+        agent.run("loop forever")
+    assert len(model_server.requests) == 2
+    assert problems(agent.messages) == []
+
+
+def test_reasoning_is_sent_back(model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    model_server.script(
+        Reply(reasoning="I should list files", tool_calls=[ToolCall("run_cli", {"command": "ls"})]),
+        Reply(content="done"),
+    )
+    make_agent(model_server, tmp_path).run("list")
+    assistant = [m for m in model_server.requests[1]["messages"] if m["role"] == "assistant"][0]
+    assert assistant["reasoning_content"] == "I should list files"
+
+
+def test_session_saved_after_every_step(model_server: ScriptedModelServer, tmp_path: Path,
+                                        redis: redis_lib.Redis) -> None:
+    store = RedisSessionStore(redis)
+    model_server.script(
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo one"})]),
+        Reply(content="answer"),
+    )
+    agent = make_agent(model_server, tmp_path, store=store)
+    agent.run("task")
+    loaded = store.load(agent.session.id)
+    assert loaded is not None
+    assert loaded.messages == agent.messages
+    assert loaded.usage["total_tokens"] > 0
+    assert [m["role"] for m in loaded.messages] == ["system", "user", "assistant", "tool",
+                                                     "assistant"]
+
+
+def test_typed_tool_and_skill(model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    tools = tmp_path / ".swarm" / "tools"
+    tools.mkdir(parents=True)
+    (tools / "add.py").write_text('"""Add two numbers."""\n\ndef run(a: int, b: int) -> int:\n'
+                                  '    return a + b\n')
+    skills = tmp_path / ".swarm" / "skills"
+    skills.mkdir()
+    (skills / "deploy.md").write_text("# How to deploy\nrun make deploy\n")
+    model_server.script(
+        Reply(tool_calls=[ToolCall("add", {"a": 2, "b": 40}),
+                          ToolCall("load_skill", {"name": "deploy"})]),
+        Reply(content="42"),
+    )
+    make_agent(model_server, tmp_path, policy="never").run("add")
+    first = model_server.requests[0]
+    names = {t["function"]["name"] for t in first["tools"]}
+    assert names == {"run_cli", "add", "load_skill"}
+    assert "deploy: How to deploy" in first["messages"][0]["content"]
+    results = [m["content"] for m in tool_messages(model_server.requests[1])]
+    assert results[0] == "42"
+    assert "run make deploy" in results[1]
+
+
+def test_compaction_end_to_end(model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    model_server.context_length = 10_000
+    big = {"prompt_tokens": 7_600, "completion_tokens": 100, "total_tokens": 7_700}
+    model_server.script(
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo a"}),
+                          ToolCall("run_cli", {"command": "echo b"})], usage=big),
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo notes > notes.md"}),
+                          ToolCall("leave_memory_hints", {"hints": "notes are in notes.md"})],
+              usage=big),
+        Reply(content="finished"),
+    )
+    hints = MemoryHints()
+    agent = make_agent(model_server, tmp_path, hints=hints)
+    assert agent.run("the task") == "finished"
+    first, second, third = model_server.requests
+    assert "leave_memory_hints" not in {t["function"]["name"] for t in first["tools"]}
+    assert second["messages"][-1]["content"] == compaction.EMERGENCY
+    assert "leave_memory_hints" in {t["function"]["name"] for t in second["tools"]}
+    assert hints.text == "notes are in notes.md"
+    assert (tmp_path / "notes.md").exists()
+    msgs = third["messages"]
+    assert "notes are in notes.md" in msgs[0]["content"]
+    assert compaction.NOTE in msgs[1]["content"] and "the task" in msgs[1]["content"]
+    assert problems(msgs) == []
+    assert "leave_memory_hints" not in {t["function"]["name"] for t in third["tools"]}

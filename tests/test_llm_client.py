@@ -1,0 +1,431 @@
+"""LLMClient over real HTTP against the scripted model server (sleep is faked, so no waiting)."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from swarm.config import Secret, Settings
+from swarm.errors import (
+    ConfigError,
+    ModelConnectionError,
+    ModelHTTPError,
+    ModelNotFoundError,
+    ModelRateLimitError,
+    ModelResponseError,
+)
+from swarm.llm.client import LLMClient
+from swarm.llm.types import StreamEvent
+from swarm.testing.server import (
+    CutStream,
+    Fault,
+    Garbage,
+    Reply,
+    ScriptedModelServer,
+    Slow,
+    ToolCall,
+    main,
+    parse_script,
+)
+
+KEY = "sk-test-4f9c2b7e1d"
+USER = [{"role": "user", "content": "hi"}]
+RUN_CLI = {"type": "function", "function": {
+    "name": "run_cli", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.fixture
+def sleeps() -> list[float]:
+    return []
+
+
+def make_client(server: ScriptedModelServer, sleeps: list[float], **kw: Any) -> LLMClient:
+    options: dict[str, Any] = {"model": "scripted-model", "api_key": Secret(KEY), "retries": 3,
+                               "backoff_max": 8.0, "sleep": sleeps.append}
+    options.update(kw)
+    return LLMClient(server.base_url, **options)
+
+
+@pytest.fixture
+def client(model_server: ScriptedModelServer, sleeps: list[float]) -> Iterator[LLMClient]:
+    model_server.require_key = KEY  # every test also proves the bearer token is sent
+    with make_client(model_server, sleeps) as c:
+        yield c
+
+
+def assert_secret_free(*texts: str) -> None:
+    for text in texts:
+        assert KEY not in text
+
+
+# -- answers ---------------------------------------------------------------------------------
+
+
+def test_streamed_text_with_reasoning(model_server: ScriptedModelServer,
+                                      client: LLMClient) -> None:
+    text = "Hello there! This answer arrives in many small pieces."
+    model_server.script(Reply(text, reasoning="The user greets me."))
+    events: list[StreamEvent] = []
+    result = client.chat(USER, on_event=events.append)
+    assert result.message == {"role": "assistant", "content": text,
+                              "reasoning_content": "The user greets me."}
+    assert result.finish_reason == "stop"
+    assert "".join(e.text for e in events if e.kind == "content") == text
+    assert len([e for e in events if e.kind == "content"]) > 5
+    assert result.usage.total_tokens > 0  # from the usage chunk that has no choices
+    (sent,) = model_server.requests
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert "tools" not in sent and "temperature" not in sent
+
+
+@pytest.mark.parametrize("style", ["openai", "llamacpp"])
+def test_streamed_parallel_tool_calls(model_server: ScriptedModelServer, client: LLMClient,
+                                      style: Any) -> None:
+    model_server.tool_call_ids = style
+    model_server.script(Reply(tool_calls=[
+        ToolCall("run_cli", {"command": "ls -la /tmp", "timeout": 30}),
+        ToolCall("agent", {"message": "summarise every file in src/ " * 3}),
+    ]))
+    events: list[StreamEvent] = []
+    result = client.chat(USER, [RUN_CLI], on_event=events.append, temperature=0)
+    assert result.message["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in result.tool_calls] == [
+        ("run_cli", {"command": "ls -la /tmp", "timeout": 30}),
+        ("agent", {"message": "summarise every file in src/ " * 3}),
+    ]
+    ids = [c["id"] for c in result.tool_calls]
+    if style == "openai":
+        assert all(i.startswith("call_") and len(i) == 29 for i in ids)
+    else:
+        assert all(len(i) == 32 and not i.startswith("call_") for i in ids)
+    assert [e.text for e in events if e.kind == "tool_call"] == ["run_cli", "agent"]
+    assert result.finish_reason == "tool_calls"
+    assert model_server.requests[0]["tools"] == [RUN_CLI]
+    assert model_server.requests[0]["temperature"] == 0
+
+
+def test_not_streamed_when_asked(model_server: ScriptedModelServer, client: LLMClient) -> None:
+    model_server.script(Reply("plain", reasoning="r", usage={"prompt_tokens": 3,
+                                                          "completion_tokens": 4}))
+    events: list[StreamEvent] = []
+    result = client.chat(USER, stream=False, on_event=events.append)
+    assert result.message == {"role": "assistant", "content": "plain", "reasoning_content": "r"}
+    assert result.usage.as_dict() == {"prompt_tokens": 3, "completion_tokens": 4,
+                                      "total_tokens": 7}
+    assert events == [StreamEvent("reasoning", "r"), StreamEvent("content", "plain")]
+    (sent,) = model_server.requests
+    assert sent["stream"] is False and "stream_options" not in sent
+
+
+def test_server_that_ignores_stream_true(model_server: ScriptedModelServer,
+                                         client: LLMClient) -> None:
+    model_server.force_stream = False
+    model_server.script(Reply(tool_calls=[ToolCall("run_cli", {"command": "pwd"})]))
+    result = client.chat(USER, [RUN_CLI])
+    assert model_server.requests[0]["stream"] is True
+    assert result.tool_calls[0]["function"]["arguments"] == '{"command": "pwd"}'
+
+
+def test_server_that_streams_when_not_asked(model_server: ScriptedModelServer,
+                                            client: LLMClient) -> None:
+    model_server.force_stream = True
+    model_server.script(Reply("streamed anyway"))
+    assert client.chat(USER, stream=False).content == "streamed anyway"
+
+
+def test_stream_options_rejected_once_then_left_out(model_server: ScriptedModelServer,
+                                                   client: LLMClient, sleeps: list[float]) -> None:
+    model_server.reject_stream_options = True
+    model_server.script(Reply("one"), Reply("two"))
+    assert client.chat(USER).content == "one"
+    assert client.chat(USER).content == "two"
+    assert ["stream_options" in r for r in model_server.requests] == [True, False, False]
+    assert sleeps == []
+
+
+# -- retries ---------------------------------------------------------------------------------
+
+
+def test_429_honours_retry_after_seconds(model_server: ScriptedModelServer, client: LLMClient,
+                                         sleeps: list[float]) -> None:
+    model_server.script(Fault(429, retry_after=2), Reply("hi"))
+    assert client.chat(USER).content == "hi"
+    assert sleeps == [2.0]
+    assert len(model_server.requests) == 2
+
+
+def test_429_retry_after_http_date_is_capped(model_server: ScriptedModelServer,
+                                             client: LLMClient, sleeps: list[float]) -> None:
+    later = email.utils.format_datetime(datetime.now(UTC) + timedelta(hours=1), usegmt=True)
+    soon = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=5), usegmt=True)
+    model_server.script(Fault(429, retry_after=later), Fault(429, retry_after=soon), Reply("hi"))
+    assert client.chat(USER).content == "hi"
+    assert sleeps[0] == 8.0  # backoff_max
+    assert 3.0 < sleeps[1] <= 5.0
+
+
+def test_500_then_success_with_jittered_backoff(model_server: ScriptedModelServer,
+                                                client: LLMClient, sleeps: list[float]) -> None:
+    model_server.script(Fault(500), Fault(503), Reply("recovered"))
+    assert client.chat(USER).content == "recovered"
+    assert len(sleeps) == 2
+    assert 0.0 <= sleeps[0] <= 1.0 and 0.0 <= sleeps[1] <= 2.0
+
+
+@pytest.mark.parametrize("fault", [CutStream(3), CutStream(3, clean=True), Garbage()],
+                         ids=["cut-connection", "cut-clean-eof", "garbage-chunk"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_broken_answer_then_success(model_server: ScriptedModelServer, client: LLMClient,
+                                    sleeps: list[float], fault: Any, stream: bool) -> None:
+    model_server.script(fault, Reply("whole answer"))
+    result = client.chat(USER, stream=stream)
+    assert result.message == {"role": "assistant", "content": "whole answer"}
+    assert len(sleeps) == 1 and len(model_server.requests) == 2
+
+
+def test_read_timeout_then_success(model_server: ScriptedModelServer,
+                                   sleeps: list[float]) -> None:
+    model_server.script(Slow(0.5), Reply("in time"))
+    with make_client(model_server, sleeps, read_timeout=0.1) as c:
+        assert c.chat(USER).content == "in time"
+    assert len(sleeps) == 1
+
+
+def test_retries_exhausted_raise_typed_errors_without_the_key(
+        model_server: ScriptedModelServer, client: LLMClient, sleeps: list[float],
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    model_server.script(Fault(500, body=f"upstream echoed {KEY}"), Fault(502), Fault(500))
+    with pytest.raises(ModelHTTPError) as info:
+        client.chat(USER)
+    error = info.value
+    assert error.status_code == 500 and "gave up after 3 tries" in str(error)
+    assert len(sleeps) == 2
+    model_server.script(*[Fault(429)] * 3)
+    with pytest.raises(ModelRateLimitError) as limited:
+        client.chat(USER)
+    assert "429" in str(limited.value)
+    assert_secret_free(str(error), repr(error), error.body, str(limited.value), repr(client),
+                       caplog.text, *(r.getMessage() for r in caplog.records))
+    assert "***" in repr(client)
+
+
+def test_stream_cut_every_time_raises_response_error(model_server: ScriptedModelServer,
+                                                     client: LLMClient) -> None:
+    model_server.script(CutStream(2), CutStream(4, clean=True), Garbage(), Reply("too late"))
+    with pytest.raises(ModelResponseError, match=r"not JSON.*gave up after 3 tries"):
+        client.chat(USER)
+    assert model_server.pending == 1
+
+
+@pytest.mark.parametrize("status", [400, 403, 422])
+def test_client_errors_are_not_retried(model_server: ScriptedModelServer, client: LLMClient,
+                                       sleeps: list[float], status: int) -> None:
+    model_server.script(Fault(status), Reply("never"))
+    with pytest.raises(ModelHTTPError) as info:
+        client.chat(USER)
+    assert info.value.status_code == status and sleeps == [] and model_server.pending == 1
+
+
+@pytest.mark.parametrize("status", [408, 409, 502])
+def test_retryable_statuses(model_server: ScriptedModelServer, client: LLMClient,
+                            sleeps: list[float], status: int) -> None:
+    model_server.script(Fault(status), Reply("ok"))
+    assert client.chat(USER).content == "ok" and len(sleeps) == 1
+
+
+def test_401_says_check_the_api_key(model_server: ScriptedModelServer,
+                                    sleeps: list[float]) -> None:
+    model_server.require_key = "the-right-key"
+    with make_client(model_server, sleeps) as c, pytest.raises(ModelHTTPError) as info:
+        c.chat(USER)
+    assert info.value.status_code == 401 and "SWARM_API_KEY" in str(info.value)
+    assert_secret_free(str(info.value)) and sleeps == []
+    with make_client(model_server, sleeps, api_key="") as c, pytest.raises(ModelHTTPError) as info:
+        c.chat(USER)
+    assert "not set" in str(info.value)
+
+
+def test_404_says_check_base_url(model_server: ScriptedModelServer, sleeps: list[float]) -> None:
+    wrong = model_server.base_url.removesuffix("/v1")
+    with LLMClient(wrong, "scripted-model", sleep=sleeps.append) as c, \
+            pytest.raises(ModelHTTPError) as info:
+        c.chat(USER)
+    assert info.value.status_code == 404
+    assert "SWARM_BASE_URL ends in /v1" in str(info.value) and "SWARM_MODEL" in str(info.value)
+
+
+def test_400_about_context_says_the_prompt_is_too_long(model_server: ScriptedModelServer,
+                                                       client: LLMClient) -> None:
+    model_server.script(Fault(400, body={"error": {
+        "message": "This model's maximum context length is 4096 tokens. However, you requested "
+                   "5000 tokens.", "code": "context_length_exceeded"}}))
+    with pytest.raises(ModelHTTPError, match="longer than the context window"):
+        client.chat(USER)
+
+
+def test_connection_refused(sleeps: list[float]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    with LLMClient(url, "m", Secret(KEY), retries=4, sleep=sleeps.append) as c, \
+            pytest.raises(ModelConnectionError) as info:
+        c.chat(USER)
+    assert url in str(info.value) and "running" in str(info.value)
+    assert_secret_free(str(info.value))
+    assert len(sleeps) == 3
+
+
+def test_mid_stream_details_over_mock_transport(sleeps: list[float]) -> None:
+    """What the scripted server never sends: an error event, pings, a last event without its
+    blank line and no finish_reason; and the exact Authorization header."""
+    answers = [
+        b': hello\n\nevent: ping\ndata: \n\ndata: {"choices":[{"delta":{"content":"par"}}]}\n\n'
+        b'data: {"error": {"message": "upstream overloaded"}}\n\n',
+        b'data: {"choices":[{"delta":{"content":"whole"}}]}\r\n\r\ndata: [DONE]',
+    ]
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                              content=answers[len(seen) - 1])
+
+    with LLMClient("http://model.test/v1", "m", Secret(KEY), sleep=sleeps.append,
+                   transport=httpx.MockTransport(handler)) as c:
+        assert c.chat(USER).message == {"role": "assistant", "content": "whole"}
+    assert [r.headers["authorization"] for r in seen] == [f"Bearer {KEY}"] * 2
+    assert len(sleeps) == 1
+
+
+def test_concurrent_calls_share_one_client(model_server: ScriptedModelServer,
+                                           client: LLMClient) -> None:
+    model_server.latency = 0.05
+    results: list[str] = []
+
+    def call(i: int) -> None:
+        results.append(client.chat([{"role": "user", "content": f"run `echo {i}`"}],
+                                   [RUN_CLI]).tool_calls[0]["function"]["arguments"])
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(json.loads(r)["command"] for r in results) == [f"echo {i}" for i in range(8)]
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("style,expected", [("vllm", 12_345), ("llamacpp", 12_345),
+                                            ("openrouter", 12_345), ("none", 99_000)])
+def test_context_length_per_style(model_server: ScriptedModelServer, sleeps: list[float],
+                                  style: Any, expected: int) -> None:
+    model_server.context_style = style
+    model_server.context_length = 12_345
+    with make_client(model_server, sleeps, default_context_length=99_000) as c:
+        assert c.context_length() == expected
+        assert c.context_length() == expected
+    assert model_server.models_requests == 1
+
+
+def test_context_length_falls_back_when_models_fails(
+        model_server: ScriptedModelServer, sleeps: list[float],
+        caplog: pytest.LogCaptureFixture) -> None:
+    wrong = model_server.base_url.removesuffix("/v1")
+    with LLMClient(wrong, "m", default_context_length=4096, sleep=sleeps.append) as c:
+        assert c.context_length() == 4096
+    assert "SWARM_CONTEXT_LENGTH" in caplog.text
+
+
+def test_model_not_listed(model_server: ScriptedModelServer, sleeps: list[float]) -> None:
+    model_server.models = ["qwen3-32b", "llama-3.3-70b"]
+    with make_client(model_server, sleeps, model="gpt-5") as c, \
+            pytest.raises(ModelNotFoundError) as info:
+        c.context_length()
+    assert "'gpt-5'" in str(info.value)
+    assert "qwen3-32b, llama-3.3-70b" in str(info.value)
+
+
+def test_resolve_model_with_one_listed(model_server: ScriptedModelServer,
+                                       sleeps: list[float]) -> None:
+    model_server.models = ["only-one"]
+    model_server.script(Reply("ok"))
+    with make_client(model_server, sleeps, model="") as c:
+        assert c.chat(USER).content == "ok"
+        assert c.model == "only-one" and c.context_length() == 32_768
+    assert model_server.requests[0]["model"] == "only-one"
+    assert model_server.models_requests == 1
+
+
+def test_resolve_model_with_several_listed(model_server: ScriptedModelServer,
+                                           sleeps: list[float]) -> None:
+    model_server.models = ["a", "b"]
+    with make_client(model_server, sleeps, model="") as c, \
+            pytest.raises(ConfigError, match="SWARM_MODEL to one of: a, b"):
+        c.resolve_model()
+
+
+def test_from_settings(model_server: ScriptedModelServer) -> None:
+    settings = Settings.from_env({}, base_url=model_server.base_url, model="scripted-model",
+                                 api_key=KEY, retries=2, stream=False)
+    model_server.require_key = KEY
+    model_server.script(Reply("configured"))
+    with LLMClient.from_settings(settings) as c:
+        assert c.tries == 2 and c.stream is False
+        assert c.chat(USER).content == "configured"
+    assert model_server.requests[0]["stream"] is False
+
+
+# -- the scripted server itself ----------------------------------------------------------------
+
+
+def test_reviews_bypass_the_script(model_server: ScriptedModelServer, client: LLMClient) -> None:
+    model_server.script(Reply("scripted"))
+
+    def review(command: str) -> str:
+        return client.chat([{"role": "user", "content": f"Review:\n<command>\n{command}\n"
+                                                        "</command>"}], temperature=0).content
+
+    assert review("ls -la | grep x") == "ALLOW"
+    assert review("git status") == "ALLOW"
+    assert review("rm -rf /") == "DENY"
+    assert review("find . -delete") == "DENY"
+    assert review("echo hi > file") == "DENY"
+    assert model_server.pending == 1 and len(model_server.review_requests) == 5
+    assert model_server.requests == []
+    assert client.chat(USER).content == "scripted"
+
+
+def test_demo_responder(client: LLMClient) -> None:
+    call = client.chat([{"role": "user", "content": "please run `ls -la`"}], [RUN_CLI])
+    assert json.loads(call.tool_calls[0]["function"]["arguments"]) == {"command": "ls -la"}
+    history = [*USER, call.message, {"role": "tool", "tool_call_id": call.tool_calls[0]["id"],
+                                     "content": "x" * 600}]
+    done = client.chat(history, [RUN_CLI])
+    assert done.content == "Done. Output:\n" + "x" * 500
+    assert client.chat(USER).content and not client.chat(USER).tool_calls
+
+
+def test_script_file_format(tmp_path: Path) -> None:
+    items = parse_script([{"content": "hi"}, {"fault": 429, "retry_after": 1},
+                          {"tool_calls": [{"name": "run_cli", "arguments": {"command": "ls"}}]},
+                          {"cut": 2}, {"garbage": True}, {"slow": 0.5}])
+    assert items == [Reply("hi"), Fault(429, 1), Reply(None, [ToolCall("run_cli",
+                     {"command": "ls"})]), CutStream(2), Garbage(), Slow(0.5)]
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0

@@ -1,0 +1,135 @@
+"""RedisLock against a real server, across threads and processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_py
+
+import swarm
+from swarm.errors import LockError
+from swarm.store import keys
+from swarm.store.locks import RedisLock
+
+ROOT = Path(swarm.__file__).resolve().parent.parent
+
+HOLDER = """
+import sys, time
+from swarm.store.connection import connect
+from swarm.store.locks import RedisLock
+lock = RedisLock(connect(sys.argv[1]), sys.argv[2], ttl=float(sys.argv[3]))
+lock.acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def holder(redis_server: str) -> Iterator[subprocess.Popen[str]]:
+    """A separate python process holding the lock ``w`` with ttl 1 s (renewing it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, redis_server, "w", "1"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_contention_between_two_objects(redis: redis_py.Redis) -> None:
+    a = RedisLock(redis, "w", owner_info={"workspace": "/w"})
+    b = RedisLock(redis, "w")
+    a.acquire()
+    assert a.held
+    with pytest.raises(LockError) as err:
+        b.acquire()
+    message = str(err.value)
+    assert f"pid {os.getpid()} on host {socket.gethostname()}, since " in message
+    assert "is working in this folder" in message and "expires within 30 s" in message
+    info = a.holder()
+    assert info is not None and "token" not in info
+    assert info["workspace"] == "/w" and info["pid"] == os.getpid()
+    started = time.monotonic()
+    with pytest.raises(LockError):
+        b.acquire(blocking_timeout=0.3)
+    assert time.monotonic() - started >= 0.3
+    assert a.release() is True
+    assert a.release() is False
+    with b:
+        assert b.held and redis.exists(keys.lock("w"))
+    assert not b.held and redis.exists(keys.lock("w")) == 0
+
+
+def test_blocking_acquire_gets_the_lock_when_released(redis: redis_py.Redis) -> None:
+    a = RedisLock(redis, "w")
+    a.acquire()
+    threading.Timer(0.2, a.release).start()
+    b = RedisLock(redis, "w", blocking_timeout=5)
+    b.acquire()
+    assert b.held
+    b.release()
+
+
+def test_contention_from_another_process(
+    redis: redis_py.Redis, holder: subprocess.Popen[str]
+) -> None:
+    with pytest.raises(LockError) as err:
+        RedisLock(redis, "w").acquire()
+    assert f"pid {holder.pid} on host {socket.gethostname()}" in str(err.value)
+    assert "expires within 1 s" in str(err.value)
+    time.sleep(1.5)  # past the ttl: the holder's renewal thread keeps it
+    with pytest.raises(LockError):
+        RedisLock(redis, "w").acquire()
+
+
+def test_sigkilled_holder_lock_expires(
+    redis: redis_py.Redis, holder: subprocess.Popen[str]
+) -> None:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    lock = RedisLock(redis, "w")
+    with pytest.raises(LockError):
+        lock.acquire()  # a crashed holder's lock outlives it until the ttl runs out
+    started = time.monotonic()
+    lock.acquire(blocking_timeout=3)
+    assert time.monotonic() - started < 1.5
+    lock.release()
+
+
+def test_renewal_keeps_lock_past_ttl(redis: redis_py.Redis) -> None:
+    lock = RedisLock(redis, "w", ttl=0.5)
+    lock.acquire()
+    time.sleep(1.3)
+    assert not lock.lost and 0 < redis.pttl(keys.lock("w")) <= 500
+    with pytest.raises(LockError):
+        RedisLock(redis, "w").acquire()
+    assert lock.release() is True
+
+
+def test_release_never_deletes_another_holders_lock(redis: redis_py.Redis) -> None:
+    a = RedisLock(redis, "w", ttl=0.6)
+    a.acquire()
+    redis.delete(keys.lock("w"))  # as if a's lock expired during a long pause
+    b = RedisLock(redis, "w")
+    b.acquire()
+    deadline = time.monotonic() + 2
+    while not a.lost and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert a.lost and not a.held
+    assert redis.pttl(keys.lock("w")) > 20_000  # a's renewal did not touch b's lock
+    assert a.release() is False
+    assert b.holder() is not None and b.held
+    assert b.release() is True

@@ -1,0 +1,99 @@
+"""RedisSessionStore against a real server."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis as redis_py
+
+from swarm.agent.history import INTERRUPTED
+from swarm.agent.protocols import Session
+from swarm.store import keys
+from swarm.store.sessions import RedisSessionStore
+
+
+def make(sid: str, updated: float, messages: list[dict[str, object]] | None = None) -> Session:
+    return Session(
+        id=sid,
+        workspace=f"/work/{sid}",
+        messages=messages if messages is not None else [{"role": "user", "content": "héllo"}],
+        usage={"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+        created=updated - 10,
+        updated=updated,
+        turns=2,
+    )
+
+
+def test_round_trip(redis: redis_py.Redis) -> None:
+    store = RedisSessionStore(redis)
+    messages = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "do it"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "run_cli", "arguments": "{\"command\": \"ls\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a\nb\n[exit code: 0]"},
+        {"role": "assistant", "content": "done ✓"},
+    ]
+    session = make("s1", 1000.0, messages)
+    store.save(session)
+    loaded = store.load("s1")
+    assert loaded is not None
+    assert loaded.messages == messages
+    assert (loaded.id, loaded.workspace, loaded.usage, loaded.created, loaded.updated,
+            loaded.turns) == ("s1", "/work/s1", session.usage, 990.0, 1000.0, 2)
+    assert loaded.repairs == []
+    assert store.load("nope") is None
+    assert store.size_bytes("s1") > len(json.dumps(messages))
+    assert store.size_bytes("nope") == 0
+
+
+def test_save_replaces_whole_and_refreshes_ttl(redis: redis_py.Redis) -> None:
+    store = RedisSessionStore(redis, ttl=100)
+    store.save(make("s1", 1.0))
+    redis.expire(keys.session("s1"), 5)
+    store.save(make("s1", 2.0, [{"role": "user", "content": "second"}]))
+    assert 90 < redis.ttl(keys.session("s1")) <= 100
+    assert sorted(redis.hkeys(keys.session("s1"))) == ["messages", "meta"]
+    loaded = store.load("s1")
+    assert loaded is not None and loaded.messages == [{"role": "user", "content": "second"}]
+    assert redis.zscore(keys.sessions_index(), "s1") == 2.0
+
+
+def test_list_most_recent_first_and_prunes_expired(redis: redis_py.Redis) -> None:
+    store = RedisSessionStore(redis)
+    now = time.time()
+    for sid, updated in (("old", now - 50), ("new", now), ("mid", now - 20), ("gone", now - 1)):
+        store.save(make(sid, updated))
+    redis.delete(keys.session("gone"))  # as if its TTL ran out
+    assert [s.id for s in store.list()] == ["new", "mid", "old"]
+    assert redis.zrange(keys.sessions_index(), 0, -1) == ["old", "mid", "new"]
+
+
+def test_dangling_tool_call_is_repaired_at_load(redis: redis_py.Redis) -> None:
+    store = RedisSessionStore(redis)
+    call = {"id": "c9", "type": "function", "function": {"name": "run_cli", "arguments": "{}"}}
+    crashed = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+    ]
+    store.save(make("s1", 1.0, crashed))
+    loaded = store.load("s1")
+    assert loaded is not None
+    assert loaded.messages[-1] == {"role": "tool", "tool_call_id": "c9", "content": INTERRUPTED}
+    assert len(loaded.repairs) == 1 and "c9" in loaded.repairs[0]
+
+
+def test_delete_and_clear(redis: redis_py.Redis) -> None:
+    store = RedisSessionStore(redis)
+    for i in range(3):
+        store.save(make(f"s{i}", float(i)))
+    redis.set("other:key", "kept")
+    assert store.delete("s0") is True
+    assert store.delete("s0") is False
+    redis.zrem(keys.sessions_index(), "s2")  # an unindexed session is cleared too
+    assert store.clear() == 2
+    assert store.list() == []
+    assert redis.exists(keys.sessions_index(), keys.session("s1"), keys.session("s2")) == 0
+    assert redis.get("other:key") == "kept"
