@@ -30,7 +30,7 @@ def test_runs_a_command_and_pairs_the_result(model_server: ScriptedModelServer,
     agent = make_agent(model_server, tmp_path)
     assert agent.run("say hello") == "All done."
     second = model_server.requests[1]
-    assistant = [m for m in second["messages"] if m["role"] == "assistant"][0]
+    assistant = next(m for m in second["messages"] if m["role"] == "assistant")
     assert assistant["tool_calls"][0]["id"] == "call_1"
     assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {
         "command": "echo hello; pwd"}
@@ -108,7 +108,7 @@ def test_reasoning_is_sent_back(model_server: ScriptedModelServer, tmp_path: Pat
         Reply(content="done"),
     )
     make_agent(model_server, tmp_path).run("list")
-    assistant = [m for m in model_server.requests[1]["messages"] if m["role"] == "assistant"][0]
+    assistant = next(m for m in model_server.requests[1]["messages"] if m["role"] == "assistant")
     assert assistant["reasoning_content"] == "I should list files"
 
 

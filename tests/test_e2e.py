@@ -1,0 +1,138 @@
+"""Real `swarm` processes on the embedded default: nothing started by hand."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm.store.server import EmbeddedServer
+from swarm.testing.server import Reply, ScriptedModelServer, Slow, ToolCall
+
+pytestmark = pytest.mark.slow
+
+
+def env_for(server: ScriptedModelServer, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    env.update(SWARM_BASE_URL=server.base_url, SWARM_HOME=str(home), SWARM_RETRIES="1")
+    return env
+
+
+def swarm(*args: str, env: dict[str, str], cwd: Path, timeout: float = 60
+          ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "swarm", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_run_on_the_embedded_default_and_resume_after_the_server_restarts(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    env = env_for(model_server, home)
+    model_server.script(
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo 42 > answer.txt"})]),
+        Reply(content="wrote answer.txt"),
+        Reply(content="it holds 42"),
+    )
+    first = swarm("run", "--yes", "write the answer", env=env, cwd=work)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "wrote answer.txt\n"
+    assert (work / "answer.txt").read_text() == "42\n"
+    # The CLI was the server's only user, so the server stopped with it...
+    assert not EmbeddedServer(home).status().running
+    # ...and the next run starts it again from its append-only file, resuming the session.
+    second = swarm("run", "--yes", "what does it hold?", env=env, cwd=work)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == "it holds 42\n"
+    history = [m.get("content") for m in model_server.requests[-1]["messages"]]
+    assert history[1] == "write the answer" and history[-1] == "what does it hold?"
+    assert not EmbeddedServer(home).status().running
+
+
+def test_sigint_during_a_command_kills_it_and_saves_the_session(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    env = env_for(model_server, home)
+    model_server.script(
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo $$ > pid; sleep 60"})]),
+        Reply(content="resumed fine"),
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "swarm", "run", "--yes", "sleep"], env=env,
+                            cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (work / "pid").exists() or not (work / "pid").read_text().strip():
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and out == ""
+    pid = int((work / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    resumed = swarm("run", "--yes", "again", env=env, cwd=work)
+    assert resumed.stdout == "resumed fine\n"
+    tools = [m for m in model_server.requests[-1]["messages"] if m["role"] == "tool"]
+    assert "interrupted by the user" in tools[0]["content"]
+
+
+def read_until(fd: int, needle: bytes, timeout: float = 20) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"never saw {needle!r}; got {seen[-500:]!r}"
+        if select.select([fd], [], [], left)[0]:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
+def test_chat_ctrl_c_returns_to_the_prompt_and_ctrl_d_exits(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    model_server.script(Slow(30, Reply(content="too late")), Reply(content="pong"))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: swarm chat on a terminal
+        os.chdir(work)
+        os.execve(sys.executable, [sys.executable, "-m", "swarm", "chat", "--yes"],
+                  env_for(model_server, home))
+    try:
+        read_until(fd, b"> ")
+        os.write(fd, b"slow question\r")
+        read_until(fd, b"slow question")
+        deadline = time.monotonic() + 10
+        while not model_server.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.write(fd, b"\x03")  # Ctrl-C
+        read_until(fd, b"(interrupted)")
+        read_until(fd, b"> ")
+        os.write(fd, b"ping\r")
+        read_until(fd, b"pong")
+        read_until(fd, b"> ")
+        os.write(fd, b"\x04")  # Ctrl-D
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
