@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.errors import ConfigError
+from swarm.store import keys
 
 POLICIES = ("always", "never", "once", "review")
 
@@ -93,8 +94,8 @@ class Settings:
     stream: bool = True
     approval: dict[str, str] = field(default_factory=lambda: {"run_cli": "review"})
     yes: bool = False
-    lock_ttl: int = 30
-    session_ttl: int = 30 * 24 * 3600
+    lock_ttl: int = keys.LOCK_TTL
+    session_ttl: int = keys.SESSION_TTL
     max_depth: int = 3
     max_children: int = 200
     max_parallel: int = 64
@@ -142,9 +143,13 @@ class Settings:
                     f"approval policy {policy!r} for {tool!r} is not one of {', '.join(POLICIES)}"
                 )
         for name in ("command_timeout", "command_timeout_max", "output_cap", "context_length",
-                     "retries", "lock_ttl"):
+                     "retries", "lock_ttl", "session_ttl", "connect_timeout", "read_timeout",
+                     "max_depth", "max_children", "max_parallel", "child_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be a positive number")
+        for name in ("max_turns", "backoff_max", "token_budget"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{KNOBS[name].env[0]} must be 0 or more")
 
     def policy_for(self, tool: str) -> str:
         """The approval policy of ``tool``: its own entry, else ``*``, else ``once``."""

@@ -15,9 +15,11 @@ every message says what to check or how to fix it::
     │   ├── StoreUnavailableError   cannot reach Redis, or the embedded server did not start
     │   └── LockError               the session is held by another swarm process
     ├── ToolError                   a tool call the model made cannot run (returned to the model)
-    └── AgentStopped                the loop stopped before an answer
-        ├── TurnLimitReached        --max-turns reached
-        └── Interrupted             the user pressed Ctrl-C
+    ├── AgentStopped                the loop stopped before an answer
+    │   ├── TurnLimitReached        --max-turns reached
+    │   ├── Interrupted             the user pressed Ctrl-C
+    │   └── Parked                  the agent waits for its children (not a failure)
+    └── RuntimeUnavailable          no coordinator or worker answers (berserk mode)
 """
 
 from __future__ import annotations
@@ -86,3 +88,19 @@ class TurnLimitReached(AgentStopped):
 
 class Interrupted(AgentStopped):
     """The user interrupted the current answer (Ctrl-C)."""
+
+
+class Parked(AgentStopped):
+    """The agent handed ``agent`` calls to the swarm and waits for their results.
+
+    Not a failure: whoever runs the agent parks it (a worker ends its task, the
+    terminal waits) and calls :meth:`Agent.resume` once the children settle.
+    """
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"waiting for the children of spawn request {request_id}")
+        self.request_id = request_id
+
+
+class RuntimeUnavailable(SwarmError):
+    """Berserk mode needs a coordinator and workers, and none answered."""

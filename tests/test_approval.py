@@ -100,3 +100,14 @@ def test_policies_parse_and_default() -> None:
     assert s.policy_for("my_tool") == "never"
     assert Settings.from_env({}).policy_for("run_cli") == "review"
     assert Settings.from_env({}).policy_for("my_tool") == "once"
+
+
+@pytest.mark.parametrize(("answer", "allowed"), [
+    ("ALLOW", True), ("allow", True), (" **ALLOW**. ", True), ('"ALLOW"', True),
+    ("DENY", False), ("DISALLOW", False), ("NOT ALLOWED", False), ("I cannot ALLOW this", False),
+    ("ALLOW or DENY", False), ("", False), ("ALLOWED", False),
+])
+def test_reviewer_answer_parsing_fails_safe(answer: str, allowed: bool) -> None:
+    from swarm.agent.approval import reviewer_allows
+
+    assert reviewer_allows(answer) is allowed

@@ -216,3 +216,80 @@ def test_from_completion_text_and_events() -> None:
 def test_from_completion_rejects_answers_without_a_message(data: Any) -> None:
     with pytest.raises(ModelResponseError):
         from_completion(data)
+
+
+def test_a_new_index_repeating_an_id_is_a_new_call_with_a_unique_id() -> None:
+    assembler, events = assemble([
+        calls({"index": 0, "id": "call_0", "function": {"name": "one", "arguments": '{"a"'}}),
+        calls({"index": 1, "id": "call_0", "function": {"name": "two", "arguments": '{"b"'}}),
+        calls({"index": 0, "function": {"arguments": ": 1}"}}),
+        calls({"index": 1, "function": {"arguments": ": 2}"}}),
+        chunk({}, "tool_calls"),
+    ])
+    tool_calls = assembler.result().tool_calls
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in tool_calls] == [
+        ("one", '{"a": 1}'), ("two", '{"b": 2}')]
+    assert tool_calls[0]["id"] == "call_0"
+    assert tool_calls[1]["id"].startswith("call_") and tool_calls[1]["id"] != "call_0"
+    assert events == [StreamEvent("tool_call", "one"), StreamEvent("tool_call", "two")]
+
+
+def test_a_surrogate_pair_split_across_chunks_joins_and_lone_halves_are_replaced() -> None:
+    # json.loads turns the escapes "\ud83d" and "\ude00" of two chunks into lone surrogates.
+    wire = [chunk({"reasoning_content": "think \ud83d"}), chunk({"reasoning_content": "\ude00"}),
+            chunk({"content": "smile \ud83d"}), chunk({"content": "\ude00 lone \udc00"}),
+            calls({"index": 0, "id": "a", "function": {"name": "run_cli",
+                                                      "arguments": '{"c": "\ud83d'}}),
+            calls({"index": 0, "function": {"arguments": '\ude00 \ud800"}'}}),
+            chunk({}, "tool_calls")]
+    assembler, events = assemble([json.loads(json.dumps(c)) for c in wire])
+    message = assembler.result().message
+    assert message["reasoning_content"] == "think \U0001f600"
+    assert message["content"] == "smile \U0001f600 lone \ufffd"
+    assert message["tool_calls"][0]["function"]["arguments"] == '{"c": "\U0001f600 \ufffd"}'
+    json.dumps(message, ensure_ascii=False).encode()  # saving and sending need valid UTF-8
+    shown = "".join(e.text for e in events if e.kind == "content")
+    assert shown == "smile \U0001f600 lone \ufffd"
+    for event in events:
+        event.text.encode()
+
+
+@pytest.mark.parametrize("garbage", [
+    {"choices": 5},
+    {"choices": [{"index": 0, "delta": {"content": "ok", "tool_calls": 7}}]},
+])
+def test_malformed_parts_of_a_chunk_are_ignored(garbage: dict[str, Any]) -> None:
+    assembler = MessageAssembler()
+    assembler.feed(garbage)
+    assert assembler.result().message["role"] == "assistant"
+
+
+def test_a_chunk_that_cannot_be_read_is_a_model_response_error() -> None:
+    events: list[StreamEvent] = []
+    assembler = MessageAssembler(on_event=events.append)
+    unserialisable = {"index": 0, "function": {"name": "x", "arguments": {"a": {1, 2}}}}
+    with pytest.raises(ModelResponseError, match=r"cannot be read.*TypeError"):
+        assembler.feed(chunk({"content": "seen?", "tool_calls": [unserialisable]}))
+    assert events == []
+
+
+def test_garbage_usage_counts_as_zero() -> None:
+    assembler, _ = assemble([
+        chunk({"content": "x"}, "stop"),
+        {"choices": [], "usage": {"prompt_tokens": "n/a", "completion_tokens": {},
+                                  "total_tokens": None}},
+    ])
+    assert assembler.result().usage.as_dict() == {"prompt_tokens": 0, "completion_tokens": 0,
+                                                  "total_tokens": 0}
+    result = from_completion({"choices": [{"message": {"content": "y"}}],
+                              "usage": {"prompt_tokens": "7", "completion_tokens": [1]}})
+    assert result.usage.as_dict() == {"prompt_tokens": 7, "completion_tokens": 0,
+                                      "total_tokens": 7}
+
+
+def test_an_exception_of_on_event_passes_through_unchanged() -> None:
+    def boom(event: StreamEvent) -> None:
+        raise ValueError("renderer bug")
+
+    with pytest.raises(ValueError, match="renderer bug"):
+        MessageAssembler(on_event=boom).feed(chunk({"content": "x"}))

@@ -136,3 +136,34 @@ def test_chat_ctrl_c_returns_to_the_prompt_and_ctrl_d_exits(
         except (ProcessLookupError, ChildProcessError):
             pass
         os.close(fd)
+
+
+def test_berserk_on_the_embedded_default_starts_and_stops_everything(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    from swarm.testing.scripts import ByTask, tool_results
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    model_server.responder = ByTask({
+        "ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": f"CHILD {i}: count"},
+                                            id=f"c{i}") for i in range(3)]),
+                 lambda r: Reply(content=f"{len(tool_results(r))} children answered")],
+        "CHILD": [Reply(tool_calls=[ToolCall("run_cli", {"command": "echo hi > out.txt"})]),
+                  Reply(content="child ok")],
+    })
+    result = swarm("run", "--yes", "ROOT fan out", env=env_for(model_server, home), cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "3 children answered\n"
+    assert result.stderr.count("] done") == 3
+    # Coordinator, worker and server were started for the job and are gone with it.
+    assert not EmbeddedServer(home).status().running
+    import re
+
+    worker_log = (home / "logs" / "worker-0.log").read_text()
+    cli_pid = re.search(r"local0-(\d+)@", worker_log)
+    assert cli_pid, worker_log[-2000:]
+    leftovers = subprocess.run(["pgrep", "-f", f"-{cli_pid.group(1)}@"],
+                               capture_output=True, text=True).stdout
+    assert leftovers == ""
+    for log in (home / "logs").glob("*.log"):
+        assert "Traceback" not in log.read_text(), log.read_text()[-2000:]

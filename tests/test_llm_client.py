@@ -327,6 +327,108 @@ def test_concurrent_calls_share_one_client(model_server: ScriptedModelServer,
     assert sorted(json.loads(r)["command"] for r in results) == [f"echo {i}" for i in range(8)]
 
 
+# -- odd servers over a mock transport ------------------------------------------------------
+
+
+def mock_client(handler: Any, sleeps: list[float], **kw: Any) -> LLMClient:
+    return LLMClient("http://model.test/v1", "m", Secret(KEY), retries=3,
+                     sleep=sleeps.append, transport=httpx.MockTransport(handler), **kw)
+
+
+def completion(content: str, usage: Any) -> dict[str, Any]:
+    return {"choices": [{"message": {"role": "assistant", "content": content},
+                         "finish_reason": "stop"}], "usage": usage}
+
+
+@pytest.mark.parametrize("usage", [{"prompt_tokens": "n/a", "completion_tokens": 2},
+                                   {"prompt_tokens": {}, "total_tokens": [3]},
+                                   {"prompt_tokens": None, "completion_tokens": None}, "lots"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_garbage_usage_counts_as_zero(sleeps: list[float], usage: Any, stream: bool) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not stream:
+            return httpx.Response(200, json=completion("fine", usage))
+        chunks = [{"choices": [{"delta": {"content": "fine"}, "finish_reason": "stop"}]},
+                  {"choices": [], "usage": usage}]
+        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    with mock_client(handler, sleeps) as c:
+        result = c.chat(USER, stream=stream)
+    assert result.content == "fine" and sleeps == []
+    assert result.usage.prompt_tokens == 0 and result.usage.total_tokens in (0, 2)
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000,
+                                  b"data: " + b"[" * 100_000 + b"\n\n"])
+def test_unreadable_answers_end_in_model_response_error(sleeps: list[float], body: bytes) -> None:
+    with mock_client(lambda request: httpx.Response(200, content=body), sleeps) as c, \
+            pytest.raises(ModelResponseError, match=r"not JSON.*gave up after 3 tries"):
+        c.chat(USER)
+    assert len(sleeps) == 2
+
+
+def test_a_body_that_does_not_match_its_encoding_is_a_model_response_error(
+        sleeps: list[float]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-encoding": "gzip",
+                                            "content-type": "application/json"},
+                              content=b"not gzip at all")
+
+    with mock_client(handler, sleeps) as c, \
+            pytest.raises(ModelResponseError, match="DecodingError") as info:
+        c.chat(USER)
+    assert "gave up after 3 tries" in str(info.value) and len(sleeps) == 2
+
+
+@pytest.mark.parametrize("message", ["Streaming is not supported by this endpoint",
+                                     "unsupported parameter: stream"])
+def test_stream_true_rejected_once_then_whole_answers(sleeps: list[float], message: str,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        if sent[-1]["stream"]:
+            return httpx.Response(400, json={"error": {"message": message}})
+        return httpx.Response(200, json=completion(f"answer {len(sent)}", None))
+
+    events: list[StreamEvent] = []
+    with mock_client(handler, sleeps) as c:
+        assert c.chat(USER, on_event=events.append).content == "answer 2"
+        assert c.chat(USER).content == "answer 3"
+        assert c.chat(USER, stream=True).content == "answer 4"
+    assert [r["stream"] for r in sent] == [True, False, False, False]
+    assert "stream_options" not in sent[1]
+    assert events == [StreamEvent("content", "answer 2")] and sleeps == []
+    assert "stream: true" in caplog.text
+
+
+def test_a_400_not_about_streaming_is_not_retried_without_it(sleeps: list[float]) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(400, json={"error": {"message": "bad temperature; upstream said no"}})
+
+    with mock_client(handler, sleeps) as c, pytest.raises(ModelHTTPError, match="temperature"):
+        c.chat(USER)
+    assert len(sent) == 1
+
+
+@pytest.mark.parametrize("url", ["http://[::1/v1", f"http://[::1/v1?key={KEY}", "ftp://host/v1",
+                                 "localhost:8080/v1"])
+def test_an_unusable_base_url_is_a_config_error(sleeps: list[float], url: str) -> None:
+    with LLMClient(url, "m", Secret(KEY), sleep=sleeps.append) as c:
+        with pytest.raises(ConfigError, match=r"SWARM_BASE_URL.*e\.g\. http://") as info:
+            c.chat(USER)
+        with pytest.raises(ConfigError) as listing:
+            c.list_models()
+    assert sleeps == []
+    assert_secret_free(str(info.value), repr(info.value), str(listing.value))
+
+
 # -- models ----------------------------------------------------------------------------------
 
 

@@ -129,6 +129,20 @@ def test_unterminated_last_event_is_dropped() -> None:
     assert decode([b"data: a\n\ndata: b\n"]) == [ServerSentEvent(data="a")]
 
 
+@pytest.mark.parametrize("tail", [b"data: b", b"data: b\n", b"data: b\r", b"data: b\r\n"])
+def test_flush_incomplete_keeps_the_unterminated_last_event(tail: bytes) -> None:
+    stream = b"data: a\n\n" + tail
+    for cut in range(len(stream) + 1):
+        events = list(iter_events([stream[:cut], stream[cut:]], flush_incomplete=True))
+        assert events == [ServerSentEvent(data="a"), ServerSentEvent(data="b")], cut
+
+
+def test_flush_incomplete_adds_nothing_to_a_finished_stream() -> None:
+    assert list(iter_events([STREAM], flush_incomplete=True)) == EXPECTED
+    assert list(iter_events([b"data: a\n\n: comment\nevent: x"], flush_incomplete=True)) == [
+        ServerSentEvent(data="a")]
+
+
 def test_json() -> None:
     assert ServerSentEvent(data='{"x": [1]}').json() == {"x": [1]}
     with pytest.raises(ValueError):

@@ -65,8 +65,13 @@ class LLMReviewer:
         except SwarmError as exc:
             log.warning("safety review failed, asking instead: %s", exc)
             return False
-        words = result.content.upper()
-        return "ALLOW" in words and "DENY" not in words
+        return reviewer_allows(result.content)
+
+
+def reviewer_allows(answer: str) -> bool:
+    """True only when the reviewer's whole answer is the word ALLOW (quotes, markdown
+    emphasis and a full stop aside): "NOT ALLOWED", "DISALLOW" or prose ask a person."""
+    return answer.strip().strip("\"'`*_.!").strip().upper() == "ALLOW"
 
 
 @dataclass

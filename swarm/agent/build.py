@@ -1,11 +1,13 @@
 """Wiring: build an :class:`Agent` for a workspace from :class:`Settings`.
 
-The CLI and (later) workers both build agents here, so there is one place that
-decides which session, lock, hints and tools an agent gets.
+The CLI (the root agent) and the workers (children) both build agents with
+:func:`assemble`, so there is one place that decides which model, tools,
+approvals, hints and prompt an agent gets.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -14,56 +16,115 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
+
+from swarm.agent import history
 from swarm.agent.approval import ApprovalGate, LLMReviewer
 from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
 from swarm.agent.probe import probe_environment
 from swarm.agent.prompts import PromptParts, system_prompt
-from swarm.agent.protocols import ApprovalRequest, Decision, Session
+from swarm.agent.protocols import (
+    ApprovalRequest,
+    Decision,
+    HintStore,
+    Session,
+    SessionStore,
+    Spawner,
+)
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
+from swarm.errors import LockError
 from swarm.llm.client import LLMClient
 from swarm.store import keys
-from swarm.store.connection import open_store
+from swarm.store.connection import Store, open_store
 from swarm.store.hints import HintsStore
 from swarm.store.locks import RedisLock
 from swarm.store.sessions import RedisSessionStore
 
+Approver = Callable[[ApprovalRequest], Decision]
 
-def new_session(workspace: Path) -> Session:
+
+def new_session(workspace: Path, session_id: str = "") -> Session:
     now = time.time()
-    return Session(id=keys.session_id_for(str(workspace)), workspace=str(workspace),
-                   messages=[], usage={}, created=now, updated=now)
+    return Session(id=session_id or keys.session_id_for(str(workspace)),
+                   workspace=str(workspace), messages=[], usage={}, created=now, updated=now)
 
 
-def prompt_builder(workspace: Path, folder: AgentFolder) -> Callable[[str], str]:
+def prompt_builder(workspace: Path, folder: AgentFolder, extra: str = ""
+                   ) -> Callable[[str], str]:
     """A function of the memory hints that gives the whole system prompt.
 
     The environment probe and the agent folder are read once per agent, not per turn.
     """
-    tool_errors = folder.typed_tools()[1]
     parts = PromptParts(
         environment=probe_environment(workspace),
         instructions=folder.instructions(),
         skills=[(s.name, s.summary) for s in folder.skills()],
-        tool_errors=tool_errors,
+        tool_errors=folder.typed_tools()[1],
+        extra=extra,
     )
 
     def build(hints: str) -> str:
-        return system_prompt(PromptParts(
-            hints=hints, environment=parts.environment, instructions=parts.instructions,
-            skills=parts.skills, tool_errors=parts.tool_errors))
+        return system_prompt(dataclasses.replace(parts, hints=hints))
 
     return build
 
 
+def assemble(
+    settings: Settings,
+    workspace: Path,
+    model: LLMClient,
+    session: Session,
+    *,
+    store: SessionStore,
+    hints: HintStore,
+    approver: Approver,
+    observer: Observer | None = None,
+    spawner: Spawner | None = None,
+    extra_prompt: str = "",
+    agent_id: str = "",
+) -> Agent:
+    """An agent for ``workspace`` with every collaborator it needs."""
+    folder = AgentFolder(workspace)
+    return Agent(
+        model=model,
+        env=LocalEnvironment(workspace, output_cap=settings.output_cap),
+        gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
+        session=session,
+        system_prompt=prompt_builder(workspace, folder, extra_prompt),
+        store=store,
+        hints=hints,
+        folder=folder,
+        observer=observer or Observer(),
+        config=AgentConfig(
+            max_turns=settings.max_turns,
+            command_timeout=settings.command_timeout,
+            command_timeout_max=settings.command_timeout_max,
+            compact_at=settings.compact_at,
+            agent_id=agent_id,
+        ),
+        spawner=spawner,
+    )
+
+
 @dataclass
 class LocalRun:
-    """An agent bound to a workspace, with the store it saves to (see :func:`local_agent`)."""
+    """The root agent bound to a workspace, with the store it saves to."""
 
     agent: Agent
+    store: Store
+    sessions: RedisSessionStore
     resumed: bool
     repaired: bool
+
+    @property
+    def redis(self) -> redis.Redis:
+        return self.store.redis
+
+
+def owner_info(workspace: Path) -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "workspace": str(workspace)}
 
 
 @contextmanager
@@ -71,49 +132,52 @@ def local_agent(
     settings: Settings,
     workspace: Path,
     *,
-    approver: Callable[[ApprovalRequest], Decision],
+    approver: Approver,
     observer: Observer | None = None,
     new: bool = False,
+    spawner: Callable[[Store, Session], Spawner] | None = None,
 ) -> Iterator[LocalRun]:
-    """Open the store, lock the workspace's session, and yield a ready agent.
+    """Open the store, lock the workspace's session, and yield a ready root agent.
 
     The session lock is held until the block exits, so two swarm processes on
-    one folder (on one host or two) never interleave.
+    one folder (on one host or two) never interleave. ``spawner`` builds the
+    berserk-mode spawner for the session (None: the ``agent`` tool is not offered).
     """
     workspace = workspace.resolve()
     with open_store(settings) as store:
         sessions = RedisSessionStore(store.redis, ttl=settings.session_ttl)
         session_id = keys.session_id_for(str(workspace))
-        lock = RedisLock(store.redis, f"session:{session_id}", ttl=settings.lock_ttl,
-                         owner_info={"host": socket.gethostname(), "pid": os.getpid(),
-                                     "workspace": str(workspace)})
+        lock = RedisLock(store.redis, keys.session_lock(session_id), ttl=settings.lock_ttl,
+                         owner_info=owner_info(workspace))
+
+        def guard() -> None:
+            if lock.lost:
+                raise LockError(
+                    "this process lost the lock on its session (Redis was unreachable for "
+                    f"longer than {settings.lock_ttl} s, or the process was suspended); "
+                    "stopping so as not to overwrite another process's work. Run again.")
+
         with lock:
             loaded = None if new else sessions.load(session_id)
             resumed = loaded is not None and bool(loaded.messages)
             repaired = bool(loaded.repairs) if loaded is not None else False
             session: Session = loaded if loaded is not None else new_session(workspace)
+            if session.parked:
+                # The last root run stopped while its children worked: their results
+                # will not come back to this new run, so answer the calls as interrupted.
+                session.messages = history.repair(session.messages)
+                session.parked = ""
+                repaired = True
             model = LLMClient.from_settings(settings)
             try:
                 model.resolve_model()
-                folder = AgentFolder(workspace)
-                agent = Agent(
-                    model=model,
-                    env=LocalEnvironment(workspace, output_cap=settings.output_cap),
-                    gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model),
-                                      yes=settings.yes),
-                    session=session,
-                    system_prompt=prompt_builder(workspace, folder),
-                    store=sessions,
-                    hints=HintsStore(store.redis, settings.home),
-                    folder=folder,
-                    observer=observer or Observer(),
-                    config=AgentConfig(
-                        max_turns=settings.max_turns,
-                        command_timeout=settings.command_timeout,
-                        command_timeout_max=settings.command_timeout_max,
-                        compact_at=settings.compact_at,
-                    ),
-                )
-                yield LocalRun(agent, resumed, repaired)
+                model.context_length()  # an unknown model id fails here, before any step
+                agent = assemble(
+                    settings, workspace, model, session, store=sessions,
+                    hints=HintsStore(store.redis, settings.home), approver=approver,
+                    observer=observer,
+                    spawner=spawner(store, session) if spawner is not None else None)
+                agent.guard = guard
+                yield LocalRun(agent, store, sessions, resumed, repaired)
             finally:
                 model.close()

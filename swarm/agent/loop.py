@@ -8,12 +8,13 @@ at most the call in flight (and a dangling call is repaired at load).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.agent import compaction
+from swarm.agent import compaction, history
 from swarm.agent.approval import ApprovalGate
 from swarm.agent.folder import AgentFolder, TypedTool
 from swarm.agent.protocols import (
@@ -23,11 +24,23 @@ from swarm.agent.protocols import (
     Model,
     Session,
     SessionStore,
+    SpawnCall,
+    Spawner,
 )
 from swarm.agent.shell import clamp_timeout
-from swarm.agent.tools import LEAVE_MEMORY_HINTS, LOAD_SKILL, RUN_CLI, Call, parse_call, tool_name
-from swarm.errors import Interrupted, ToolError, TurnLimitReached
-from swarm.llm.types import ChatResult, Message, StreamEvent, Usage
+from swarm.agent.tools import (
+    AGENT,
+    LEAVE_MEMORY_HINTS,
+    LOAD_SKILL,
+    RUN_CLI,
+    Call,
+    parse_call,
+    tool_name,
+)
+from swarm.errors import Interrupted, Parked, ToolError, TurnLimitReached
+from swarm.llm.types import ChatResult, Message, StreamEvent
+
+log = logging.getLogger(__name__)
 
 INTERRUPTED_BY_USER = "[interrupted by the user before this call finished]"
 #: Past this share of the context, compaction happens even without hints.
@@ -82,7 +95,13 @@ class Agent:
     folder: AgentFolder | None = None
     observer: Observer = field(default_factory=Observer)
     config: AgentConfig = field(default_factory=AgentConfig)
+    spawner: Spawner | None = None
+    """Offers the ``agent`` tool when set (berserk mode)."""
+    guard: Callable[[], None] | None = None
+    """Called before every save; raises to stop an agent that lost its session lock."""
     _typed: dict[str, TypedTool] = field(default_factory=dict, init=False)
+    run_start: int | None = field(default=None, init=False)
+    """The session's turn count when :meth:`run` gave the current task."""
 
     def __post_init__(self) -> None:
         if self.folder is not None:
@@ -100,22 +119,33 @@ class Agent:
         Raises :class:`TurnLimitReached` after ``max_turns`` model calls and
         :class:`Interrupted` on Ctrl-C; the session is saved either way.
         """
+        # An interrupted step (Ctrl-C during a save, say) may have left calls unanswered.
+        self.session.messages = history.repair(self.messages)
         self.refresh_system_prompt()
         self.messages.append({"role": "user", "content": task})
         self.save()
+        self.run_start = self.session.turns
         return self.resume()
 
-    def resume(self) -> str:
-        """Carry on from the saved history (its last message must not be a final answer)."""
-        turns = 0
+    def resume(self, since_turn: int | None = None) -> str:
+        """Carry on from the saved history until an answer.
+
+        ``max_turns`` counts model calls from ``since_turn`` (the session's turn count
+        when the task was given; default: when :meth:`run` gave it, else now), so a parked
+        and resumed agent keeps its count.
+        """
+        if since_turn is None:
+            since_turn = self.session.turns if self.run_start is None else self.run_start
+        start = since_turn
+        limit = self.config.max_turns
         while True:
-            if self.config.max_turns and turns >= self.config.max_turns:
+            done = self.session.turns - start
+            if limit and done >= limit:
                 raise TurnLimitReached(
-                    f"stopped after {turns} model calls (--max-turns {self.config.max_turns}). "
+                    f"stopped after {done} model calls (--max-turns {limit}). "
                     "The session is saved: run again to continue, or raise --max-turns."
                 )
             answer = self.step()
-            turns += 1
             if answer is not None:
                 return answer
 
@@ -124,12 +154,15 @@ class Agent:
         offered = self.tools()
         result = self.query(list(offered.values()))
         self.messages.append(result.message)
+        answered_from = len(self.messages)
         self.session.turns += 1
         self.save()
         if not result.tool_calls:
             return result.content
         hints: str | None = None
         calls = [parse_call(raw, offered) for raw in result.tool_calls]
+        if any(c.name == "agent" and not c.error for c in calls):
+            self.spawn(calls)
         for i, call in enumerate(calls):
             try:
                 output = self.execute(call)
@@ -140,8 +173,39 @@ class Agent:
             self.add_result(call, output)
             if call.name == "leave_memory_hints" and not call.error:
                 hints = str(call.arguments["hints"])
-        self.manage_context(result, hints)
+        self.manage_context(result, hints, since=answered_from)
         return None
+
+    def spawn(self, calls: list[Call]) -> None:
+        """Run the calls that are not ``agent`` calls, hand the ``agent`` calls to the swarm
+        and park: their results (and these) are appended in call order when all settle."""
+        assert self.spawner is not None
+        results: dict[str, str] = {}
+        spawns: list[SpawnCall] = []
+        for call in calls:
+            if call.name == "agent" and not call.error:
+                args = call.arguments
+                spawns.append(SpawnCall(call.id, str(args["message"]),
+                                        str(args.get("agent_id", "")), args.get("output_schema")))
+                self.observer.on_tool_start(call, self.summary(call))
+                continue
+            try:
+                results[call.id] = self.execute(call)
+            except KeyboardInterrupt:
+                for rest in calls:
+                    if rest.id not in results:
+                        results[rest.id] = INTERRUPTED_BY_USER
+                for rest in calls:
+                    self.add_result(rest, results[rest.id])
+                raise Interrupted("interrupted by the user") from None
+            self.observer.on_tool_result(call, results[call.id])
+        # Parked is saved before the request exists: the fan-in must never find this
+        # session unparked (a load would then "repair" the calls it is about to answer).
+        request_id = self.spawner.request_id(self.session.turns, spawns)
+        self.session.parked = request_id
+        self.save()
+        self.spawner.submit(request_id, self.session.turns, spawns, results)
+        raise Parked(request_id)
 
     def query(self, tools: list[dict[str, Any]]) -> ChatResult:
         """Ask the model for the next message."""
@@ -153,7 +217,16 @@ class Agent:
         for key, value in result.usage.as_dict().items():
             usage[key] = usage.get(key, 0) + value
         self.observer.on_model_result(result)
+        self.observer.on_usage(self.used_tokens(result), self.model.context_length())
         return result
+
+    def used_tokens(self, result: ChatResult, since: int | None = None) -> int:
+        """Tokens the context holds after ``result``: the model's count, plus an estimate of
+        the messages appended since (tool results), else an estimate of everything."""
+        if not result.usage.total_tokens:
+            return compaction.estimate_tokens(self.messages)
+        extra = self.messages[since:] if since is not None else []
+        return result.usage.total_tokens + compaction.estimate_tokens(extra)
 
     def execute(self, call: Call) -> str:
         """Run one checked tool call; every failure becomes the text the model sees."""
@@ -171,6 +244,9 @@ class Agent:
             return self.dispatch(call)
         except ToolError as exc:
             return f"error: {exc}"
+        except Exception as exc:  # a broken tool must not take the loop (and session) down
+            log.exception("tool %s failed", call.name)
+            return f"error: {call.name} failed unexpectedly: {type(exc).__name__}: {exc}"
 
     def dispatch(self, call: Call) -> str:
         args = call.arguments
@@ -195,6 +271,8 @@ class Agent:
         schemas = [RUN_CLI]
         if self.folder is not None and self.folder.skills():
             schemas.append(LOAD_SKILL)
+        if self.spawner is not None:
+            schemas.append(AGENT)
         schemas.extend(t.schema() for t in self._typed.values())
         if self.crisis_index() is not None:
             schemas.append(LEAVE_MEMORY_HINTS)
@@ -208,11 +286,11 @@ class Agent:
                 return i
         return None
 
-    def manage_context(self, result: ChatResult, hints: str | None) -> None:
+    def manage_context(self, result: ChatResult, hints: str | None, since: int) -> None:
         """Start the emergency at ``compact_at``; compact once hints are left (or, past
         :data:`FORCE_AT`, with the hints there are)."""
         context = self.model.context_length()
-        used = result.usage.total_tokens or compaction.estimate_tokens(self.messages)
+        used = self.used_tokens(result, since=since)
         self.observer.on_usage(used, context)
         crisis = self.crisis_index()
         fraction = compaction.used_fraction(used, context)
@@ -252,6 +330,8 @@ class Agent:
         self.observer.on_tool_result(call, output)
 
     def save(self) -> None:
+        if self.guard is not None:
+            self.guard()
         self.session.updated = time.time()
         if self.store is not None:
             self.store.save(self.session)
@@ -260,8 +340,8 @@ class Agent:
     def summary(call: Call) -> str:
         if call.name == "run_cli":
             return str(call.arguments.get("command", ""))
+        if call.name == "agent":
+            target = call.arguments.get("agent_id") or "new child"
+            return f"agent ({target}): {str(call.arguments.get('message', ''))[:200]}"
         return f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)[:300]})"
 
-
-def usage_of(session: Session) -> Usage:
-    return Usage.from_dict(session.usage)

@@ -106,6 +106,9 @@ class Session:
     created: float
     updated: float
     turns: int = 0
+    parked: str = ""
+    """Set while the agent waits for its children: the id of its spawn request. The last
+    assistant message's calls are answered when they settle, so no repair at load."""
 
 
 class SessionStore(Protocol):
@@ -130,3 +133,27 @@ class HintStore(Protocol):
     def load(self) -> str: ...
 
     def save(self, text: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class SpawnCall:
+    """One ``agent`` call the model made, checked against the tool's schema."""
+
+    call_id: str
+    message: str
+    agent_id: str = ""
+    output_schema: dict[str, Any] | None = None
+
+
+class Spawner(Protocol):
+    """Hands ``agent`` calls to the swarm (a Redis stream read by the coordinators)."""
+
+    def request_id(self, turn: int, calls: list[SpawnCall]) -> str:
+        """The id the request for ``calls`` made at model call ``turn`` will have (stable)."""
+        ...
+
+    def submit(self, request_id: str, turn: int, calls: list[SpawnCall],
+               results: dict[str, str]) -> None:
+        """Write the spawn request; ``results`` holds the results of the response's other
+        calls, by call id. Called after the parent saved itself as parked."""
+        ...

@@ -9,7 +9,13 @@ import click
 
 from swarm.agent.approval import TerminalApprover
 from swarm.agent.build import local_agent
-from swarm.cli.main import Abort, agent_options, handle_errors, settings_from
+from swarm.cli.main import (
+    Abort,
+    agent_options,
+    handle_errors,
+    interrupt_on_term,
+    settings_from,
+)
 from swarm.cli.render import TerminalView
 from swarm.errors import Interrupted, ModelError, TurnLimitReached
 
@@ -41,6 +47,7 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
     settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
     if not workspace.is_dir():
         raise Abort(f"workspace {workspace} does not exist")
+    interrupt_on_term()
     _enable_history(settings.home / "chat_history")
     view = TerminalView(stream_answer=True)
     with local_agent(settings, workspace, approver=TerminalApprover(), observer=view,

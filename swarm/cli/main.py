@@ -58,6 +58,18 @@ def settings_from(**flags: Any) -> Settings:
         raise Abort(str(exc)) from None
 
 
+def interrupt_on_term() -> None:
+    """Make SIGTERM and SIGHUP (a closed terminal) act like Ctrl-C, so the same cleanup
+    runs: the command's process group is killed, the session saved, servers stopped."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+
+
 def handle_errors(fn: F) -> F:
     """Turn expected errors into clean messages instead of tracebacks."""
     from swarm.errors import SwarmError
@@ -89,11 +101,15 @@ def main(verbose: int) -> None:
 
 
 def register() -> None:
-    from swarm.cli import chat, run, sessions
+    from swarm.cli import chat, run, runtime, sessions, status
 
     main.add_command(run.run)
     main.add_command(chat.chat)
     main.add_command(sessions.sessions)
+    main.add_command(status.status)
+    main.add_command(runtime.worker)
+    main.add_command(runtime.coordinator)
+    main.add_command(runtime.flower)
 
 
 register()

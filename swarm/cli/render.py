@@ -29,6 +29,8 @@ class TerminalView(Observer):
         self.color = self.err.isatty() if color is None else color
         self._mode = ""  # what the current line is: "", "reasoning" or "content"
         self._text: list[str] = []
+        self.used = 0
+        self.context = 0
 
     def _c(self, code: str, text: str) -> str:
         return f"{code}{text}{RESET}" if self.color else text
@@ -86,9 +88,17 @@ class TerminalView(Observer):
         self.err.write(self._c(DIM, f"[{text}]") + "\n")
         self.err.flush()
 
+    def on_swarm_event(self, event: dict[str, str]) -> None:
+        """A child's progress, one dim line each."""
+        from swarm.coordinator.root import describe
+
+        self._end_line()
+        self.err.write(self._c(DIM, describe(event)) + "\n")
+        self.err.flush()
+
     def context_bar(self, width: int = 20) -> str:
         """A dim bar of how full the context is, e.g. ``[####......] 41% of 128k``."""
-        used, context = getattr(self, "used", 0), getattr(self, "context", 0)
+        used, context = self.used, self.context
         if not context:
             return ""
         frac = min(used / context, 1.0)

@@ -8,42 +8,84 @@ import click
 
 from swarm.agent.approval import TerminalApprover
 from swarm.agent.build import local_agent
-from swarm.cli.main import Abort, agent_options, handle_errors, settings_from
+from swarm.agent.protocols import Session, Spawner
+from swarm.cli.main import (
+    Abort,
+    agent_options,
+    handle_errors,
+    interrupt_on_term,
+    settings_from,
+)
 from swarm.cli.render import TerminalView
+from swarm.config import Settings
+from swarm.coordinator.root import RootSwarm
 from swarm.errors import Interrupted, TurnLimitReached
+from swarm.store.connection import Store
 
 EXIT_TURN_LIMIT = 3
 EXIT_INTERRUPTED = 130
 
 
+def check_model_configured(settings: Settings) -> None:
+    if settings.base_url == Settings().base_url and not settings.api_key:
+        raise Abort(
+            "no model configured: set SWARM_BASE_URL (an OpenAI-compatible endpoint, e.g. "
+            "http://127.0.0.1:8080/v1), SWARM_MODEL and SWARM_API_KEY (or OPENAI_* / EVA_*). "
+            "No model at hand? `swarm demo` shows a swarm at work with a scripted model.")
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("task", nargs=-1, required=True)
 @agent_options
+@click.option("--workers", type=click.IntRange(min=0), default=None, envvar="SWARM_WORKERS",
+              help="Local worker processes to start when the agent spawns children (default: "
+                   "1 on the embedded server, 0 with SWARM_REDIS_URL: use the deployment's). "
+                   "[env: SWARM_WORKERS]")
 @handle_errors
 def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: str | None,
-        new: bool, max_turns: int | None, workspace: Path) -> None:
+        new: bool, max_turns: int | None, workspace: Path, workers: int | None) -> None:
     """Run TASK in the workspace until the model answers, then print the answer on stdout.
 
     Thinking, commands and their output go to stderr, so `answer=$(swarm run "...")` gets
     the answer alone. Commands the safety reviewer does not pass as read-only are asked
     about on the terminal (closed stdin denies); --yes approves everything.
 
+    When the model calls the `agent` tool, its children run as Celery tasks: on the
+    embedded default, a coordinator and local workers are started for them and stopped
+    at the end.
+
     Exit codes: 0 answered, 1 error, 3 stopped at --max-turns, 130 interrupted.
     """
     settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
+    check_model_configured(settings)
     if not workspace.is_dir():
         raise Abort(f"workspace {workspace} does not exist; create it or pass -C to another")
+    interrupt_on_term()
     view = TerminalView()
     text = " ".join(task)
+    roots: list[RootSwarm] = []
+
+    def spawner(store: Store, session: Session) -> Spawner:
+        root = RootSwarm(settings, store, workers=workers, on_event=view.on_swarm_event)
+        roots.append(root)
+        return root.spawner(store, session)
+
     with local_agent(settings, workspace, approver=TerminalApprover(), observer=view,
-                     new=new) as local:
+                     new=new, spawner=spawner) as local:
+        root = roots[0]
         if local.repaired:
             view.on_notice("the last run stopped mid-step; its unfinished tool calls were "
                            "marked interrupted")
+        state = "failed"
         try:
-            answer = local.agent.run(text)
+            answer = root.run(local.agent, text, local.sessions)
+            state = "done"
         except TurnLimitReached as exc:
             raise Abort(str(exc), EXIT_TURN_LIMIT) from None
         except (Interrupted, KeyboardInterrupt):
+            state = "cancelled"
             raise Abort("interrupted; the session is saved", EXIT_INTERRUPTED) from None
+        finally:
+            root.finish(state)
+            root.close()
     click.echo(answer)

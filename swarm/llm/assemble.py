@@ -44,23 +44,42 @@ class MessageAssembler:
         self._calls: list[_Call] = []
         self._by_index: dict[int, _Call] = {}
         self._by_id: dict[str, _Call] = {}
+        self._events: list[StreamEvent] = []
+        self._held: dict[str, str] = {}
         self.finish_reason: str | None = None
         self.usage = Usage()
         self.usage_seen = False
 
     def feed(self, chunk: dict[str, Any]) -> None:
-        """Take one ``chat.completion.chunk``; raise ModelResponseError for an error chunk."""
+        """Take one ``chat.completion.chunk``; raise ModelResponseError for an error chunk.
+
+        A chunk is read whole before ``on_event`` sees any of it, so a malformed chunk raises
+        ModelResponseError and an exception of ``on_event`` itself passes through unchanged.
+        """
         if not isinstance(chunk, dict):
             raise ModelResponseError(f"the model server sent a chunk that is not an object: "
                                      f"{str(chunk)[:200]}")
         if chunk.get("error"):
             raise ModelResponseError(f"the model server reported an error mid-answer: "
                                      f"{_error_text(chunk['error'])}")
+        try:
+            self._feed_chunk(chunk)
+        except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+            self._events.clear()
+            raise ModelResponseError(f"the model server sent a chunk that cannot be read "
+                                     f"({type(exc).__name__}: {exc}): {str(chunk)[:200]}") from exc
+        events, self._events = self._events, []
+        if self._on_event is not None:
+            for event in events:
+                self._on_event(event)
+
+    def _feed_chunk(self, chunk: dict[str, Any]) -> None:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = Usage.from_dict(usage)
             self.usage_seen = True
-        for choice in chunk.get("choices") or []:
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # we always ask for n=1
             delta = choice.get("delta")
@@ -83,7 +102,8 @@ class MessageAssembler:
         if isinstance(piece, str) and piece:
             self._content.append(piece)
             self._emit("content", piece)
-        for position, part in enumerate(delta.get("tool_calls") or []):
+        parts = delta.get("tool_calls")
+        for position, part in enumerate(parts if isinstance(parts, list) else []):
             if isinstance(part, dict):
                 self._feed_call(position, part)
 
@@ -92,7 +112,7 @@ class MessageAssembler:
         call_id = part.get("id")
         if isinstance(call_id, str) and call_id and not call.id:
             call.id = call_id
-            self._by_id[call_id] = call
+            self._by_id.setdefault(call_id, call)
         if isinstance(part.get("type"), str) and part["type"]:
             call.type = part["type"]
         function = part.get("function")
@@ -109,7 +129,7 @@ class MessageAssembler:
             call.arguments.append(arguments)
         if call.name and not call.announced:
             call.announced = True
-            self._emit("tool_call", call.name)
+            self._emit("tool_call", _clean(call.name))
 
     def _find_call(self, position: int, part: dict[str, Any]) -> _Call:
         index = part.get("index")
@@ -117,9 +137,11 @@ class MessageAssembler:
         call_id = raw_id if isinstance(raw_id, str) else ""
         if isinstance(index, int) and not isinstance(index, bool):
             call = self._by_index.get(index)
-            # A new id at a used index is a new call (servers that send index 0 for every call).
+            # A new index is always a new call, even when it repeats the id of another one
+            # (ids are made unique in `message`). A new id at a used index is a new call too
+            # (servers that send index 0 for every call).
             if call is None or (call_id and call.id and call_id != call.id):
-                call = self._by_index[index] = self._by_id.get(call_id) or self._new_call()
+                call = self._by_index[index] = self._new_call()
             return call
         # No index: match by id; a fragment with neither continues the latest call,
         # unless it is not the first fragment of its delta (then it starts another).
@@ -135,27 +157,43 @@ class MessageAssembler:
         return call
 
     def _emit(self, kind: Literal["reasoning", "content", "tool_call"], text: str) -> None:
-        if self._on_event is not None:
-            self._on_event(StreamEvent(kind, text))
+        if self._on_event is None:
+            return
+        # A surrogate pair split across chunks: hold the high half until the low one comes.
+        text = self._held.pop(kind, "") + text
+        if "\ud800" <= text[-1] <= "\udbff":
+            self._held[kind], text = text[-1], text[:-1]
+        if text:
+            self._events.append(StreamEvent(kind, _clean(text)))
 
     @property
     def message(self) -> Message:
-        """The assistant message so far, in its storable shape."""
-        content = "".join(self._content)
+        """The assistant message so far, in its storable shape.
+
+        Text is joined, then cleaned of lone UTF-16 surrogates (a pair split across chunks
+        joins back; a lone half becomes U+FFFD), so the message always encodes as UTF-8.
+        """
+        content = _clean("".join(self._content))
         message: Message = {"role": "assistant", "content": content}
         if self._reasoning:
-            message[self._reasoning_key] = "".join(self._reasoning)
+            message[self._reasoning_key] = _clean("".join(self._reasoning))
         if self._calls:
             if not content:
                 message["content"] = None
-            message["tool_calls"] = [
-                {
-                    "id": call.id or f"call_{uuid.uuid4().hex[:24]}",
-                    "type": call.type,
-                    "function": {"name": call.name, "arguments": "".join(call.arguments) or "{}"},
-                }
-                for call in self._calls
-            ]
+            used: set[str] = set()
+            calls = []
+            for call in self._calls:
+                call_id = _clean(call.id)
+                if not call_id or call_id in used:  # tool results pair with calls by id
+                    call_id = f"call_{uuid.uuid4().hex[:24]}"
+                used.add(call_id)
+                calls.append({
+                    "id": call_id,
+                    "type": _clean(call.type),
+                    "function": {"name": _clean(call.name),
+                                 "arguments": _clean("".join(call.arguments)) or "{}"},
+                })
+            message["tool_calls"] = calls
         return message
 
     def result(self) -> ChatResult:
@@ -194,6 +232,13 @@ def from_completion(data: Any, on_event: OnEvent | None = None) -> ChatResult:
         "usage": data.get("usage"),
     })
     return assembler.result()
+
+
+def _clean(text: str) -> str:
+    """``text`` with surrogate pairs joined and lone surrogates replaced by U+FFFD."""
+    if text.isascii():
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _error_text(error: Any) -> str:

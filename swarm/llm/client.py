@@ -13,9 +13,10 @@ import json
 import logging
 import math
 import random
+import re
 import ssl
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -32,7 +33,7 @@ from swarm.errors import (
     ModelResponseError,
 )
 from swarm.llm.assemble import MessageAssembler, from_completion
-from swarm.llm.sse import LineDecoder, ServerSentEvent, SSEDecoder
+from swarm.llm.sse import iter_events
 from swarm.llm.types import ChatResult, Message, OnEvent
 
 if TYPE_CHECKING:
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _RETRY_STATUSES = frozenset({408, 409, 429})
+_STREAM_WORD = re.compile(r"\bstream(?!_options)")
+"""`stream` (or streaming) in an error body, but not only as part of `stream_options`."""
+_UNREADABLE = (ValueError, RecursionError)
+"""What json.loads raises for a body that is not JSON (or nested too deep)."""
 
 
 class _Retry(Exception):
@@ -88,6 +93,7 @@ class LLMClient:
         self.default_context_length = default_context_length
         self._sleep = sleep
         self._stream_options = True
+        self._stream_rejected = False
         self._context_length: int | None = None
         self._listed: list[dict[str, Any]] | None = None
         self._http = httpx.Client(
@@ -149,7 +155,7 @@ class LLMClient:
         """
         if not self.model:
             self.resolve_model()
-        use_stream = self.stream if stream is None else stream
+        use_stream = (self.stream if stream is None else stream) and not self._stream_rejected
         return self._with_retries(
             "model call",
             lambda: self._chat_once(messages, tools, on_event, temperature, use_stream),
@@ -179,12 +185,18 @@ class LLMClient:
                 if 200 <= response.status_code < 300:
                     return self._read_answer(response, on_event)
                 body = self._error_body(response)
-        except httpx.TransportError as exc:
-            raise self._transport_error(exc, started) from exc
-        if response.status_code == 400 and "stream_options" in payload and "stream_options" in body:
-            log.info("%s does not accept stream_options; sending without it", self.base_url)
-            self._stream_options = False
-            return self._chat_once(messages, tools, on_event, temperature, use_stream)
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise self._request_error(exc, started) from exc
+        if response.status_code == 400 and use_stream:
+            if "stream_options" in payload and "stream_options" in body:
+                log.info("%s does not accept stream_options; sending without it", self.base_url)
+                self._stream_options = False
+                return self._chat_once(messages, tools, on_event, temperature, use_stream)
+            if _STREAM_WORD.search(body.lower()):
+                log.info("%s does not accept stream: true; asking for whole answers",
+                         self.base_url)
+                self._stream_rejected = True
+                return self._chat_once(messages, tools, on_event, temperature, False)
         raise self._http_error(response, body)
 
     def _read_answer(self, response: httpx.Response, on_event: OnEvent | None) -> ChatResult:
@@ -196,7 +208,7 @@ class LLMClient:
             return self._read_stream([body], on_event)
         try:
             data = json.loads(body)
-        except ValueError:
+        except _UNREADABLE:
             raise _Retry(ModelResponseError(
                 f"the model server at {self.base_url} answered with something that is not JSON: "
                 f"{self._redact(body[:200].decode('utf-8', 'replace'))!r}"
@@ -209,7 +221,7 @@ class LLMClient:
     def _read_stream(self, chunks: Iterable[bytes], on_event: OnEvent | None) -> ChatResult:
         assembler = MessageAssembler(on_event)
         done = False
-        for event in _events(chunks):
+        for event in iter_events(chunks, flush_incomplete=True):
             data = event.data.strip()
             if data == "[DONE]":
                 done = True
@@ -218,7 +230,7 @@ class LLMClient:
                 continue
             try:
                 chunk = json.loads(data)
-            except ValueError:
+            except _UNREADABLE:
                 raise _Retry(ModelResponseError(
                     f"the model server sent a stream chunk that is not JSON: "
                     f"{self._redact(data[:200])!r}"
@@ -248,13 +260,13 @@ class LLMClient:
         try:
             response = self._http.get(f"{self.base_url}/models",
                                       headers=self._headers("application/json"))
-        except httpx.TransportError as exc:
-            raise self._transport_error(exc, False) from exc
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise self._request_error(exc, False) from exc
         if not 200 <= response.status_code < 300:
             raise self._http_error(response, self._error_body(response))
         try:
             data = response.json()
-        except ValueError:
+        except _UNREADABLE:
             raise _Retry(ModelResponseError(
                 f"GET {self.base_url}/models answered with something that is not JSON: "
                 f"{self._redact(response.text[:200])!r}"
@@ -311,7 +323,7 @@ class LLMClient:
     def _entry(self, models: list[dict[str, Any]]) -> dict[str, Any] | None:
         if not models:
             return None
-        wanted = {self.model} if ":" in self.model else {self.model, f"{self.model}:latest"}
+        wanted = (self.model,) if ":" in self.model else (self.model, f"{self.model}:latest")
         for entry in models:
             if entry.get("id") in wanted:
                 return entry
@@ -360,6 +372,24 @@ class LLMClient:
             return self._redact(response.text[:4000])
         except httpx.HTTPError:
             return ""
+
+    def _request_error(
+        self, exc: httpx.HTTPError | httpx.InvalidURL, started: bool
+    ) -> ConfigError | _Retry:
+        """The typed error for an httpx exception: a bad URL is a ConfigError (not retried)."""
+        detail = self._redact(str(exc) or type(exc).__name__)
+        if isinstance(exc, (httpx.InvalidURL, httpx.UnsupportedProtocol)):
+            return ConfigError(self._redact(
+                f"SWARM_BASE_URL={self.base_url!r} is not a usable URL ({detail}); set it to "
+                "the server's OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1"
+            ))
+        if isinstance(exc, httpx.TransportError):
+            return self._transport_error(exc, started)
+        # DecodingError (a body that does not match its Content-Encoding), TooManyRedirects, ...
+        return _Retry(ModelResponseError(self._redact(
+            f"cannot read the answer of the model server at {self.base_url}: "
+            f"{type(exc).__name__}: {detail}"
+        )))
 
     def _transport_error(self, exc: httpx.TransportError, started: bool) -> _Retry:
         detail = self._redact(str(exc) or type(exc).__name__)
@@ -415,26 +445,11 @@ def _ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def _events(chunks: Iterable[bytes]) -> Iterator[ServerSentEvent]:
-    """Events of an SSE body; unlike the spec, a last event without its blank line counts."""
-    lines = LineDecoder()
-    decoder = SSEDecoder()
-    for chunk in chunks:
-        for line in lines.decode(chunk):
-            event = decoder.decode(line)
-            if event is not None:
-                yield event
-    for line in [*lines.flush(), ""]:
-        event = decoder.decode(line)
-        if event is not None:
-            yield event
-
-
 def _summary(body: str) -> str:
     """The error message inside an OpenAI-style error body, else the body's start."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except _UNREADABLE:
         data = None
     if isinstance(data, dict):
         error = data.get("error", data)
@@ -483,7 +498,7 @@ def _context_of(entry: dict[str, Any]) -> int | None:
             continue
         try:
             number = int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: 1e999 is inf
             continue
         if number > 0:
             return number

@@ -118,8 +118,15 @@ class SSEDecoder:
         return event
 
 
-def iter_events(chunks: Iterable[bytes | str]) -> Iterator[ServerSentEvent]:
-    """Every event in a stream of chunks; an event not ended by a blank line is dropped."""
+def iter_events(
+    chunks: Iterable[bytes | str], flush_incomplete: bool = False
+) -> Iterator[ServerSentEvent]:
+    """Every event in a stream of chunks.
+
+    Per the spec an event not ended by a blank line is dropped at the end of the stream;
+    with ``flush_incomplete`` it counts (model servers that close right after a last
+    ``data: [DONE]`` line without its blank line).
+    """
     lines = LineDecoder()
     decoder = SSEDecoder()
     for chunk in chunks:
@@ -128,4 +135,8 @@ def iter_events(chunks: Iterable[bytes | str]) -> Iterator[ServerSentEvent]:
             if event is not None:
                 yield event
     for line in lines.flush():
-        decoder.decode(line)
+        decoder.decode(line)  # not blank, so it never ends an event by itself
+    if flush_incomplete:
+        event = decoder.decode("")
+        if event is not None:
+            yield event

@@ -31,12 +31,25 @@ class Usage:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Usage:
-        data = data or {}
-        prompt = int(data.get("prompt_tokens") or 0)
-        completion = int(data.get("completion_tokens") or 0)
-        total = int(data.get("total_tokens") or (prompt + completion))
+    def from_dict(cls, data: Any) -> Usage:
+        """Counts from a ``usage`` object; anything that is not a count is taken as 0."""
+        if not isinstance(data, dict):
+            data = {}
+        prompt = _count(data.get("prompt_tokens"))
+        completion = _count(data.get("completion_tokens"))
+        total = _count(data.get("total_tokens")) or prompt + completion
         return cls(prompt, completion, total)
+
+
+def _count(value: Any) -> int:
+    """A token count from a server's JSON: a non-negative int, else 0 (never raises)."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        number = value if isinstance(value, int) else int(float(value))
+    except (TypeError, ValueError, OverflowError):  # "n/a", {}, None, NaN, inf
+        return 0
+    return max(number, 0)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,11 @@ def sessions_index() -> str:
     return f"{PREFIX}sessions"
 
 
+def session_lock(session_id: str) -> str:
+    """The lock name (see :func:`lock`) that one swarm process holds on a session."""
+    return f"session:{session_id}"
+
+
 def lock(name: str) -> str:
     """String holding the owner token of a lock; expires by itself (PX)."""
     return f"{PREFIX}lock:{name}"
@@ -41,3 +46,81 @@ def lock(name: str) -> str:
 def hints(scope: str = "global") -> str:
     """String: the latest memory hints text of ``scope`` (the same text as ``hints.md``)."""
     return f"{PREFIX}hints:{scope}"
+
+
+# -- berserk mode ---------------------------------------------------------------------------
+
+#: Ledger entries (agents, runs, requests, swarms) live this long after their last write.
+LEDGER_TTL = 7 * 24 * 3600
+#: Progress events kept per swarm (XADD MAXLEN ~).
+EVENTS_MAXLEN = 10_000
+#: A coordinator or worker counts as alive while its heartbeat key lives.
+HEARTBEAT_TTL = 10
+
+#: Consumer group of the coordinators on the spawn and settle streams.
+COORDINATORS = "coordinators"
+
+
+def swarm(swarm_id: str) -> str:
+    """Hash: one swarm (root agent, workspace, task, settings that children inherit, state)."""
+    return f"{PREFIX}swarm:{swarm_id}"
+
+
+def swarm_agents(swarm_id: str) -> str:
+    """Sorted set: every agent id of a swarm, scored by creation time."""
+    return f"{PREFIX}swarm:{swarm_id}:agents"
+
+
+def swarm_counters(swarm_id: str) -> str:
+    """Hash of counters: ``children`` (ever created), ``inflight`` (queued or running)."""
+    return f"{PREFIX}swarm:{swarm_id}:counters"
+
+
+def swarm_waiting(swarm_id: str) -> str:
+    """List of run ids held back by the in-flight limit, oldest first."""
+    return f"{PREFIX}swarm:{swarm_id}:waiting"
+
+
+def swarms_index() -> str:
+    """Sorted set of swarm ids by creation time (``swarm status`` picks the latest)."""
+    return f"{PREFIX}swarms"
+
+
+def agent(agent_id: str) -> str:
+    """Hash: a ledger entry (id, swarm, parent, depth, state, workspace, usage, result, ...)."""
+    return f"{PREFIX}agent:{agent_id}"
+
+
+def run(run_id: str) -> str:
+    """Hash: one run of a child for one ``agent`` call (request, call id, message, result)."""
+    return f"{PREFIX}run:{run_id}"
+
+
+def request(request_id: str) -> str:
+    """Hash: a spawn request (parent, the calls, results of the parent's other calls)."""
+    return f"{PREFIX}request:{request_id}"
+
+
+def spawn_stream() -> str:
+    """Stream of spawn requests for the coordinators (field ``request``)."""
+    return f"{PREFIX}stream:spawn"
+
+
+def settle_stream() -> str:
+    """Stream of settled runs for the coordinators (field ``run``)."""
+    return f"{PREFIX}stream:settle"
+
+
+def events(swarm_id: str) -> str:
+    """Stream of progress events of one swarm (capped at :data:`EVENTS_MAXLEN`)."""
+    return f"{PREFIX}events:{swarm_id}"
+
+
+def wake(agent_id: str) -> str:
+    """List the coordinator pushes to when a parent waiting in a terminal may go on."""
+    return f"{PREFIX}wake:{agent_id}"
+
+
+def heartbeat(kind: str, name: str) -> str:
+    """String with a TTL: a live coordinator or worker (``kind``) called ``name``."""
+    return f"{PREFIX}alive:{kind}:{name}"

@@ -34,9 +34,12 @@ class LoadedSession(Session):
 class RedisSessionStore:
     """:class:`swarm.agent.protocols.SessionStore` on Redis; every save refreshes the TTL."""
 
-    def __init__(self, redis: redis.Redis, ttl: int = keys.SESSION_TTL) -> None:
+    def __init__(self, redis: redis.Redis, ttl: int = keys.SESSION_TTL,
+                 index: bool = True) -> None:
         self.redis = redis
         self.ttl = ttl
+        self.index = index
+        """List saved sessions in ``swarm sessions`` (children of a swarm are not)."""
 
     def save(self, session: Session) -> None:
         """Replace the stored session whole, index it by ``session.updated``, refresh its TTL."""
@@ -47,6 +50,7 @@ class RedisSessionStore:
             "updated": session.updated,
             "usage": session.usage,
             "turns": session.turns,
+            "parked": session.parked,
         }
         key = keys.session(session.id)
         with store_errors(f"saving session {session.id}"), self.redis.pipeline() as pipe:
@@ -56,7 +60,8 @@ class RedisSessionStore:
                 "messages": json.dumps(session.messages, ensure_ascii=False),
             })
             pipe.expire(key, self.ttl)
-            pipe.zadd(keys.sessions_index(), {session.id: session.updated})
+            if self.index:
+                pipe.zadd(keys.sessions_index(), {session.id: session.updated})
             pipe.execute()
 
     def load(self, session_id: str) -> LoadedSession | None:
@@ -137,7 +142,8 @@ def _decode(session_id: str, meta_raw: str, messages_raw: str | None) -> LoadedS
         messages: builtins.list[dict[str, Any]] = json.loads(messages_raw or "[]")
         if not isinstance(meta, dict) or not isinstance(messages, builtins.list):
             raise ValueError("meta must be an object and messages a list")
-        found = history.problems(messages)
+        parked = str(meta.get("parked") or "")
+        found = [] if parked else history.problems(messages)
         if found:
             messages = history.repair(messages)
         return LoadedSession(
@@ -148,6 +154,7 @@ def _decode(session_id: str, meta_raw: str, messages_raw: str | None) -> LoadedS
             created=float(meta.get("created", 0.0)),
             updated=float(meta.get("updated", 0.0)),
             turns=int(meta.get("turns", 0)),
+            parked=parked,
             repairs=found,
         )
     except (ValueError, TypeError, AttributeError) as exc:

@@ -1,0 +1,92 @@
+"""``swarm worker``, ``swarm coordinator``, ``swarm flower``: the long-running processes."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from types import FrameType
+
+import click
+
+from swarm.cli.main import handle_errors, settings_from
+from swarm.store.connection import open_store
+
+CTX = {"help_option_names": ["-h", "--help"]}
+
+
+@click.command(context_settings=CTX)
+@click.option("-c", "--concurrency", type=click.IntRange(min=1), default=64, show_default=True,
+              envvar="SWARM_WORKER_CONCURRENCY",
+              help="Children run at once by this process (threads: agents mostly wait on the "
+                   "model). [env: SWARM_WORKER_CONCURRENCY]")
+@click.option("-Q", "--queues", default="swarm", show_default=True, envvar="SWARM_QUEUES",
+              help="Comma-separated queues to take tasks from. [env: SWARM_QUEUES]")
+@click.option("-n", "--hostname", default=None,
+              help="Worker name shown in Flower (default: swarm@HOST).")
+@click.option("-P", "--pool", type=click.Choice(["threads", "prefork", "solo"]),
+              default="threads", show_default=True, help="Celery pool.")
+@click.option("-l", "--loglevel", default="INFO", show_default=True)
+@handle_errors
+def worker(concurrency: int, queues: str, hostname: str | None, pool: str, loglevel: str) -> None:
+    """Run children: a Celery worker on SWARM_REDIS_URL (or this SWARM_HOME's embedded server).
+
+    Start one on every machine that should work for the swarm; each needs the model
+    settings (SWARM_BASE_URL, SWARM_API_KEY, ...) in its own environment.
+    """
+    from swarm.workers.app import configure
+
+    settings = settings_from()
+    with open_store(settings) as store:
+        app = configure(store.url)
+        app.worker_main([
+            "worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--queues={queues}",
+            f"--hostname={hostname or 'swarm@' + socket.gethostname()}",
+            f"--loglevel={loglevel}", "--task-events", "--without-mingle",
+        ])
+
+
+@click.command(context_settings=CTX)
+@click.option("--name", default=None, help="Consumer name in the stream group (default: HOST).")
+@handle_errors
+def coordinator(name: str | None) -> None:
+    """Turn spawn requests into children and settled children into results.
+
+    Several may run on one Redis: they share the work through a consumer group.
+    """
+    import logging
+
+    from swarm.coordinator.service import Coordinator
+    from swarm.workers.app import configure
+
+    logging.getLogger("swarm").setLevel(logging.INFO)
+    settings = settings_from()
+    with open_store(settings) as store:
+        service = Coordinator(store.redis, configure(store.url), settings,
+                              name=name or socket.gethostname())
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            service.stop.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        click.echo(f"coordinator {service.name} on {store.masked_url}", err=True)
+        service.run()
+
+
+@click.command(context_settings=CTX)
+@click.option("--port", type=int, default=5555, show_default=True, envvar="FLOWER_PORT")
+@click.option("--address", default="127.0.0.1", show_default=True, envvar="FLOWER_ADDRESS")
+@click.option("--basic-auth", envvar="FLOWER_BASIC_AUTH", default=None,
+              help="user:password (comma-separate several). [env: FLOWER_BASIC_AUTH]")
+@handle_errors
+def flower(port: int, address: str, basic_auth: str | None) -> None:
+    """Watch the swarm in Flower (tasks are named after their agents; args are ids only)."""
+    from swarm.workers.app import configure
+
+    settings = settings_from()
+    with open_store(settings) as store:
+        app = configure(store.url)
+        argv = ["flower", f"--port={port}", f"--address={address}"]
+        if basic_auth:
+            argv.append(f"--basic-auth={basic_auth}")
+        app.start(argv=argv)

@@ -1,0 +1,136 @@
+"""The root agent's side of berserk mode, in the user's terminal.
+
+The root creates its swarm the first time its model calls ``agent``, makes sure a
+coordinator and workers are there (starting local ones on the embedded default),
+parks while the children work — showing their progress — and carries on when the
+coordinator wakes it with their results.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from swarm.agent.loop import Agent
+from swarm.agent.protocols import Session
+from swarm.config import Settings
+from swarm.coordinator.spawner import RedisSpawner
+from swarm.errors import Parked
+from swarm.store import keys
+from swarm.store.connection import Store
+from swarm.store.ledger import Ledger, new_swarm_id
+from swarm.store.sessions import RedisSessionStore
+from swarm.workers.local import LocalCluster, alive, wait_for
+
+#: What the children inherit from the root's settings (never secrets).
+INHERITED = ("model", "base_url", "yes", "max_turns", "approval", "max_depth", "max_children",
+             "max_parallel", "token_budget", "child_timeout", "command_timeout",
+             "command_timeout_max", "output_cap", "context_length", "stream")
+#: Seconds to wait for a deployment's coordinator and workers to answer.
+ANSWER_TIMEOUT = 5.0
+
+
+@dataclass
+class RootSwarm:
+    """Berserk mode for one root agent; use :meth:`spawner` when building the agent."""
+
+    settings: Settings
+    store: Store
+    workers: int | None = None
+    """Local worker processes to start; None: 1 on the embedded default, 0 otherwise."""
+    on_event: Callable[[dict[str, str]], None] = lambda event: None
+    swarm_id: str = ""
+    cluster: LocalCluster | None = None
+    session: Session | None = None
+    task: str = ""
+    model_id: str = ""
+    """The model the root resolved; children use the same one."""
+    _last_event: str = field(default="0-0", init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.store.redis)
+
+    def spawner(self, store: Store, session: Session) -> RedisSpawner:
+        self.session = session
+        self.swarm_id = new_swarm_id()
+        return RedisSpawner(self.ledger, self.swarm_id, self.swarm_id,
+                            ensure_swarm=self.ensure)
+
+    def ensure(self) -> None:
+        """Create the swarm in the ledger and make sure someone will run its children."""
+        assert self.session is not None
+        inherited = {name: getattr(self.settings, name) for name in INHERITED}
+        inherited["model"] = self.model_id or inherited["model"]
+        self.ledger.create_swarm(self.swarm_id, self.swarm_id, self.session.workspace,
+                                 self.task, {k: v for k, v in inherited.items() if v != ""},
+                                 socket.gethostname(), self.session.id)
+        workers = self.workers if self.workers is not None else (1 if self.store.embedded else 0)
+        redis_ = self.store.redis
+        if workers and not (alive(redis_, "coordinator") and alive(redis_, "worker")):
+            self.cluster = LocalCluster(self.store.url, self.settings.home, workers,
+                                        self.settings.max_parallel).start()
+            wait_for(redis_, 30.0, self.cluster.procs)
+        else:
+            wait_for(redis_, ANSWER_TIMEOUT)
+
+    def run(self, agent: Agent, task: str, sessions: RedisSessionStore) -> str:
+        """``agent.run(task)``, parking and resuming as often as the model goes berserk."""
+        self.task = task
+        self.model_id = agent.model.model
+        try:
+            return agent.run(task)
+        except Parked as parked:
+            request_id = parked.request_id
+        while True:
+            self.wait(request_id)
+            loaded = sessions.load(agent.session.id)
+            assert loaded is not None, "the root session vanished while it was parked"
+            agent.session = loaded
+            try:
+                return agent.resume()
+            except Parked as parked:
+                request_id = parked.request_id
+
+    def wait(self, request_id: str) -> None:
+        """Block until the coordinator wakes this root for ``request_id``; relay progress."""
+        redis_ = self.store.redis
+        while True:
+            popped = redis_.blpop([keys.wake(self.swarm_id)], timeout=0.5)
+            self.relay_events()
+            if popped is not None and cast("tuple[str, str]", popped)[1] == request_id:
+                return
+
+    def relay_events(self) -> None:
+        got = self.store.redis.xread({keys.events(self.swarm_id): self._last_event}, count=500)
+        for _, entries in cast("list[tuple[str, list[tuple[str, dict[str, str]]]]]", got or []):
+            for entry_id, fields in entries:
+                self._last_event = entry_id
+                self.on_event(fields)
+
+    def finish(self, state: str) -> None:
+        if self.session is not None and self.ledger.swarm(self.swarm_id):
+            self.ledger.finish_swarm(self.swarm_id, state)
+            self.ledger.update_agent(self.swarm_id, state=state, settled=time.time())
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+
+def describe(event: dict[str, Any]) -> str:
+    """One plain line for a progress event."""
+    who = event.get("agent", "?")
+    kind = event.get("kind", "")
+    if kind == "tool":
+        return f"[{who}] {event.get('text', '')}"
+    if kind == "queued":
+        return f"[{who}] queued at depth {event.get('depth', '?')} by {event.get('parent', '?')}"
+    if kind == "settled":
+        return f"[{who}] {event.get('state', '')}"
+    if kind in ("spawn", "dispatched", "joined"):
+        return f"[{who}] {kind} {event.get('children', '')} children"
+    return f"[{who}] {kind}"

@@ -1,0 +1,266 @@
+"""The coordinator: turns spawn requests into children, and settled children into results.
+
+It reads two Redis streams with a consumer group, so several coordinators can run:
+
+- ``spawn``: a parent's ``agent`` calls. For each: check the limits (depth, children per
+  swarm), write the child and its run into the ledger, then enqueue ``swarm.agent.run``
+  — or hold it while the swarm has ``max_parallel`` children in flight.
+- ``settle``: a run finished. Release held runs, and when every run of the request has
+  settled, append all results of the parent's response to its session in call order and
+  resume the parent (``swarm.agent.resume``, or a wake-up for the root in a terminal).
+
+Every step is idempotent, so an entry handled twice (after a crash) changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from typing import Any, cast
+
+import redis
+from celery import Celery
+
+from swarm.config import Settings
+from swarm.store import keys
+from swarm.store.ledger import SETTLED, Ledger, Run, derive_id
+from swarm.store.sessions import RedisSessionStore
+
+log = logging.getLogger(__name__)
+
+BLOCK_MS = 1000
+BATCH = 64
+#: Entries pending this long on a consumer that stopped answering are claimed again.
+RECLAIM_IDLE_MS = 30_000
+
+
+def result_text(run: Run | None, call_id: str) -> str:
+    """What the parent's model sees for one ``agent`` call."""
+    if run is None:
+        return json.dumps({"state": "failed", "error": f"no run was recorded for call {call_id}"})
+    body: dict[str, Any] = {"agent_id": run.result.get("agent_id", run.agent), "state": run.state}
+    for name in ("error", "output", "answer", "workspace", "git_branch", "diffstat",
+                 "files_changed", "usage"):
+        if run.result.get(name) not in (None, "", [], {}):
+            body[name] = run.result[name]
+    if "output" in body:
+        body.pop("answer", None)
+    return json.dumps(body, ensure_ascii=False, indent=1)
+
+
+class Coordinator:
+    """One coordinator process (or thread); ``run()`` until ``stop`` is set."""
+
+    def __init__(self, redis_: redis.Redis, app: Celery, settings: Settings,
+                 name: str | None = None) -> None:
+        self.redis = redis_
+        self.app = app
+        self.settings = settings
+        self.name = name or f"{socket.gethostname()}-{id(self):x}"
+        self.ledger = Ledger(redis_)
+        self.stop = threading.Event()
+
+    def setup(self) -> None:
+        for stream in (keys.spawn_stream(), keys.settle_stream()):
+            try:
+                self.redis.xgroup_create(stream, keys.COORDINATORS, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def run(self) -> None:
+        """Serve until :attr:`stop` is set."""
+        self.setup()
+        last_reclaim = 0.0
+        while not self.stop.is_set():
+            try:
+                self.redis.set(keys.heartbeat("coordinator", self.name), time.time(),
+                               ex=keys.HEARTBEAT_TTL)
+                if time.monotonic() - last_reclaim > RECLAIM_IDLE_MS / 3000:
+                    self.reclaim()
+                    last_reclaim = time.monotonic()
+                self.poll()
+            except redis.ConnectionError as exc:
+                log.warning("coordinator lost Redis (%s); retrying", exc)
+                self.stop.wait(1.0)
+
+    def poll(self, block_ms: int = BLOCK_MS) -> int:
+        """Handle what arrived on both streams; returns how many entries were handled."""
+        streams = {keys.spawn_stream(): ">", keys.settle_stream(): ">"}
+        got = self.redis.xreadgroup(keys.COORDINATORS, self.name, streams,  # type: ignore[arg-type]
+                                    count=BATCH, block=block_ms)
+        handled = 0
+        for stream, entries in cast("list[tuple[str, list[tuple[str, dict[str, str]]]]]",
+                                    got or []):
+            for entry_id, fields in entries:
+                self.handle(stream, entry_id, fields)
+                handled += 1
+        return handled
+
+    def reclaim(self) -> None:
+        """Take over entries another coordinator read but never acknowledged (it died)."""
+        for stream in (keys.spawn_stream(), keys.settle_stream()):
+            reply: list[Any] = self.redis.xautoclaim(
+                stream, keys.COORDINATORS, self.name, RECLAIM_IDLE_MS, "0-0", count=BATCH)
+            entries = reply[1]
+            for entry_id, fields in entries:
+                if fields:
+                    self.handle(stream, entry_id, fields)
+
+    def handle(self, stream: str, entry_id: str, fields: dict[str, str]) -> None:
+        try:
+            if stream == keys.spawn_stream():
+                self.spawn(fields["request"])
+            else:
+                self.settled(fields["run"])
+        except redis.ConnectionError:
+            raise  # left pending: handled again after reconnecting
+        except Exception:
+            log.exception("coordinator: %s entry %s failed", stream, entry_id)
+        self.redis.xack(stream, keys.COORDINATORS, entry_id)
+
+    # -- spawn -------------------------------------------------------------------------------
+
+    def limits(self, swarm_id: str) -> Settings:
+        return self.settings.with_(**{
+            k: v for k, v in self.ledger.swarm_settings(swarm_id).items()
+            if k in ("max_depth", "max_children", "max_parallel")})
+
+    def spawn(self, request_id: str) -> None:
+        req = self.ledger.request(request_id)
+        if not req or req.get("state") not in ("new", "dispatching"):
+            return
+        self.ledger.set_request(request_id, state="dispatching")
+        swarm_id, parent_id, turn = req["swarm"], req["parent"], int(req["turn"])
+        parent = self.ledger.agent(parent_id)
+        limits = self.limits(swarm_id)
+        runs: dict[str, str] = {}
+        for call in req["calls"]:
+            run_id = derive_id("r", parent_id, turn, call["call_id"])
+            runs[call["call_id"]] = run_id
+            self.dispatch(run_id, call, request_id, swarm_id, parent, limits, turn)
+        self.ledger.set_request(request_id, runs=runs, state="dispatched")
+        self.ledger.event(swarm_id, "dispatched", parent_id, children=len(runs))
+        self.maybe_join(request_id)
+
+    def dispatch(self, run_id: str, call: dict[str, Any], request_id: str, swarm_id: str,
+                 parent: dict[str, str], limits: Settings, req_turn: int) -> None:
+        if self.ledger.run(run_id) is not None:
+            return  # a replayed request: this call was dispatched before
+        depth = int(parent.get("depth") or 0) + 1
+        target = call.get("agent_id") or ""
+        refusal = ""
+        if target:
+            existing = self.ledger.agent(target)
+            if not existing or existing.get("swarm") != swarm_id:
+                refusal = f"no agent {target!r} in this swarm; omit agent_id to start a new one"
+            elif existing.get("parent") != parent["id"]:
+                refusal = f"agent {target!r} is not your child; only its parent can continue it"
+            elif existing.get("state") not in SETTLED:
+                refusal = f"agent {target!r} is still {existing.get('state')}; wait for it"
+            agent_id = target if not refusal else ""
+        else:
+            agent_id = derive_id("a", parent["id"], req_turn, call["call_id"])
+            children = int(self.redis.hget(keys.swarm_counters(swarm_id), "children") or 0)
+            if depth > limits.max_depth:
+                refusal = (f"depth limit reached: a child here would be at depth {depth}, "
+                           f"the limit is {limits.max_depth} (SWARM_MAX_DEPTH); do this part "
+                           "yourself")
+            elif children >= limits.max_children:
+                refusal = (f"children limit reached: this swarm has spawned {children} of "
+                           f"{limits.max_children} (SWARM_MAX_CHILDREN); do this part yourself")
+        run = Run(id=run_id, agent=agent_id, request=request_id, call_id=call["call_id"],
+                  message=call["message"], state="queued",
+                  output_schema=call.get("output_schema") or None)
+        if refusal:
+            self.ledger.add_run(run)
+            self.ledger.settle(run, swarm_id, "refused", {"error": refusal}, {}, counted=False)
+            return
+        if not target:
+            self.ledger.add_child(swarm_id, agent_id, parent, call["message"])
+        self.ledger.add_run(run)
+        self.ledger.event(swarm_id, "queued", agent_id, parent=parent["id"], depth=depth)
+        inflight = int(self.redis.hget(keys.swarm_counters(swarm_id), "inflight") or 0)
+        if inflight >= limits.max_parallel:
+            self.redis.rpush(keys.swarm_waiting(swarm_id), run_id)
+        else:
+            self.enqueue(run_id, swarm_id)
+
+    def enqueue(self, run_id: str, swarm_id: str) -> None:
+        run = self.ledger.run(run_id)
+        if run is None:
+            return
+        record = self.ledger.agent(run.agent)
+        self.redis.hincrby(keys.swarm_counters(swarm_id), "inflight", 1)
+        label = record.get("label", "")
+        self.app.send_task(
+            "swarm.agent.run", args=[run_id], task_id=run_id,
+            shadow=f"agent {run.agent} depth {record.get('depth', '?')}: {label}"[:200],
+            argsrepr=repr((run_id,)), kwargsrepr="{}")
+
+    # -- settle and fan-in ---------------------------------------------------------------------
+
+    def settled(self, run_id: str) -> None:
+        run = self.ledger.run(run_id)
+        if run is None:
+            return
+        req = self.ledger.request(run.request)
+        if req:
+            self.release_waiting(req["swarm"])
+            self.maybe_join(run.request)
+
+    def release_waiting(self, swarm_id: str) -> None:
+        limits = self.limits(swarm_id)
+        while int(self.redis.hget(keys.swarm_counters(swarm_id), "inflight") or 0) \
+                < limits.max_parallel:
+            run_id = self.redis.lpop(keys.swarm_waiting(swarm_id))
+            if run_id is None:
+                return
+            self.enqueue(cast(str, run_id), swarm_id)
+
+    def maybe_join(self, request_id: str) -> None:
+        """When every run of the request has settled, answer the parent and wake it."""
+        req = self.ledger.request(request_id)
+        if not req or req.get("state") != "dispatched":
+            return
+        runs = {cid: self.ledger.run(rid) for cid, rid in req["runs"].items()}
+        if any(r is None or r.state not in SETTLED for r in runs.values()):
+            return
+        parent = self.ledger.agent(req["parent"])
+        is_root = parent.get("kind") == "root"
+        sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=is_root)
+        session_id = parent.get("session") or parent["id"]
+        session = sessions.load(session_id)
+        if session is None or session.parked != request_id:
+            log.warning("request %s: parent %s is not parked on it; not joined", request_id,
+                        parent.get("id"))
+            return
+        assistant = next((m for m in reversed(session.messages) if m.get("role") == "assistant"),
+                         None)
+        answered = {m.get("tool_call_id") for m in session.messages if m.get("role") == "tool"}
+        for call in (assistant or {}).get("tool_calls") or []:
+            cid = call.get("id")
+            if cid in answered:
+                continue
+            content = (result_text(runs[cid], cid) if cid in runs
+                       else req["results"].get(cid, "[no result was recorded for this call]"))
+            session.messages.append({"role": "tool", "tool_call_id": cid, "content": content})
+        session.parked = ""
+        session.updated = time.time()
+        sessions.save(session)
+        self.ledger.set_request(request_id, state="joined")
+        self.ledger.event(req["swarm"], "joined", parent["id"], children=len(runs))
+        if is_root:
+            with self.redis.pipeline() as pipe:
+                pipe.rpush(keys.wake(parent["id"]), request_id)
+                pipe.expire(keys.wake(parent["id"]), keys.LEDGER_TTL)
+                pipe.execute()
+        else:
+            parent_run = parent.get("run", "")
+            self.app.send_task(
+                "swarm.agent.resume", args=[parent_run], task_id=derive_id("m", request_id),
+                shadow=f"resume agent {parent['id']} depth {parent.get('depth', '?')}",
+                argsrepr=repr((parent_run,)), kwargsrepr="{}")

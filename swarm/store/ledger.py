@@ -1,0 +1,284 @@
+"""The child ledger: swarms, agents, runs and spawn requests in Redis.
+
+- a **swarm** is one root job and every agent it spawned;
+- an **agent** is a copy of the agent with its own session and workspace;
+- a **run** is one ``agent`` call handled by an agent (a new child's first run has the
+  child's id; continuing a child by ``agent_id`` is a new run of the same agent);
+- a **request** is the set of ``agent`` calls of one model response of a parent.
+
+Ids are derived from (parent, turn, tool_call id), so a request replayed after a crash
+maps to the same runs. Writes are idempotent: records are created only when absent, a
+run settles once (a Lua script), and a settlement is announced on the settle stream in
+the same script.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+
+from swarm.store import keys
+
+SETTLED = ("done", "failed", "cancelled", "timed_out", "refused")
+"""Final states of a run (and of an agent's latest run)."""
+ACTIVE = ("queued", "running", "parked", "waiting")
+
+_SETTLE = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == false then return -1 end
+for _, s in ipairs({'done', 'failed', 'cancelled', 'timed_out', 'refused'}) do
+  if state == s then return 0 end
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'result', ARGV[2], 'settled', ARGV[3],
+           'lease', '')
+if ARGV[7] == '1' then
+  redis.call('HSET', KEYS[2], 'state', ARGV[1], 'settled', ARGV[3], 'usage', ARGV[4])
+end
+if ARGV[5] == '1' then redis.call('HINCRBY', KEYS[3], 'inflight', -1) end
+redis.call('XADD', KEYS[4], '*', 'run', ARGV[6])
+return 1
+"""
+
+_CLAIM = """
+local state = redis.call('HGET', KEYS[1], 'state')
+local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
+local now = tonumber(ARGV[2])
+if state == ARGV[4] or (state == 'running' and lease < now) then
+  redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1],
+             'lease_until', tostring(now + tonumber(ARGV[3])))
+  redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
+  return 1
+end
+return 0
+"""
+
+_RENEW = """
+if redis.call('HGET', KEYS[1], 'lease') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+def derive_id(prefix: str, *parts: object) -> str:
+    """A short stable id from ``parts``: the same inputs always give the same id."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()
+    return f"{prefix}{digest[:15]}"
+
+
+def new_swarm_id() -> str:
+    return "s" + secrets.token_hex(6)
+
+
+@dataclass
+class Run:
+    """One run of an agent for one ``agent`` call."""
+
+    id: str
+    agent: str
+    request: str
+    call_id: str
+    message: str
+    state: str
+    output_schema: dict[str, Any] | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    start_turn: int = 0
+
+
+def _h(redis_: redis.Redis, key: str) -> dict[str, str]:
+    return cast("dict[str, str]", redis_.hgetall(key))
+
+
+class Ledger:
+    """Reads and writes the ledger; every method is one or a few round trips."""
+
+    def __init__(self, redis_: redis.Redis, ttl: int = keys.LEDGER_TTL) -> None:
+        self.redis = redis_
+        self.ttl = ttl
+        self._settle = redis_.register_script(_SETTLE)
+        self._claim = redis_.register_script(_CLAIM)
+        self._renew = redis_.register_script(_RENEW)
+
+    # -- swarms ------------------------------------------------------------------------------
+
+    def create_swarm(self, swarm_id: str, root_id: str, workspace: str, task: str,
+                     settings: dict[str, Any], host: str, session_id: str) -> None:
+        """Create a swarm and its root agent (idempotent)."""
+        now = time.time()
+        with self.redis.pipeline() as pipe:
+            pipe.hsetnx(keys.swarm(swarm_id), "id", swarm_id)
+            pipe.hset(keys.swarm(swarm_id), mapping={
+                "root": root_id, "workspace": workspace, "task": task[:500],
+                "settings": json.dumps(settings), "created": now, "state": "running"})
+            pipe.zadd(keys.swarms_index(), {swarm_id: now}, nx=True)
+            pipe.hset(keys.agent(root_id), mapping={
+                "id": root_id, "swarm": swarm_id, "parent": "", "depth": 0, "kind": "root",
+                "state": "running", "workspace": workspace, "label": _label(task),
+                "created": now, "started": now, "host": host, "session": session_id})
+            pipe.zadd(keys.swarm_agents(swarm_id), {root_id: now}, nx=True)
+            for key in (keys.swarm(swarm_id), keys.agent(root_id), keys.swarm_agents(swarm_id)):
+                pipe.expire(key, self.ttl)
+            pipe.execute()
+
+    def swarm(self, swarm_id: str) -> dict[str, str]:
+        return _h(self.redis, keys.swarm(swarm_id))
+
+    def swarm_settings(self, swarm_id: str) -> dict[str, Any]:
+        raw = self.redis.hget(keys.swarm(swarm_id), "settings")
+        return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else {}
+
+    def finish_swarm(self, swarm_id: str, state: str) -> None:
+        self.redis.hset(keys.swarm(swarm_id), mapping={"state": state, "settled": time.time()})
+
+    def latest_swarm(self) -> str | None:
+        ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), 0, 0))
+        return ids[0] if ids else None
+
+    def agents(self, swarm_id: str) -> list[dict[str, str]]:
+        ids = cast("list[str]", self.redis.zrange(keys.swarm_agents(swarm_id), 0, -1))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for aid in ids:
+                pipe.hgetall(keys.agent(aid))
+            return [cast("dict[str, str]", row) for row in pipe.execute() if row]
+
+    # -- agents and runs ---------------------------------------------------------------------
+
+    def agent(self, agent_id: str) -> dict[str, str]:
+        return _h(self.redis, keys.agent(agent_id))
+
+    def update_agent(self, agent_id: str, **fields: Any) -> None:
+        self.redis.hset(keys.agent(agent_id), mapping={
+            k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in fields.items()})
+
+    def add_child(self, swarm_id: str, agent_id: str, parent: dict[str, str],
+                  message: str) -> bool:
+        """Create a child's ledger entry; False if it already exists (a replayed request)."""
+        key = keys.agent(agent_id)
+        if not self.redis.hsetnx(key, "id", agent_id):
+            return False
+        now = time.time()
+        with self.redis.pipeline() as pipe:
+            pipe.hset(key, mapping={
+                "swarm": swarm_id, "parent": parent["id"], "depth": int(parent["depth"]) + 1,
+                "kind": "child", "state": "queued", "workspace": "", "label": _label(message),
+                "created": now, "host": ""})
+            pipe.expire(key, self.ttl)
+            pipe.zadd(keys.swarm_agents(swarm_id), {agent_id: now}, nx=True)
+            pipe.hincrby(keys.swarm_counters(swarm_id), "children", 1)
+            pipe.execute()
+        return True
+
+    def add_run(self, run: Run, state: str = "queued") -> bool:
+        """Create a run record; False if it already exists."""
+        key = keys.run(run.id)
+        if not self.redis.hsetnx(key, "id", run.id):
+            return False
+        if run.agent:
+            self.redis.hset(keys.agent(run.agent), mapping={"run": run.id, "state": state})
+        with self.redis.pipeline() as pipe:
+            pipe.hset(key, mapping={
+                "agent": run.agent, "request": run.request, "call_id": run.call_id,
+                "message": run.message, "state": state, "created": time.time(),
+                "output_schema": json.dumps(run.output_schema) if run.output_schema else "",
+                "result": json.dumps(run.result) if run.result else ""})
+            pipe.expire(key, self.ttl)
+            pipe.execute()
+        return True
+
+    def run(self, run_id: str) -> Run | None:
+        row = _h(self.redis, keys.run(run_id))
+        if not row:
+            return None
+        return Run(
+            id=run_id, agent=row.get("agent", ""), request=row.get("request", ""),
+            call_id=row.get("call_id", ""), message=row.get("message", ""),
+            state=row.get("state", ""),
+            output_schema=json.loads(row["output_schema"]) if row.get("output_schema") else None,
+            result=json.loads(row["result"]) if row.get("result") else {},
+            start_turn=int(row.get("start_turn") or 0),
+        )
+
+    def runs(self, run_ids: Iterable[str]) -> list[Run | None]:
+        return [self.run(rid) for rid in run_ids]
+
+    def set_run(self, run_id: str, **fields: str | int | float) -> None:
+        self.redis.hset(keys.run(run_id), mapping=dict(fields.items()))
+
+    def claim(self, run_id: str, agent_id: str, token: str, lease: float, host: str,
+              from_state: str = "queued") -> bool:
+        """Take a run from ``from_state`` (or from an expired lease) into ``running``."""
+        return bool(self._claim(keys=[keys.run(run_id), keys.agent(agent_id)],
+                                args=[token, time.time(), lease, from_state, host]))
+
+    def renew(self, run_id: str, token: str, lease: float) -> bool:
+        return bool(self._renew(keys=[keys.run(run_id)], args=[token, time.time() + lease]))
+
+    def settle(self, run: Run, swarm_id: str, state: str, result: dict[str, Any],
+               usage: dict[str, int], counted: bool = True) -> bool:
+        """Record a run's outcome once and announce it; False if it had settled already."""
+        assert state in SETTLED, state
+        done = self._settle(
+            keys=[keys.run(run.id), keys.agent(run.agent), keys.swarm_counters(swarm_id),
+                  keys.settle_stream()],
+            args=[state, json.dumps(result, ensure_ascii=False), time.time(), json.dumps(usage),
+                  "1" if counted else "0", run.id, "1" if run.agent else "0"])
+        return bool(done == 1)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, parent_id: str, swarm_id: str, turn: int,
+                    calls: list[dict[str, Any]], results: dict[str, str],
+                    parent_run: str = "") -> None:
+        """Record a spawn request, park the parent, and put the request on the spawn
+        stream (once)."""
+        key = keys.request(request_id)
+        if not self.redis.hsetnx(key, "id", request_id):
+            return
+        with self.redis.pipeline() as pipe:
+            pipe.hset(keys.agent(parent_id), "state", "parked")
+            if parent_run:
+                pipe.hset(keys.run(parent_run), mapping={"state": "parked", "lease": ""})
+            pipe.hset(key, mapping={
+                "parent": parent_id, "swarm": swarm_id, "turn": turn, "created": time.time(),
+                "calls": json.dumps(calls, ensure_ascii=False),
+                "results": json.dumps(results, ensure_ascii=False), "state": "new"})
+            pipe.expire(key, self.ttl)
+            pipe.xadd(keys.spawn_stream(), {"request": request_id})
+            pipe.execute()
+
+    def request(self, request_id: str) -> dict[str, Any]:
+        row = _h(self.redis, keys.request(request_id))
+        if not row:
+            return {}
+        out: dict[str, Any] = dict(row)
+        for name in ("calls", "results", "runs"):
+            out[name] = json.loads(row[name]) if row.get(name) else ([] if name == "calls" else {})
+        return out
+
+    def set_request(self, request_id: str, **fields: Any) -> None:
+        self.redis.hset(keys.request(request_id), mapping={
+            k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in fields.items()})
+
+    # -- events ------------------------------------------------------------------------------
+
+    def event(self, swarm_id: str, kind: str, agent_id: str, **data: Any) -> None:
+        """Append a progress event to the swarm's stream (capped)."""
+        fields = {"kind": kind, "agent": agent_id, "ts": f"{time.time():.3f}"}
+        fields.update({k: str(v)[:500] for k, v in data.items()})
+        self.redis.xadd(keys.events(swarm_id), fields,  # type: ignore[arg-type]
+                        maxlen=keys.EVENTS_MAXLEN, approximate=True)
+
+
+def _label(text: str, words: int = 8) -> str:
+    """The first words of a task, for lists and Flower."""
+    parts = text.split()
+    label = " ".join(parts[:words])
+    return label + (" ..." if len(parts) > words else "")

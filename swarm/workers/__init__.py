@@ -1,0 +1,1 @@
+"""Celery workers: the app, thin tasks that take ids, and the child runner."""

@@ -1,0 +1,82 @@
+"""The Celery app: broker and result backend are the same Redis as the ledger.
+
+Settings that matter for agent-length tasks (DESIGN.md section 6): late acks,
+redelivery when a pool child dies, one task prefetched per slot, events on for
+Flower, and a broker visibility timeout longer than any run — our own lease in
+the ledger takes over the children of a dead worker, not kombu's redelivery.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+
+from celery import Celery
+from celery.signals import worker_ready
+
+QUEUE = "swarm"
+#: Longer than any healthy run: a shorter one makes Redis redeliver a live task.
+VISIBILITY_TIMEOUT = 12 * 3600
+
+app = Celery("swarm", include=["swarm.workers.tasks"])
+app.conf.update(
+    task_default_queue=QUEUE,
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    worker_send_task_events=True,
+    task_send_sent_event=True,
+    task_track_started=True,
+    result_extended=True,
+    result_expires=24 * 3600,
+    broker_connection_retry_on_startup=True,
+    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+    result_backend_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+    worker_hijack_root_logger=False,
+    worker_redirect_stdouts=False,
+)
+
+
+def configure(redis_url: str) -> Celery:
+    """Point the app at ``redis_url`` (the same Redis holds broker, results and ledger)."""
+    celery_url = redis_url
+    if celery_url.startswith("unix://"):
+        celery_url = "redis+socket://" + celery_url[len("unix://"):]
+    app.conf.broker_url = celery_url
+    app.conf.result_backend = celery_url
+    if celery_url.startswith("rediss://") and "ssl_cert_reqs" not in celery_url:
+        # Celery refuses rediss:// without a certificate policy; verify by default.
+        app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        app.conf.redis_backend_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return app
+
+
+if os.environ.get("SWARM_REDIS_URL"):
+    configure(os.environ["SWARM_REDIS_URL"])
+
+
+def _start_heartbeat(sender: object, **_: object) -> None:
+    """Announce this worker in Redis (``swarm run`` checks that someone will run children)."""
+    import contextlib
+    import threading
+    import time
+
+    from swarm.store import keys
+    from swarm.store.connection import connect
+
+    name = str(getattr(sender, "hostname", "worker"))
+    redis_ = connect(str(app.conf.broker_url).replace("redis+socket://", "unix://"))
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a Redis blip must not stop the heartbeat
+                redis_.set(keys.heartbeat("worker", name), time.time(), ex=keys.HEARTBEAT_TTL)
+            time.sleep(keys.HEARTBEAT_TTL / 3)
+
+    threading.Thread(target=beat, name="swarm-heartbeat", daemon=True).start()
+
+
+worker_ready.connect(_start_heartbeat)

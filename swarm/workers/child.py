@@ -1,0 +1,221 @@
+"""Running one child in a worker: claim its run, work, settle exactly once.
+
+A run is claimed with a lease in the ledger (renewed while the child works), so a
+duplicate delivery of the same task does nothing while the first is alive. A child
+that spawns children of its own parks: its task ends and the coordinator enqueues
+``swarm.agent.resume`` when they settle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from jsonschema import Draft202012Validator
+
+from swarm.agent.approval import deny_all
+from swarm.agent.build import assemble, new_session
+from swarm.agent.loop import Agent, Observer
+from swarm.agent.tools import Call
+from swarm.config import Settings
+from swarm.coordinator.spawner import RedisSpawner
+from swarm.errors import AgentStopped, ModelError, Parked, SwarmError
+from swarm.llm.client import LLMClient
+from swarm.llm.types import ChatResult
+from swarm.store.hints import HintsStore
+from swarm.store.ledger import SETTLED, Ledger, Run
+from swarm.store.sessions import RedisSessionStore
+from swarm.workers import workspace as ws
+
+log = logging.getLogger(__name__)
+
+#: Seconds a claimed run stays ours without renewal; renewed every third of it.
+LEASE = 30.0
+
+CHILD_PROMPT = """You are agent {agent_id}, a child at depth {depth} of a swarm of copies of
+yourself. Your parent handed you the task in the first user message. Do it completely on your
+own: nobody can answer questions. Your final answer (a message without tool calls) goes back
+to your parent as the result, so make it self-contained: what you did, what you found, where
+the files are. Your workspace is {workspace}."""
+
+SCHEMA_PROMPT = """
+
+Your final answer must be ONLY a JSON value (no prose, no code fences) that matches this JSON
+Schema:
+{schema}"""
+
+
+def check_output(answer: str, schema: dict[str, Any]) -> tuple[Any, str]:
+    """Parse ``answer`` as JSON and validate it; returns (value, "") or (None, problem)."""
+    text = answer.strip()
+    if text.startswith("```"):
+        text = text.strip("`")
+        text = text[text.find("\n") + 1:] if "\n" in text else text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"the answer is not JSON ({exc.msg} at char {exc.pos})"
+    errors = sorted(Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))
+    if errors:
+        return None, "; ".join(
+            (f"{'/'.join(map(str, e.path))}: " if e.path else "") + e.message for e in errors[:5])
+    return value, ""
+
+
+class Progress(Observer):
+    """Reports a child's turns and commands to the ledger, the event stream and Flower."""
+
+    def __init__(self, ledger: Ledger, swarm_id: str, agent_id: str,
+                 send: Callable[..., None] | None = None) -> None:
+        self.ledger, self.swarm_id, self.agent_id, self.send = ledger, swarm_id, agent_id, send
+        self.turns = 0
+
+    def on_model_result(self, result: ChatResult) -> None:
+        self.turns += 1
+
+    def on_tool_start(self, call: Call, summary: str) -> None:
+        last = f"{call.name}: {summary}"[:200]
+        try:
+            self.ledger.update_agent(self.agent_id, last=last, turns=self.turns)
+            self.ledger.event(self.swarm_id, "tool", self.agent_id, tool=call.name, text=last)
+            if self.send is not None:
+                self.send("task-progress", agent=self.agent_id, turn=self.turns, last=last)
+        except (redis.RedisError, SwarmError) as exc:  # progress is best effort
+            log.debug("progress not recorded: %s", exc)
+
+
+@dataclass
+class ChildRunner:
+    """Everything a worker process needs to run children; one per process."""
+
+    settings: Settings
+    redis: redis.Redis
+    host: str = socket.gethostname()
+
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.redis)
+        self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=False)
+
+    def run(self, run_id: str, *, resume: bool = False,
+            send: Callable[..., None] | None = None) -> dict[str, Any]:
+        """Run (or, with ``resume``, carry on) the run ``run_id``; returns a small summary."""
+        run = self.ledger.run(run_id)
+        if run is None:
+            log.warning("run %s is not in the ledger; nothing to do", run_id)
+            return {"run": run_id, "state": "missing"}
+        if run.state in SETTLED:
+            return {"run": run_id, "state": run.state}
+        token = secrets.token_hex(8)
+        if not self.ledger.claim(run.id, run.agent, token, LEASE, self.host,
+                                 "parked" if resume else "queued"):
+            return {"run": run_id, "state": "skipped (another worker has it)"}
+        stop = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(run.id, token, stop), daemon=True)
+        renewer.start()
+        try:
+            return self._work(run, resume, send)
+        finally:
+            stop.set()
+
+    def _renew(self, run_id: str, token: str, stop: threading.Event) -> None:
+        while not stop.wait(LEASE / 3):
+            try:
+                if not self.ledger.renew(run_id, token, LEASE):
+                    return
+            except redis.RedisError as exc:
+                log.warning("lease of %s not renewed: %s", run_id, exc)
+
+    def _work(self, run: Run, resume: bool, send: Callable[..., None] | None) -> dict[str, Any]:
+        record = self.ledger.agent(run.agent)
+        swarm_id = record["swarm"]
+        settings = self.settings.with_(**self.ledger.swarm_settings(swarm_id))
+        workspace = self._workspace(record, swarm_id)
+        session = self.sessions.load(run.agent) or new_session(workspace.path, run.agent)
+        before = ws.snapshot(workspace.path)
+        model = LLMClient.from_settings(settings)
+        usage_before = dict(session.usage)
+        try:
+            agent = assemble(
+                settings, workspace.path, model, session, store=self.sessions,
+                hints=HintsStore(self.redis, settings.home, scope=swarm_id),
+                approver=deny_all,
+                observer=Progress(self.ledger, swarm_id, run.agent, send),
+                spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id),
+                extra_prompt=CHILD_PROMPT.format(agent_id=run.agent, depth=record["depth"],
+                                                 workspace=workspace.path),
+                agent_id=run.agent,
+            )
+            state, result = self._answer(agent, run, resume)
+        except Parked:
+            self.ledger.event(swarm_id, "parked", run.agent)
+            return {"run": run.id, "state": "parked"}
+        finally:
+            model.close()
+        result.update(
+            agent_id=run.agent, workspace=str(workspace.path),
+            files_changed=ws.changed_files(before, ws.snapshot(workspace.path)),
+            usage=_usage_delta(usage_before, session.usage))
+        if workspace.git_branch:
+            result["git_branch"] = workspace.git_branch
+            result["diffstat"] = ws.commit_changes(
+                workspace, f"swarm {run.agent}: {run.message[:60]}")
+        self.ledger.settle(run, swarm_id, state, result, session.usage)
+        self.ledger.event(swarm_id, "settled", run.agent, state=state)
+        return {"run": run.id, "state": state}
+
+    def _answer(self, agent: Agent, run: Run, resume: bool) -> tuple[str, dict[str, Any]]:
+        """Work to a final answer; check it against the run's output schema (one retry)."""
+        try:
+            if resume:
+                answer = agent.resume(since_turn=run.start_turn)
+            else:
+                self.ledger.set_run(run.id, start_turn=agent.session.turns)
+                message = run.message
+                if run.output_schema:
+                    message += SCHEMA_PROMPT.format(schema=json.dumps(run.output_schema))
+                answer = agent.run(message)
+            if not run.output_schema:
+                return "done", {"answer": answer}
+            value, problem = check_output(answer, run.output_schema)
+            if problem:
+                answer = agent.run(
+                    f"Your answer does not match the output schema: {problem}. Answer again with "
+                    "only the JSON value, nothing else.")
+                value, problem = check_output(answer, run.output_schema)
+            if problem:
+                return "failed", {"answer": answer,
+                                  "error": f"the answer did not match output_schema: {problem}"}
+            return "done", {"answer": answer, "output": value}
+        except Parked:
+            raise
+        except (AgentStopped, ModelError) as exc:
+            return "failed", {"error": f"{type(exc).__name__}: {exc}"}
+        except Exception as exc:  # a bug must not leave the parent waiting forever
+            log.exception("child %s crashed", run.agent)
+            return "failed", {"error": f"internal error: {type(exc).__name__}: {exc}"}
+
+    def _workspace(self, record: dict[str, str], swarm_id: str) -> ws.Workspace:
+        if record.get("workspace"):
+            path = Path(record["workspace"])
+            branch = f"swarm/{record['id']}" if (path / ".git").is_file() else ""
+            path.mkdir(parents=True, exist_ok=True)
+            return ws.Workspace(path, branch)
+        parent = self.ledger.agent(record["parent"])
+        workspace = ws.prepare(self.settings.home, swarm_id, record["id"],
+                               parent.get("workspace", ""), parent.get("host") == self.host)
+        self.ledger.update_agent(record["id"], workspace=str(workspace.path))
+        return workspace
+
+
+def _usage_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: int(v) - int(before.get(k, 0)) for k, v in after.items()}
+
+

@@ -1,0 +1,40 @@
+"""Thin Celery tasks: they take ids, run one step of the swarm, and never wait on other tasks."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from celery import Task
+
+from swarm.config import Settings
+from swarm.store.connection import connect
+from swarm.workers.app import app
+from swarm.workers.child import ChildRunner
+
+
+@functools.cache
+def runner() -> ChildRunner:
+    """The process's runner, built on first use from the worker's environment."""
+    settings = Settings.from_env()
+    url = settings.redis_url or os.environ.get("SWARM_REDIS_URL", "")
+    return ChildRunner(settings, connect(url))
+
+
+def _progress(task: Task) -> Any:
+    def send(kind: str, **fields: Any) -> None:
+        task.send_event(kind, **fields)
+    return send
+
+
+@app.task(name="swarm.agent.run", bind=True)
+def run_agent(self: Task, run_id: str) -> dict[str, Any]:
+    """Run a child for one ``agent`` call (the run id is the task id)."""
+    return runner().run(run_id, send=_progress(self))
+
+
+@app.task(name="swarm.agent.resume", bind=True)
+def resume_agent(self: Task, run_id: str) -> dict[str, Any]:
+    """Carry on a parked child once its own children have settled."""
+    return runner().run(run_id, resume=True, send=_progress(self))

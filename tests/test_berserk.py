@@ -1,0 +1,307 @@
+"""Berserk mode end to end: real Redis, a real coordinator and Celery worker processes,
+the scripted model over HTTP answering many conversations at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_lib
+from click.testing import CliRunner, Result
+
+from swarm.cli import main
+from swarm.store.connection import connect
+from swarm.store.ledger import Ledger
+from swarm.store.server import EmbeddedServer
+from swarm.testing.scripts import ByTask, task_of, tool_results
+from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+from swarm.workers.local import LocalCluster, wait_for
+
+pytestmark = pytest.mark.slow
+SECRET = "sk-planted-secret-7f3a"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    home = tmp_path_factory.mktemp("berserk-home")
+    server = EmbeddedServer(home)
+    url = server.ensure()
+    old = os.environ.get("SWARM_API_KEY")
+    os.environ["SWARM_API_KEY"] = SECRET  # the workers inherit it, as in a deployment
+    procs = LocalCluster(url, home, workers=1, concurrency=16).start()
+    try:
+        wait_for(connect(url), 30, procs.procs)
+        yield url, home
+    finally:
+        procs.stop()
+        server.stop()
+        if old is None:
+            os.environ.pop("SWARM_API_KEY", None)
+        else:
+            os.environ["SWARM_API_KEY"] = old
+
+
+@pytest.fixture(scope="module")
+def model(cluster: tuple[str, Path]) -> Iterator[ScriptedModelServer]:
+    with ScriptedModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+def client(cluster: tuple[str, Path]) -> redis_lib.Redis:
+    return connect(cluster[0])
+
+
+def swarm_run(cluster: tuple[str, Path], model: ScriptedModelServer, workspace: Path,
+              task: str, **env: str) -> Result:
+    url, home = cluster
+    base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    base.update(SWARM_BASE_URL=model.base_url, SWARM_REDIS_URL=url, SWARM_HOME=str(home),
+                SWARM_API_KEY=SECRET, SWARM_RETRIES="1")
+    base.update(env)
+    return CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C", str(workspace),
+                                     task], env=base, catch_exceptions=False)
+
+
+def results_of(request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [json.loads(text) for text in tool_results(request)]
+
+
+def agent_calls(*messages: str, prefix: str = "c") -> Reply:
+    return Reply(tool_calls=[ToolCall("agent", {"message": m}, id=f"{prefix}{i}")
+                             for i, m in enumerate(messages)])
+
+
+def summarise(request: dict[str, Any]) -> Reply:
+    return Reply(content=" | ".join(f"{r['state']}:{r.get('answer', r.get('error', ''))}"
+                                    for r in results_of(request)))
+
+
+def test_parallel_children_fan_in_in_call_order(cluster: tuple[str, Path],
+                                                model: ScriptedModelServer,
+                                                tmp_path: Path) -> None:
+    model.responder = ByTask({
+        "FANOUT": [agent_calls(*(f"CHILD-{i}: write your number" for i in range(5))), summarise],
+        **{f"CHILD-{i}": [
+            Reply(tool_calls=[ToolCall("run_cli", {"command": f"echo {i} > n.txt && sleep 0.5"})]),
+            Reply(content=f"answer {i}")] for i in range(5)},
+    })
+    started = time.monotonic()
+    result = swarm_run(cluster, model, tmp_path, "FANOUT the job")
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == " | ".join(f"done:answer {i}" for i in range(5))
+    # Five children each sleeping 0.5 s: in parallel, not one after another.
+    assert elapsed < 2.5 + 2.0, elapsed
+    final = [r for r in model.requests if task_of(r) == "FANOUT the job"][-1]
+    results = results_of(final)
+    assert [r["answer"] for r in results] == [f"answer {i}" for i in range(5)]
+    for r in results:
+        assert r["files_changed"] == ["n.txt"]
+        assert Path(r["workspace"]).is_dir() and r["workspace"] != str(tmp_path)
+        assert r["usage"]["total_tokens"] > 0
+        assert re.fullmatch(r"a[0-9a-f]{15}", r["agent_id"])
+    assert len({r["workspace"] for r in results}) == 5
+
+
+def test_depth_three_and_the_depth_limit(cluster: tuple[str, Path], model: ScriptedModelServer,
+                                         tmp_path: Path) -> None:
+    def leaf(request: dict[str, Any]) -> Reply:
+        (refused,) = results_of(request)
+        return Reply(content=f"leaf: {refused['state']}: {refused['error']}")
+
+    def relay(request: dict[str, Any]) -> Reply:
+        (child,) = results_of(request)
+        return Reply(content=f"via: {child['answer']}")
+
+    model.responder = ByTask({
+        "LEVEL0": [agent_calls("LEVEL1 go deeper"), relay],
+        "LEVEL1": [agent_calls("LEVEL2 go deeper"), relay],
+        "LEVEL2": [agent_calls("LEVEL3 go deeper"), relay],
+        "LEVEL3": [agent_calls("LEVEL4 too deep"), leaf],
+    })
+    result = swarm_run(cluster, model, tmp_path, "LEVEL0 root", SWARM_MAX_DEPTH="3")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("via: via: via: leaf: refused: depth limit reached: a child "
+                                    "here would be at depth 4"), result.stdout
+    assert "SWARM_MAX_DEPTH" in result.stdout
+
+
+def test_root_depth_refusal_and_children_limit(cluster: tuple[str, Path],
+                                               model: ScriptedModelServer,
+                                               tmp_path: Path) -> None:
+    model.responder = ByTask({
+        "LIMITS": [agent_calls("KID one", "KID two", "KID three"), summarise],
+        "KID": [Reply(content="kid done")],
+    })
+    result = swarm_run(cluster, model, tmp_path, "LIMITS", SWARM_MAX_CHILDREN="2")
+    assert result.exit_code == 0, result.stderr
+    parts = result.stdout.strip().split(" | ")
+    assert parts[:2] == ["done:kid done", "done:kid done"]
+    assert parts[2].startswith("refused:children limit reached")
+
+
+def test_in_flight_limit_queues_instead_of_refusing(cluster: tuple[str, Path],
+                                                    model: ScriptedModelServer,
+                                                    tmp_path: Path) -> None:
+    model.responder = ByTask({
+        "SERIAL": [agent_calls("ONE-AT-A-TIME a", "ONE-AT-A-TIME b", "ONE-AT-A-TIME c"),
+                   summarise],
+        "ONE-AT-A-TIME": [Reply(content="ok")],
+    })
+    result = swarm_run(cluster, model, tmp_path, "SERIAL", SWARM_MAX_PARALLEL="1")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "done:ok | done:ok | done:ok"
+
+
+def test_continue_a_child_by_agent_id(cluster: tuple[str, Path], model: ScriptedModelServer,
+                                      tmp_path: Path) -> None:
+    def continue_it(request: dict[str, Any]) -> Reply:
+        (first,) = results_of(request)
+        return Reply(tool_calls=[ToolCall("agent", {"message": "MEMO now recall it",
+                                                    "agent_id": first["agent_id"]}, id="again")])
+
+    def recall(request: dict[str, Any]) -> Reply:
+        users = [m["content"] for m in request["messages"] if m["role"] == "user"]
+        return Reply(content=f"I was asked {len(users)} times; first: {users[0][:30]}")
+
+    model.responder = ByTask({
+        "CONTINUE": [agent_calls("MEMO remember 42"), continue_it,
+                     lambda r: Reply(content="final: " + results_of(r)[0]["answer"])],
+        "MEMO": [Reply(tool_calls=[ToolCall("run_cli", {"command": "echo 42 > memo.txt"})]),
+                 Reply(content="noted"), recall],
+    })
+    result = swarm_run(cluster, model, tmp_path, "CONTINUE")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "final: I was asked 2 times; first: MEMO remember 42"
+    root_requests = [r for r in model.requests if task_of(r) == "CONTINUE"]
+    first = results_of(root_requests[1])[0]
+    second = results_of(root_requests[2])[0]
+    assert first["agent_id"] == second["agent_id"]
+    assert first["workspace"] == second["workspace"]
+    assert (Path(first["workspace"]) / "memo.txt").read_text() == "42\n"
+
+
+def test_output_schema_valid_retried_and_invalid(cluster: tuple[str, Path],
+                                                 model: ScriptedModelServer,
+                                                 tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"count": {"type": "integer"}},
+              "required": ["count"], "additionalProperties": False}
+    model.responder = ByTask({
+        "SCHEMAS": [Reply(tool_calls=[
+            ToolCall("agent", {"message": f"SHAPE-{k}", "output_schema": schema}, id=k)
+            for k in ("good", "retry", "bad")]),
+            lambda r: Reply(content=json.dumps(results_of(r)))],
+        "SHAPE-good": [Reply(content='{"count": 3}')],
+        "SHAPE-retry": [Reply(content="it is three"), Reply(content='```json\n{"count": 3}\n```')],
+        "SHAPE-bad": [Reply(content='{"count": "three"}')],
+    })
+    result = swarm_run(cluster, model, tmp_path, "SCHEMAS")
+    assert result.exit_code == 0, result.stderr
+    good, retry, bad = json.loads(result.stdout)
+    assert good["state"] == "done" and good["output"] == {"count": 3}
+    assert retry["state"] == "done" and retry["output"] == {"count": 3}
+    assert bad["state"] == "failed"
+    assert "did not match output_schema" in bad["error"] and "'three' is not of type" in bad["error"]
+    asked = [r for r in model.requests if "SHAPE-good" in json.dumps(r["messages"][1])][0]
+    assert '"count"' in asked["messages"][1]["content"]  # the schema was shown to the child
+
+
+def test_status_and_ledger(cluster: tuple[str, Path], model: ScriptedModelServer,
+                           tmp_path: Path, client: redis_lib.Redis) -> None:
+    model.responder = ByTask({"STATUS": [agent_calls("SMALL one", "SMALL two"), summarise],
+                              "SMALL": [Reply(content="small")]})
+    assert swarm_run(cluster, model, tmp_path, "STATUS job").exit_code == 0
+    ledger = Ledger(client)
+    swarm_id = ledger.latest_swarm()
+    assert swarm_id is not None
+    agents = ledger.agents(swarm_id)
+    assert [a["depth"] for a in agents] == ["0", "1", "1"]
+    assert {a["state"] for a in agents} == {"done"}
+    url, home = cluster
+    out = CliRunner().invoke(main, ["status"], env={"SWARM_REDIS_URL": url,
+                                                    "SWARM_HOME": str(home)})
+    assert out.exit_code == 0, out.output
+    assert swarm_id in out.stdout and "3 done" in out.stdout
+    assert out.stdout.count("SMALL") == 2
+    as_json = CliRunner().invoke(main, ["status", "--json", swarm_id],
+                                 env={"SWARM_REDIS_URL": url, "SWARM_HOME": str(home)})
+    assert len(json.loads(as_json.stdout)["agents"]) == 3
+
+
+def test_no_secret_in_ledger_or_task_args(cluster: tuple[str, Path], client: redis_lib.Redis,
+                                          model: ScriptedModelServer, tmp_path: Path) -> None:
+    model.responder = ByTask({"SECRETS": [agent_calls("PEEK at env"), summarise],
+                              "PEEK": [Reply(tool_calls=[ToolCall("run_cli", {"command": "env"})]),
+                                       Reply(content="looked")]})
+    assert swarm_run(cluster, model, tmp_path, "SECRETS").exit_code == 0
+    dump = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        if kind == "string":
+            dump.append(str(client.get(key)))
+        elif kind == "hash":
+            dump.append(json.dumps(client.hgetall(key)))
+        elif kind == "list":
+            dump.append(json.dumps(client.lrange(key, 0, -1)))
+        elif kind == "stream":
+            dump.append(json.dumps(client.xrange(key)))
+    text = "\n".join(dump)
+    assert "PEEK" in text  # the dump did read the ledger and the task messages
+    assert SECRET not in text
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def test_flower_lists_tasks_without_secrets(cluster: tuple[str, Path],
+                                            model: ScriptedModelServer, tmp_path: Path) -> None:
+    url, home = cluster
+    port = 5600 + os.getpid() % 300
+    env = {**os.environ, "SWARM_REDIS_URL": url, "SWARM_HOME": str(home),
+           "FLOWER_UNAUTHENTICATED_API": "true", "SWARM_API_KEY": SECRET}
+    proc = subprocess.Popen([sys.executable, "-m", "swarm", "flower", "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # Flower sees the tasks whose events arrive while it runs
+            try:
+                get(f"{api}/tasks")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "Flower did not start"
+                time.sleep(0.3)
+        time.sleep(1.0)  # let it subscribe to the event stream
+        model.responder = ByTask({"FLOWER": [agent_calls("WATCHED one", "WATCHED two"),
+                                             summarise],
+                                  "WATCHED": [Reply(content="seen")]})
+        assert swarm_run(cluster, model, tmp_path, "FLOWER job").exit_code == 0
+        body = ""
+        while time.monotonic() < deadline + 20:
+            body = get(f"{api}/tasks")
+            if body.count("WATCHED") >= 2 and body.count("SUCCESS") >= 2:
+                break
+            time.sleep(0.5)
+        tasks = json.loads(body)
+        # Named after their agents (Celery's shadow name), with ids alone as arguments.
+        runs = [t for t in tasks.values() if "depth 1: WATCHED" in str(t.get("name"))]
+        assert len(runs) == 2, body[:2000]
+        assert all(t["state"] == "SUCCESS" for t in runs)
+        assert all(re.fullmatch(r"\('r[0-9a-f]{15}',\)", t["args"]) for t in runs), runs
+        assert SECRET not in body
+        assert SECRET not in get(f"{api}/workers")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
