@@ -211,8 +211,9 @@ def test_output_schema_valid_retried_and_invalid(cluster: tuple[str, Path],
     assert good["state"] == "done" and good["output"] == {"count": 3}
     assert retry["state"] == "done" and retry["output"] == {"count": 3}
     assert bad["state"] == "failed"
-    assert "did not match output_schema" in bad["error"] and "'three' is not of type" in bad["error"]
-    asked = [r for r in model.requests if "SHAPE-good" in json.dumps(r["messages"][1])][0]
+    assert "did not match output_schema" in bad["error"]
+    assert "'three' is not of type" in bad["error"]
+    asked = next(r for r in model.requests if "SHAPE-good" in json.dumps(r["messages"][1]))
     assert '"count"' in asked["messages"][1]["content"]  # the schema was shown to the child
 
 
@@ -305,3 +306,30 @@ def test_flower_lists_tasks_without_secrets(cluster: tuple[str, Path],
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_child_of_a_git_workspace_gets_a_worktree_and_a_branch(
+        cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "README").write_text("base\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    model.responder = ByTask({
+        "GITROOT": [agent_calls("GITCHILD edit"), lambda r: Reply(content=tool_results(r)[0])],
+        "GITCHILD": [Reply(tool_calls=[ToolCall("run_cli", {
+            "command": "cat README && echo child > CHILD.txt"})]), Reply(content="edited")],
+    })
+    result = swarm_run(cluster, model, repo, "GITROOT")
+    assert result.exit_code == 0, result.stderr
+    child = json.loads(result.stdout)
+    assert child["git_branch"] == f"swarm/{child['agent_id']}"
+    assert "CHILD.txt" in child["diffstat"]
+    assert child["files_changed"] == ["CHILD.txt"]
+    # The child started from the parent's HEAD; its work is on its branch, not in the parent.
+    assert not (repo / "CHILD.txt").exists()
+    shown = subprocess.run([*git, "show", f"{child['git_branch']}:CHILD.txt"],
+                           capture_output=True, text=True, check=True)
+    assert shown.stdout == "child\n"

@@ -130,3 +130,20 @@ def test_bad_setting_is_a_clear_error(cli_env: dict[str, str], tmp_path: Path) -
                     str(tmp_path), "x")
     assert result.exit_code == 1
     assert "always, never, once, review" in result.stderr
+
+
+def test_run_says_so_when_no_worker_answers(model_server: ScriptedModelServer,
+                                            cli_env: dict[str, str], tmp_path: Path) -> None:
+    """An external Redis with no coordinator or worker: a clear error, not a silent wait."""
+    model_server.script(Reply(tool_calls=[ToolCall("agent", {"message": "help me"})]))
+    result = invoke(cli_env, "run", "-y", "-C", str(tmp_path), "split this")
+    assert result.exit_code == 1
+    assert "no coordinator and no worker answered" in result.stderr
+    assert "--workers N" in result.stderr
+
+
+def test_no_model_configured_points_to_the_demo(cli_env: dict[str, str], tmp_path: Path) -> None:
+    env = {**cli_env, "SWARM_BASE_URL": "", "SWARM_MODEL": ""}
+    result = invoke(env, "run", "-C", str(tmp_path), "hi")
+    assert result.exit_code == 1
+    assert "SWARM_BASE_URL" in result.stderr and "swarm demo" in result.stderr

@@ -86,21 +86,27 @@ def test_sigint_during_a_command_kills_it_and_saves_the_session(
     assert "interrupted by the user" in tools[0]["content"]
 
 
-def read_until(fd: int, needle: bytes, timeout: float = 20) -> bytes:
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while needle not in seen:
-        left = deadline - time.monotonic()
-        assert left > 0, f"never saw {needle!r}; got {seen[-500:]!r}"
-        if select.select([fd], [], [], left)[0]:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-    return seen
+class Terminal:
+    """Reads what a program in a pty prints, consuming up to each awaited text."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+
+    def expect(self, needle: bytes, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.buffer:
+            left = deadline - time.monotonic()
+            assert left > 0, f"never saw {needle!r}; got {self.buffer[-500:]!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    chunk = os.read(self.fd, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                self.buffer += chunk
+        self.buffer = self.buffer[self.buffer.index(needle) + len(needle):]
 
 
 def test_chat_ctrl_c_returns_to_the_prompt_and_ctrl_d_exits(
@@ -113,19 +119,20 @@ def test_chat_ctrl_c_returns_to_the_prompt_and_ctrl_d_exits(
         os.chdir(work)
         os.execve(sys.executable, [sys.executable, "-m", "swarm", "chat", "--yes"],
                   env_for(model_server, home))
+    term = Terminal(fd)
     try:
-        read_until(fd, b"> ")
+        term.expect(b"> ")
         os.write(fd, b"slow question\r")
-        read_until(fd, b"slow question")
+        term.expect(b"slow question")
         deadline = time.monotonic() + 10
         while not model_server.requests and time.monotonic() < deadline:
             time.sleep(0.05)
         os.write(fd, b"\x03")  # Ctrl-C
-        read_until(fd, b"(interrupted)")
-        read_until(fd, b"> ")
+        term.expect(b"(interrupted)")
+        term.expect(b"> ")
         os.write(fd, b"ping\r")
-        read_until(fd, b"pong")
-        read_until(fd, b"> ")
+        term.expect(b"pong")
+        term.expect(b"> ")
         os.write(fd, b"\x04")  # Ctrl-D
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0

@@ -6,6 +6,7 @@ import json
 import textwrap
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from swarm.agent.folder import AgentFolder, Skill
@@ -171,3 +172,50 @@ def test_parameters_override_and_failing_tool(tmp_path: Path) -> None:
 
 def test_no_tools_folder(tmp_path: Path) -> None:
     assert AgentFolder(tmp_path).typed_tools() == ([], [])
+
+
+def test_a_long_result_is_cut_to_head_and_tail(tmp_path: Path) -> None:
+    _write(tmp_path / ".swarm/tools/flood.py", '''
+        def run(n: int) -> str:
+            """Flood."""
+            return "H" * 5 + "x" * (n - 10) + "T" * 5
+    ''')
+    (tool,), _ = AgentFolder(tmp_path).typed_tools()
+    assert tool.call({"n": 20_000}, tmp_path) == "HHHHH" + "x" * 19_990 + "TTTTT"
+    out = tool.call({"n": 1_000_000}, tmp_path)
+    assert len(out) < 20_100
+    head, marker, tail = out.split("\n")
+    assert head.startswith("HHHHHx") and len(head) == 10_000
+    assert tail.endswith("xTTTTT") and len(tail) == 10_000
+    assert marker == "[... 980000 characters cut ...]"
+    out = tool.call({"n": 100}, tmp_path, output_cap=20)
+    assert out == "HHHHHxxxxx\n[... 80 characters cut ...]\nxxxxxTTTTT"
+
+
+def test_a_result_that_is_not_json_is_a_tool_error(tmp_path: Path) -> None:
+    _write(tmp_path / ".swarm/tools/loop.py", '''
+        def run() -> list:
+            """Circular."""
+            items: list = []
+            items.append(items)
+            return items
+    ''')
+    (tool,), _ = AgentFolder(tmp_path).typed_tools()
+    with pytest.raises(ToolError, match="loop returned a value that cannot be sent as JSON"):
+        tool.call({}, tmp_path)
+
+
+def test_arguments_are_checked_without_checking_the_schema_each_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path / ".swarm/tools/count_words.py", GOOD_TOOL)
+    (tmp_path / "doc.txt").write_text("a b\n")
+    (tool,), _ = AgentFolder(tmp_path).typed_tools()
+    checked: list[object] = []
+    monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema",
+                        classmethod(lambda cls, schema, **kw: checked.append(schema)))
+    for _ in range(3):
+        assert json.loads(tool.call({"path": "doc.txt"}, tmp_path))["count"] == 2
+        with pytest.raises(ToolError, match="bad arguments at min_len"):
+            tool.call({"path": "doc.txt", "min_len": "two"}, tmp_path)
+    assert checked == []

@@ -360,7 +360,7 @@ def test_garbage_usage_counts_as_zero(sleeps: list[float], usage: Any, stream: b
 
 
 @pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000,
-                                  b"data: " + b"[" * 100_000 + b"\n\n"])
+                                  b"data: " + b"[" * 100_000 + b"\n\n"], ids=["json", "sse"])
 def test_unreadable_answers_end_in_model_response_error(sleeps: list[float], body: bytes) -> None:
     with mock_client(lambda request: httpx.Response(200, content=body), sleeps) as c, \
             pytest.raises(ModelResponseError, match=r"not JSON.*gave up after 3 tries"):

@@ -6,6 +6,7 @@ import _thread
 import contextlib
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import swarm.agent.shell as shell_mod
+from swarm import procs
 from swarm.agent.shell import BACKGROUND_NOTE, LocalEnvironment, clamp_timeout
 from swarm.errors import ToolError
 
@@ -154,6 +157,61 @@ def test_timeout_sigkills_what_ignores_sigterm(tmp_path: Path, pids: list[int]) 
     assert _gone_soon(pid)
 
 
+def test_killing_a_group_does_not_scan_proc_every_tick(
+    tmp_path: Path, pids: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scans: list[int] = []
+    real_scan = procs.group_members
+
+    def counting_scan(pgid: int) -> dict[int, procs.ProcStat] | None:
+        scans.append(pgid)
+        return real_scan(pgid)
+
+    monkeypatch.setattr(procs, "group_members", counting_scan)
+    start = time.monotonic()
+    r = LocalEnvironment(tmp_path).execute("trap '' TERM; sleep 30 & echo $! > p.pid; wait", 1)
+    assert r.timed_out and time.monotonic() - start < 5
+    (pid,) = _read_pids(tmp_path / "p.pid", pids)
+    assert _gone_soon(pid)  # SIGKILLed after the grace
+    # The grace lasts 1 s, polled every 20 ms: the members found once are watched, not /proc.
+    assert 1 <= len(scans) <= 3
+
+
+def test_a_group_of_only_zombies_is_dead() -> None:
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        group = shell_mod._Group(child.pid)
+        assert group.alive()
+        os.kill(child.pid, signal.SIGKILL)
+        end = time.monotonic() + 5
+        while _alive(child.pid) and time.monotonic() < end:
+            time.sleep(0.01)
+        os.killpg(child.pid, 0)  # the unreaped zombie still counts for killpg ...
+        time.sleep(group.RESCAN)
+        assert not group.alive()  # ... but not for us
+    finally:
+        child.kill()
+        child.wait()
+    assert not group.alive()
+
+
+def test_parse_stat() -> None:
+    text = f"77 (a) b (c)) Z 1 99 {' '.join(['0'] * 16)} 123456 0\n"
+    assert procs.parse_stat(text) == procs.ProcStat(state="Z", pgrp=99, start="123456")
+    assert procs.parse_stat("77 (x) S 1 2") is None
+    assert procs.parse_stat("") is None
+    own = procs.read_stat(os.getpid())
+    assert own is not None and own.pgrp == os.getpgid(0) and not own.zombie
+    assert procs.read_stat(-1) is None
+
+
+def test_a_nul_byte_in_the_command_is_a_tool_error(tmp_path: Path) -> None:
+    with pytest.raises(ToolError, match="contains a NUL byte"):
+        LocalEnvironment(tmp_path).execute("echo a\0b", 10)
+    with pytest.raises(ToolError, match="cannot start bash"):
+        LocalEnvironment(tmp_path, extra_env={"X": "a\0b"}).execute("true", 10)
+
+
 def test_background_child_holding_stdout_does_not_hang(
     tmp_path: Path, pids: list[int]
 ) -> None:
@@ -200,8 +258,9 @@ def test_keyboard_interrupt_kills_the_group_and_reraises(
 def test_child_env_has_no_secrets_and_no_pager(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for var in ("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY", "SWARM_SERVE_TOKEN"):
+    for var in ("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY"):
         monkeypatch.setenv(var, f"secret-{var.lower()}")
+    monkeypatch.setenv("SWARM_REDIS_URL", "redis://:secret-password@redis.test:6379/0")
     monkeypatch.setenv("SWARM_TEST_VISIBLE", "visible-value")
     monkeypatch.setenv("PAGER", "less")
     r = LocalEnvironment(tmp_path, extra_env={"SWARM_AGENT_ID": "a1"}).execute("env", 10)

@@ -17,6 +17,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,15 +31,11 @@ SKILLS_DIR = ".swarm/skills"
 TOOLS_DIR = ".swarm/tools"
 BUILTIN_TOOLS = frozenset({"run_cli", "agent", "load_skill", "leave_memory_hints"})
 TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+OUTPUT_CAP = 20_000
+"""Characters of a typed tool's result kept (head and tail), so no tool floods the context."""
 _SUMMARY_MAX = 200
 
-_SCALARS: dict[Any, dict[str, Any]] = {
-    str: {"type": "string"},
-    int: {"type": "integer"},
-    float: {"type": "number"},
-    bool: {"type": "boolean"},
-}
-_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
 @dataclass(frozen=True)
@@ -72,19 +69,31 @@ class TypedTool:
             },
         }
 
-    def call(self, arguments: dict[str, Any], workspace: Path) -> str:
-        """Run the tool; raise :class:`ToolError` for bad arguments or when it fails."""
+    @cached_property
+    def _validator(self) -> jsonschema.Draft202012Validator:
+        # Built once: jsonschema.validate() would check the schema itself on every call.
+        return jsonschema.Draft202012Validator(self.parameters)
+
+    def call(self, arguments: dict[str, Any], workspace: Path, *,
+             output_cap: int = OUTPUT_CAP) -> str:
+        """Run the tool; raise :class:`ToolError` for bad arguments or when it fails.
+
+        The arguments are checked here too, not only by ``swarm.agent.tools.parse_call``:
+        this method is public and callers may use it directly. A result longer than
+        ``output_cap`` characters keeps its head and tail, with a marker of what was cut.
+        """
+        if output_cap <= 0:
+            raise ValueError("output_cap must be positive")
         if not isinstance(arguments, dict):
             raise ToolError(f"{self.name}: arguments must be a JSON object")
         required = set(self.parameters.get("required", []))
         kwargs = {k: v for k, v in arguments.items() if v is not None or k in required}
-        try:
-            jsonschema.validate(kwargs, self.parameters)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path)
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(kwargs))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path)
             raise ToolError(
-                f"{self.name}: bad arguments{f' at {where}' if where else ''}: {exc.message}"
-            ) from None
+                f"{self.name}: bad arguments{f' at {where}' if where else ''}: {error.message}"
+            )
         for name in self.nullable:
             kwargs.setdefault(name, None)
         if "workspace" in inspect.signature(self.fn).parameters:
@@ -93,9 +102,13 @@ class TypedTool:
             result = self.fn(**kwargs)
         except (Exception, SystemExit) as exc:
             raise ToolError(f"{self.name} failed: {type(exc).__name__}: {exc}") from exc
-        if isinstance(result, str):
-            return result
-        return json.dumps(result, default=str)
+        if not isinstance(result, str):
+            try:
+                result = json.dumps(result, default=str)
+            except (TypeError, ValueError) as exc:  # e.g. a circular structure
+                raise ToolError(f"{self.name} returned a value that cannot be sent as JSON: "
+                                f"{exc}") from exc
+        return _cap(result, output_cap)
 
 
 class AgentFolder:
@@ -176,6 +189,15 @@ class AgentFolder:
 
 class _Skip(Exception):
     """A tool file that cannot be used; the message says why."""
+
+
+def _cap(text: str, cap: int) -> str:
+    """``text`` cut to its first and last ``cap // 2`` characters when longer than ``cap``."""
+    if len(text) <= cap:
+        return text
+    half = max(cap // 2, 1)
+    cut = len(text) - 2 * half
+    return f"{text[:half]}\n[... {cut} characters cut ...]\n{text[-half:]}"
 
 
 def _summary(path: Path) -> str:
@@ -301,8 +323,8 @@ def _strip_none(hint: Any) -> tuple[Any, bool]:
 
 def _type_schema(hint: Any) -> dict[str, Any]:
     hint, _ = _unannotate(hint)
-    if hint in _SCALARS:
-        return dict(_SCALARS[hint])
+    if hint in _JSON_TYPES:
+        return {"type": _JSON_TYPES[hint]}
     if hint is Any:
         return {}
     origin = typing.get_origin(hint)

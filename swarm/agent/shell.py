@@ -16,11 +16,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from swarm import procs
 from swarm.agent.protocols import CommandResult
 from swarm.errors import ToolError
 
-SECRET_VARS = ("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY", "SWARM_SERVE_TOKEN")
-"""Environment variables a command never sees."""
+SECRET_VARS = ("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY", "SWARM_REDIS_URL")
+"""Environment variables a command never sees (a Redis URL may carry a password)."""
 
 QUIET_VARS = {"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb", "GIT_TERMINAL_PROMPT": "0"}
 """Set for every command so nothing pages or waits for a prompt."""
@@ -120,10 +121,11 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         proc.poll()
         return
+    group = _Group(pgid)
     deadline = time.monotonic() + KILL_GRACE
     while time.monotonic() < deadline:
         proc.poll()  # reap bash, so a zombie leader does not look alive
-        if not _group_alive(pgid):
+        if not group.alive():
             return
         time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -132,27 +134,41 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=KILL_GRACE)
 
 
-def _group_alive(pgid: int) -> bool:
-    """True while a non-zombie process of group ``pgid`` exists."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    # killpg also succeeds for zombies nobody reaped yet; look closer where /proc exists.
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():
-        return True
-    for entry in proc_dir.iterdir():
-        if not entry.name.isdigit():
-            continue
+class _Group:
+    """Whether process group ``pgid`` still has a live (non-zombie) member, cheaply.
+
+    ``os.killpg(pgid, 0)`` says whether any member exists, zombies included (an orphan
+    waits for init to reap it; some container inits never do). Only when it says yes does
+    this look closer: at the members seen before, and, when none of them is alive, at most
+    every ``RESCAN`` seconds at a scan of ``/proc`` for members not seen yet.
+    """
+
+    RESCAN = 0.2
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.members: set[int] = set()
+        self.scanned_at: float | None = None
+
+    def alive(self) -> bool:
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
+            os.killpg(self.pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        for pid in list(self.members):
+            stat = procs.read_stat(pid)
+            if stat is not None and stat.pgrp == self.pgid and not stat.zombie:
+                return True
+            self.members.discard(pid)  # gone, a zombie, or the pid was reused
+        now = time.monotonic()
+        if self.scanned_at is not None and now - self.scanned_at < self.RESCAN:
+            return True  # a zombie not reaped yet, or a member forked since the last scan
+        self.scanned_at = now
+        found = procs.group_members(self.pgid)
+        if found is None:
+            return True  # no /proc (macOS): trust killpg
+        self.members = {pid for pid, stat in found.items() if not stat.zombie}
+        return bool(self.members)
 
 
 class LocalEnvironment:
@@ -183,6 +199,11 @@ class LocalEnvironment:
                 f"workspace {self.workspace} does not exist or is not a directory; "
                 "create it or run swarm from an existing folder"
             )
+        if "\0" in command:
+            raise ToolError(
+                "the command contains a NUL byte (\\0), which no program argument can hold; "
+                "remove it, or produce the byte inside the command, e.g. printf '\\0'"
+            )
         try:
             proc = subprocess.Popen(
                 ["bash", "-c", command],
@@ -195,6 +216,8 @@ class LocalEnvironment:
             )
         except OSError as exc:
             raise ToolError(f"cannot start bash: {exc}; is bash installed and on PATH?") from exc
+        except ValueError as exc:  # a NUL byte in the environment or the workspace path
+            raise ToolError(f"cannot start bash: {exc}") from exc
         assert proc.stdout is not None
         buffer = _CappedBuffer(self.output_cap)
         try:

@@ -9,6 +9,8 @@ import click
 
 from swarm.agent.approval import TerminalApprover
 from swarm.agent.build import local_agent
+from swarm.agent.loop import Agent
+from swarm.agent.protocols import Session, Spawner
 from swarm.cli.main import (
     Abort,
     agent_options,
@@ -17,7 +19,10 @@ from swarm.cli.main import (
     settings_from,
 )
 from swarm.cli.render import TerminalView
-from swarm.errors import Interrupted, ModelError, TurnLimitReached
+from swarm.coordinator.root import RootSwarm
+from swarm.errors import Interrupted, ModelError, RuntimeUnavailable, TurnLimitReached
+from swarm.store.connection import Store
+from swarm.store.sessions import RedisSessionStore
 
 
 def _enable_history(path: Path) -> None:
@@ -50,42 +55,58 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
     interrupt_on_term()
     _enable_history(settings.home / "chat_history")
     view = TerminalView(stream_answer=True)
+    roots: list[RootSwarm] = []
+
+    def spawner(store: Store, session: Session) -> Spawner:
+        roots.append(RootSwarm(settings, store, on_event=view.on_swarm_event))
+        return roots[0].spawner(store, session)
+
     with local_agent(settings, workspace, approver=TerminalApprover(), observer=view,
-                     new=new) as local:
-        agent = local.agent
-        if local.resumed:
-            click.secho(f"(resuming this folder's conversation: {len(agent.messages)} "
-                        "messages; /new starts over)", dim=True, err=True)
-        while True:
-            try:
-                line = input("> ")
-            except EOFError:
-                click.echo(err=True)
-                return
-            except KeyboardInterrupt:
-                click.echo(err=True)
-                continue
-            text = line.strip()
-            if not text:
-                continue
-            if text in ("/exit", "/quit"):
-                return
-            if text == "/new":
-                agent.session.messages.clear()
-                agent.save()
-                click.secho("(new conversation)", dim=True, err=True)
-                continue
-            try:
-                answer = agent.run(text)
-                if not view.stream_answer:
-                    click.echo(answer)
-            except (Interrupted, KeyboardInterrupt):
-                click.secho("\n(interrupted)", dim=True, err=True)
-            except TurnLimitReached as exc:
-                click.secho(str(exc), fg="yellow", err=True)
-            except ModelError as exc:
-                click.secho(f"{type(exc).__name__}: {exc}", fg="red", err=True)
+                     new=new, spawner=spawner) as local:
+        agent, root = local.agent, roots[0]
+        try:
+            _loop(agent, root, local.sessions, view, local.resumed)
+        finally:
+            root.finish("done")
+            root.close()
+
+
+def _loop(agent: Agent, root: RootSwarm, sessions: RedisSessionStore, view: TerminalView,
+          resumed: bool) -> None:
+    """Read a line, answer it, until /exit or Ctrl-D."""
+    if resumed:
+        click.secho(f"(resuming this folder's conversation: {len(agent.messages)} "
+                    "messages; /new starts over)", dim=True, err=True)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
             click.echo(err=True)
-            bar = view.context_bar()
-            if bar:
-                click.echo(bar, err=True)
+            return
+        except KeyboardInterrupt:
+            click.echo(err=True)
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return
+        if text == "/new":
+            agent.session.messages.clear()
+            agent.save()
+            click.secho("(new conversation)", dim=True, err=True)
+            continue
+        try:
+            answer = root.run(agent, text, sessions)
+            if not view.stream_answer:
+                click.echo(answer)
+        except (Interrupted, KeyboardInterrupt):
+            click.secho("\n(interrupted)", dim=True, err=True)
+        except TurnLimitReached as exc:
+            click.secho(str(exc), fg="yellow", err=True)
+        except (ModelError, RuntimeUnavailable) as exc:
+            click.secho(f"{type(exc).__name__}: {exc}", fg="red", err=True)
+        click.echo(err=True)
+        bar = view.context_bar()
+        if bar:
+            click.echo(bar, err=True)

@@ -101,7 +101,7 @@ def main(verbose: int) -> None:
 
 
 def register() -> None:
-    from swarm.cli import chat, run, runtime, sessions, status
+    from swarm.cli import chat, demo, run, runtime, sessions, status
 
     main.add_command(run.run)
     main.add_command(chat.chat)
@@ -110,6 +110,7 @@ def register() -> None:
     main.add_command(runtime.worker)
     main.add_command(runtime.coordinator)
     main.add_command(runtime.flower)
+    main.add_command(demo.demo)
 
 
 register()

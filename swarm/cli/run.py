@@ -58,11 +58,16 @@ def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: st
     """
     settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
     check_model_configured(settings)
+    interrupt_on_term()
+    click.echo(run_job(settings, workspace, " ".join(task), workers=workers, new=new))
+
+
+def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | None = None,
+            new: bool = False, view: TerminalView | None = None) -> str:
+    """Run ``task`` as the root agent of ``workspace`` (parking while children work)."""
     if not workspace.is_dir():
         raise Abort(f"workspace {workspace} does not exist; create it or pass -C to another")
-    interrupt_on_term()
-    view = TerminalView()
-    text = " ".join(task)
+    view = view or TerminalView()
     roots: list[RootSwarm] = []
 
     def spawner(store: Store, session: Session) -> Spawner:
@@ -78,7 +83,7 @@ def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: st
                            "marked interrupted")
         state = "failed"
         try:
-            answer = root.run(local.agent, text, local.sessions)
+            answer = root.run(local.agent, task, local.sessions)
             state = "done"
         except TurnLimitReached as exc:
             raise Abort(str(exc), EXIT_TURN_LIMIT) from None
@@ -88,4 +93,4 @@ def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: st
         finally:
             root.finish(state)
             root.close()
-    click.echo(answer)
+    return answer

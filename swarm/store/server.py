@@ -34,6 +34,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from swarm import procs
 from swarm.errors import StoreUnavailableError
 
 _FIX = "or set SWARM_REDIS_URL to use an external Redis (e.g. redis://127.0.0.1:6379/0)"
@@ -415,11 +416,8 @@ def _read_user(path: Path, pid: int) -> int:
 
 def _proc_start(pid: int) -> str | None:
     """The start time of ``pid`` in clock ticks since boot (Linux), to detect pid reuse."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    stat = procs.read_stat(pid)
+    return stat.start if stat is not None else None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -437,11 +435,8 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:  # a zombie (exited, not yet reaped by its parent) is dead for us
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state != "Z"
+    stat = procs.read_stat(pid)  # a zombie (exited, not yet reaped) is dead for us
+    return stat is None or not stat.zombie
 
 
 def _looks_like_server(pid: int) -> bool:

@@ -8,11 +8,14 @@ message) and answers by turn (how many assistant messages the conversation has).
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from swarm.testing.server import Reply, message_text
+from swarm.testing.server import Reply, ToolCall, message_text
 
 Step = Reply | Callable[[dict[str, Any]], Reply]
 
@@ -66,3 +69,56 @@ class ByTask:
         if self.default is None:
             return Reply(content=f"[scripted model: no script for task {task[:80]!r}]")
         return self.default(request) if callable(self.default) else self.default
+
+
+DEMO_ROOT = "DEMO-ROOT"
+DEMO_CHILD = "DEMO-CHILD"
+
+
+def demo_task(paths: Sequence[str]) -> str:
+    """The root task of ``swarm demo``: the files to count travel in the task itself."""
+    return (f"{DEMO_ROOT}: count the lines and words of these files, one child agent per file, "
+            f"and add them up.\nFILES={json.dumps(list(paths))}")
+
+
+def demo_responder() -> ByTask:
+    """The scripted model of ``swarm demo``: fan out one child per file, then add up."""
+
+    def fan_out(request: dict[str, Any]) -> Reply:
+        paths = json.loads(task_of(request).split("FILES=", 1)[1])
+        return Reply(
+            content=f"I will hand each of the {len(paths)} files to a child agent.",
+            tool_calls=[ToolCall("agent", {
+                "message": f"{DEMO_CHILD}: count the lines and words of the file {p} with wc "
+                           "and answer with the two numbers.",
+            }, id=f"call_demo_{i}") for i, p in enumerate(paths)])
+
+    def count(request: dict[str, Any]) -> Reply:
+        path = task_of(request).split("of the file ", 1)[1].rsplit(" with wc", 1)[0]
+        command = f"wc -l -w < {shlex.quote(path)}"
+        return Reply(tool_calls=[ToolCall("run_cli", {"command": command})])
+
+    def report(request: dict[str, Any]) -> Reply:
+        numbers = tool_results(request)[0].split()
+        if len(numbers) < 2:
+            return Reply(content=f"could not count: {tool_results(request)[0][:200]}")
+        return Reply(content=f"lines={numbers[0]} words={numbers[1]}")
+
+    def add_up(request: dict[str, Any]) -> Reply:
+        paths = json.loads(task_of(request).split("FILES=", 1)[1])
+        rows, lines, words, failed = [], 0, 0, 0
+        for path, text in zip(paths, tool_results(request), strict=False):
+            result = json.loads(text)
+            match = re.search(r"lines=(\d+) words=(\d+)", str(result.get("answer", "")))
+            if result.get("state") != "done" or not match:
+                failed += 1
+                rows.append(f"  {path}: {result.get('state')} {result.get('error', '')}")
+                continue
+            lines, words = lines + int(match[1]), words + int(match[2])
+            rows.append(f"  {path}: {match[1]} lines, {match[2]} words "
+                        f"(agent {result.get('agent_id')})")
+        head = f"{len(paths)} files, {lines} lines, {words} words in all"
+        tail = f"; {failed} child(ren) failed" if failed else ""
+        return Reply(content=head + tail + ":\n" + "\n".join(rows))
+
+    return ByTask({DEMO_ROOT: [fan_out, add_up], DEMO_CHILD: [count, report]})
