@@ -333,3 +333,20 @@ def test_child_of_a_git_workspace_gets_a_worktree_and_a_branch(
     shown = subprocess.run([*git, "show", f"{child['git_branch']}:CHILD.txt"],
                            capture_output=True, text=True, check=True)
     assert shown.stdout == "child\n"
+
+
+def test_children_start_with_the_users_hints(cluster: tuple[str, Path], client: redis_lib.Redis,
+                                             model: ScriptedModelServer, tmp_path: Path) -> None:
+    from swarm.store.hints import HintsStore
+
+    HintsStore(client, cluster[1]).save("HINT-7: the data is in /srv/data")
+    model.responder = ByTask({"HINTED": [agent_calls("HINTCHILD look"), summarise],
+                              "HINTCHILD": [Reply(content="seen")]})
+    try:
+        assert swarm_run(cluster, model, tmp_path, "HINTED").exit_code == 0
+    finally:
+        client.delete("swarm:hints:global")
+    child = next(r for r in model.requests if task_of(r) == "HINTCHILD look")
+    system = child["messages"][0]["content"]
+    assert "HINT-7: the data is in /srv/data" in system
+    assert "You are agent a" in system and "depth 1" in system

@@ -54,3 +54,24 @@ def test_unreachable_redis(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailableError, match="saving memory hints"):
         store.save("kept locally")
     assert store.load() == "kept locally"
+
+
+def test_swarm_hints_add_to_the_users_and_never_replace_them(redis: redis_py.Redis,
+                                                             tmp_path: Path) -> None:
+    from swarm.store.hints import SWARM_HINTS_KEPT, SwarmHints
+
+    base = HintsStore(redis, tmp_path)
+    base.save("user hint: tests live in tests/")
+    first = SwarmHints(redis, "s1", base, agent_id="a1")
+    first.save("notes are in notes.md")
+    SwarmHints(redis, "s1", base, agent_id="a2").save("the API is flaky; retry")
+    seen = SwarmHints(redis, "s1", base).load()
+    assert seen.startswith("user hint: tests live in tests/")
+    assert "(from agent a1)\nnotes are in notes.md" in seen
+    assert seen.index("a1") < seen.index("a2")
+    assert base.load() == "user hint: tests live in tests/"
+    assert SwarmHints(redis, "other", base).load() == "user hint: tests live in tests/"
+    for i in range(SWARM_HINTS_KEPT + 5):
+        first.save(f"hint {i}")
+    kept = SwarmHints(redis, "s1", base).load()
+    assert f"hint {SWARM_HINTS_KEPT + 4}" in kept and "notes are in notes.md" not in kept

@@ -61,3 +61,38 @@ class HintsStore:
             return self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return ""
+
+
+#: Hints an agent of a swarm left, newest last; older ones are trimmed.
+SWARM_HINTS_KEPT = 20
+
+
+class SwarmHints:
+    """The hints a child sees: the user's hints plus what agents of its swarm added.
+
+    ``leave_memory_hints`` from any agent of the swarm adds an entry (it never replaces
+    the user's ``hints.md``); every child started afterwards has them in its prompt.
+    """
+
+    def __init__(self, redis: redis.Redis, swarm_id: str, base: HintsStore,
+                 agent_id: str = "") -> None:
+        self.redis = redis
+        self.swarm_id = swarm_id
+        self.base = base
+        self.agent_id = agent_id
+
+    def save(self, text: str) -> None:
+        key = keys.swarm_hints(self.swarm_id)
+        entry = f"(from agent {self.agent_id})\n{text.strip()}" if self.agent_id else text.strip()
+        with store_errors("adding swarm hints"), self.redis.pipeline() as pipe:
+            pipe.rpush(key, entry)
+            pipe.ltrim(key, -SWARM_HINTS_KEPT, -1)
+            pipe.expire(key, keys.LEDGER_TTL)
+            pipe.execute()
+
+    def load(self) -> str:
+        shared = cast("list[str]", self.redis.lrange(keys.swarm_hints(self.swarm_id), 0, -1))
+        parts = [self.base.load().strip()]
+        if shared:
+            parts.append("## Hints left by agents of this swarm\n\n" + "\n\n".join(shared))
+        return "\n\n".join(p for p in parts if p)

@@ -81,6 +81,11 @@ def swarm_waiting(swarm_id: str) -> str:
     return f"{PREFIX}swarm:{swarm_id}:waiting"
 
 
+def swarm_hints(swarm_id: str) -> str:
+    """List of memory hints left by agents of a swarm (trimmed to the newest)."""
+    return f"{PREFIX}swarm:{swarm_id}:hints"
+
+
 def swarms_index() -> str:
     """Sorted set of swarm ids by creation time (``swarm status`` picks the latest)."""
     return f"{PREFIX}swarms"

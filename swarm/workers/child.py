@@ -30,7 +30,7 @@ from swarm.coordinator.spawner import RedisSpawner
 from swarm.errors import AgentStopped, ModelError, Parked, SwarmError
 from swarm.llm.client import LLMClient
 from swarm.llm.types import ChatResult
-from swarm.store.hints import HintsStore
+from swarm.store.hints import HintsStore, SwarmHints
 from swarm.store.ledger import SETTLED, Ledger, Run
 from swarm.store.sessions import RedisSessionStore
 from swarm.workers import workspace as ws
@@ -145,7 +145,8 @@ class ChildRunner:
         try:
             agent = assemble(
                 settings, workspace.path, model, session, store=self.sessions,
-                hints=HintsStore(self.redis, settings.home, scope=swarm_id),
+                hints=SwarmHints(self.redis, swarm_id, HintsStore(self.redis, settings.home),
+                                 agent_id=run.agent),
                 approver=deny_all,
                 observer=Progress(self.ledger, swarm_id, run.agent, send),
                 spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id),
