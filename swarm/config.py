@@ -101,6 +101,8 @@ class Settings:
     max_parallel: int = 64
     token_budget: int = 0
     child_timeout: int = 3600
+    explicit: frozenset[str] = frozenset()
+    """The settings given by a flag, an environment variable or :meth:`with_` (not defaults)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -120,13 +122,14 @@ class Settings:
                 raise ConfigError(f"unknown setting {name!r}")
             if value is not None:
                 values[name] = _coerce(name, value)
-        settings = cls(**values)
+        settings = cls(**values, explicit=frozenset(values))
         settings.validate()
         return settings
 
     def with_(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (``None`` values are ignored)."""
-        return replace(self, **{k: _coerce(k, v) for k, v in changes.items() if v is not None})
+        given = {k: _coerce(k, v) for k, v in changes.items() if v is not None}
+        return replace(self, **given, explicit=self.explicit | frozenset(given))
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for values that cannot work."""

@@ -62,19 +62,31 @@ class RootSwarm:
     def ensure(self) -> None:
         """Create the swarm in the ledger and make sure someone will run its children."""
         assert self.session is not None
-        inherited = {name: getattr(self.settings, name) for name in INHERITED}
-        inherited["model"] = self.model_id or inherited["model"]
+        inherited = self.inherited()
         self.ledger.create_swarm(self.swarm_id, self.swarm_id, self.session.workspace,
-                                 self.task, {k: v for k, v in inherited.items() if v != ""},
-                                 socket.gethostname(), self.session.id)
-        workers = self.workers if self.workers is not None else (1 if self.store.embedded else 0)
+                                 self.task, inherited, socket.gethostname(), self.session.id)
         redis_ = self.store.redis
-        if workers and not (alive(redis_, "coordinator") and alive(redis_, "worker")):
+        if self.workers is None:
+            # Embedded default: start local processes unless some already serve this Redis.
+            running = alive(redis_, "coordinator") and alive(redis_, "worker")
+            workers = 1 if self.store.embedded and not running else 0
+        else:
+            workers = self.workers
+        if workers:
             self.cluster = LocalCluster(self.store.url, self.settings.home, workers,
                                         self.settings.max_parallel).start()
             wait_for(redis_, 30.0, self.cluster.procs)
         else:
             wait_for(redis_, ANSWER_TIMEOUT)
+
+    def inherited(self) -> dict[str, Any]:
+        """The root's settings its children use: those the user gave (flags, environment),
+        never defaults, so a deployment's own settings apply to everything else."""
+        given = {name: getattr(self.settings, name) for name in INHERITED
+                 if name in self.settings.explicit}
+        if self.model_id:
+            given["model"] = self.model_id
+        return given
 
     def run(self, agent: Agent, task: str, sessions: RedisSessionStore) -> str:
         """``agent.run(task)``, parking and resuming as often as the model goes berserk."""
@@ -134,3 +146,4 @@ def describe(event: dict[str, Any]) -> str:
     if kind in ("spawn", "dispatched", "joined"):
         return f"[{who}] {kind} {event.get('children', '')} children"
     return f"[{who}] {kind}"
+

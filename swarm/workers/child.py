@@ -37,6 +37,8 @@ from swarm.workers import workspace as ws
 
 log = logging.getLogger(__name__)
 
+#: Settings of the model endpoint: from the worker's environment when it has them.
+ENDPOINT = frozenset({"base_url", "model"})
 #: Seconds a claimed run stays ours without renewal; renewed every third of it.
 LEASE = 30.0
 
@@ -136,7 +138,11 @@ class ChildRunner:
     def _work(self, run: Run, resume: bool, send: Callable[..., None] | None) -> dict[str, Any]:
         record = self.ledger.agent(run.agent)
         swarm_id = record["swarm"]
-        settings = self.settings.with_(**self.ledger.swarm_settings(swarm_id))
+        settings = self.settings.with_(**{
+            k: v for k, v in self.ledger.swarm_settings(swarm_id).items()
+            # A worker configured with its own endpoint keeps it (a deployment's workers);
+            # one without (local workers, the demo) uses the root's.
+            if not (k in ENDPOINT and ENDPOINT & self.settings.explicit)})
         workspace = self._workspace(record, swarm_id)
         session = self.sessions.load(run.agent) or new_session(workspace.path, run.agent)
         before = ws.snapshot(workspace.path)
