@@ -64,7 +64,13 @@ KNOBS: dict[str, Knob] = {
     "max_children": Knob(("SWARM_MAX_CHILDREN",), "berserk: children per swarm"),
     "max_parallel": Knob(("SWARM_MAX_PARALLEL",), "berserk: children in flight"),
     "token_budget": Knob(("SWARM_TOKEN_BUDGET",), "berserk: tokens per swarm; 0 = no cap"),
-    "child_timeout": Knob(("SWARM_CHILD_TIMEOUT",), "berserk: wall seconds per child"),
+    "child_timeout": Knob(("SWARM_CHILD_TIMEOUT",),
+                          "berserk: wall seconds per child (asked to wrap up at 80%)"),
+    "approval_timeout": Knob(("SWARM_APPROVAL_TIMEOUT",),
+                             "berserk: seconds a child waits for a person's answer; then denied"),
+    "sandbox": Knob(("SWARM_SANDBOX",),
+                    "run commands in bubblewrap: auto (when installed), bwrap, none"),
+    "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",), "let sandboxed commands use the network"),
 }
 
 
@@ -101,6 +107,9 @@ class Settings:
     max_parallel: int = 64
     token_budget: int = 0
     child_timeout: int = 3600
+    approval_timeout: int = 300
+    sandbox: str = "none"
+    sandbox_network: bool = True
     explicit: frozenset[str] = frozenset()
     """The settings given by a flag, an environment variable or :meth:`with_` (not defaults)."""
 
@@ -140,6 +149,8 @@ class Settings:
             )
         if not 0.1 <= self.compact_at <= 0.95:
             raise ConfigError("SWARM_COMPACT_AT must be between 0.1 and 0.95, e.g. 0.75")
+        if self.sandbox not in ("auto", "bwrap", "none"):
+            raise ConfigError(f"SWARM_SANDBOX={self.sandbox!r} is not one of auto, bwrap, none")
         for tool, policy in self.approval.items():
             if policy not in POLICIES:
                 raise ConfigError(
@@ -147,7 +158,8 @@ class Settings:
                 )
         for name in ("command_timeout", "command_timeout_max", "output_cap", "context_length",
                      "retries", "lock_ttl", "session_ttl", "connect_timeout", "read_timeout",
-                     "max_depth", "max_children", "max_parallel", "child_timeout"):
+                     "max_depth", "max_children", "max_parallel", "child_timeout",
+                     "approval_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be a positive number")
         for name in ("max_turns", "backoff_max", "token_budget"):

@@ -18,6 +18,9 @@ every message says what to check or how to fix it::
     ├── AgentStopped                the loop stopped before an answer
     │   ├── TurnLimitReached        --max-turns reached
     │   ├── Interrupted             the user pressed Ctrl-C
+    │   ├── Cancelled               `swarm cancel` (or its wall-time limit: TimedOut)
+    │   │   └── TimedOut
+    │   ├── BudgetExceeded          the swarm used its token budget
     │   └── Parked                  the agent waits for its children (not a failure)
     └── RuntimeUnavailable          no coordinator or worker answers (berserk mode)
 """
@@ -104,3 +107,19 @@ class Parked(AgentStopped):
 
 class RuntimeUnavailable(SwarmError):
     """Berserk mode needs a coordinator and workers, and none answered."""
+
+
+class Cancelled(AgentStopped):
+    """The agent was cancelled (``swarm cancel``, or its parent was)."""
+
+    state = "cancelled"
+
+
+class TimedOut(Cancelled):
+    """The agent ran past its wall-time limit (``SWARM_CHILD_TIMEOUT``)."""
+
+    state = "timed_out"
+
+
+class BudgetExceeded(AgentStopped):
+    """The swarm's children used the token budget (``SWARM_TOKEN_BUDGET``)."""

@@ -106,7 +106,8 @@ class ApprovalGate:
             if policy == "once":
                 self.approved_tools.add(request.tool)
             return Verdict(True, "approved")
-        return Verdict(False, "denied by the user")
+        # A queue-backed approver says why it denied (no answer in time, say).
+        return Verdict(False, getattr(self.approver, "last_reason", "") or "denied by the user")
 
 
 def approve_all(request: ApprovalRequest) -> Decision:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -84,12 +85,13 @@ def assemble(
     spawner: Spawner | None = None,
     extra_prompt: str = "",
     agent_id: str = "",
+    cancel: threading.Event | None = None,
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs."""
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
-        env=LocalEnvironment(workspace, output_cap=settings.output_cap),
+        env=LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
         system_prompt=prompt_builder(workspace, folder, extra_prompt),
@@ -136,12 +138,15 @@ def local_agent(
     observer: Observer | None = None,
     new: bool = False,
     spawner: Callable[[Store, Session], Spawner] | None = None,
+    keep_parked: bool = False,
 ) -> Iterator[LocalRun]:
     """Open the store, lock the workspace's session, and yield a ready root agent.
 
     The session lock is held until the block exits, so two swarm processes on
     one folder (on one host or two) never interleave. ``spawner`` builds the
     berserk-mode spawner for the session (None: the ``agent`` tool is not offered).
+    A session left parked by a root that went away is repaired (its children's results
+    will not come) unless ``keep_parked`` (``swarm attach`` waits for them instead).
     """
     workspace = workspace.resolve()
     with open_store(settings) as store:
@@ -162,7 +167,7 @@ def local_agent(
             resumed = loaded is not None and bool(loaded.messages)
             repaired = bool(loaded.repairs) if loaded is not None else False
             session: Session = loaded if loaded is not None else new_session(workspace)
-            if session.parked:
+            if session.parked and not keep_parked:
                 # The last root run stopped while its children worked: their results
                 # will not come back to this new run, so answer the calls as interrupted.
                 session.messages = history.repair(session.messages)

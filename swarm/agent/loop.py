@@ -99,6 +99,8 @@ class Agent:
     """Offers the ``agent`` tool when set (berserk mode)."""
     guard: Callable[[], None] | None = None
     """Called before every save; raises to stop an agent that lost its session lock."""
+    before_step: Callable[[Agent], None] | None = None
+    """Called before every model call; raises to stop (cancel, limits) or adds a message."""
     _typed: dict[str, TypedTool] = field(default_factory=dict, init=False)
     run_start: int | None = field(default=None, init=False)
     """The session's turn count when :meth:`run` gave the current task."""
@@ -151,6 +153,8 @@ class Agent:
 
     def step(self) -> str | None:
         """One model call and its tool calls. Returns the answer when there were no calls."""
+        if self.before_step is not None:
+            self.before_step(self)
         offered = self.tools()
         result = self.query(list(offered.values()))
         self.messages.append(result.message)
@@ -237,7 +241,7 @@ class Agent:
             verdict = self.gate.check(ApprovalRequest(
                 call.name, call.arguments, summary, agent_id=self.config.agent_id))
             if not verdict.allowed:
-                return (f"denied: the user did not allow this call ({verdict.reason}). "
+                return (f"denied: this call was not allowed ({verdict.reason}). "
                         "Do not retry it as it is; find another way or explain what you need.")
         self.observer.on_tool_start(call, summary)
         try:

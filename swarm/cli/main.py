@@ -101,16 +101,21 @@ def main(verbose: int) -> None:
 
 
 def register() -> None:
-    from swarm.cli import chat, demo, run, runtime, sessions, status
+    from swarm.cli import chat, control, demo, logs, report, run, runtime, sessions, status
 
     main.add_command(run.run)
+    main.add_command(run.attach)
     main.add_command(chat.chat)
     main.add_command(sessions.sessions)
     main.add_command(status.status)
+    for command in (status.top, logs.logs, report.report):
+        main.add_command(command)
     main.add_command(runtime.worker)
     main.add_command(runtime.coordinator)
     main.add_command(runtime.flower)
     main.add_command(demo.demo)
+    main.add_command(control.cancel)
+    main.add_command(control.approve)
 
 
 register()

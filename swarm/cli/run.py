@@ -19,10 +19,12 @@ from swarm.cli.main import (
 from swarm.cli.render import TerminalView
 from swarm.config import Settings
 from swarm.coordinator.root import RootSwarm
-from swarm.errors import Interrupted, TurnLimitReached
-from swarm.store.connection import Store
+from swarm.errors import Cancelled, Interrupted, TurnLimitReached
+from swarm.store.connection import Store, open_store
+from swarm.store.ledger import Ledger
 
 EXIT_TURN_LIMIT = 3
+EXIT_CANCELLED = 4
 EXIT_INTERRUPTED = 130
 
 
@@ -54,7 +56,12 @@ def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: st
     embedded default, a coordinator and local workers are started for them and stopped
     at the end.
 
-    Exit codes: 0 answered, 1 error, 3 stopped at --max-turns, 130 interrupted.
+    Interrupted (Ctrl-C, a closed terminal): on the embedded default the children are
+    cancelled with it; with SWARM_REDIS_URL they keep running on the deployment and
+    `swarm attach SWARM_ID` collects the answer.
+
+    Exit codes: 0 answered, 1 error, 3 stopped at --max-turns, 4 cancelled (swarm cancel),
+    130 interrupted.
     """
     settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
     check_model_configured(settings)
@@ -63,34 +70,71 @@ def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: st
 
 
 def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | None = None,
-            new: bool = False, view: TerminalView | None = None) -> str:
-    """Run ``task`` as the root agent of ``workspace`` (parking while children work)."""
+            new: bool = False, view: TerminalView | None = None, attach: str = "") -> str:
+    """Run ``task`` as the root agent of ``workspace`` (parking while children work); with
+    ``attach`` (a swarm id), take over that swarm's root instead and finish it."""
     if not workspace.is_dir():
         raise Abort(f"workspace {workspace} does not exist; create it or pass -C to another")
     view = view or TerminalView()
     roots: list[RootSwarm] = []
 
+    approver = TerminalApprover()
+
     def spawner(store: Store, session: Session) -> Spawner:
-        root = RootSwarm(settings, store, workers=workers, on_event=view.on_swarm_event)
+        root = RootSwarm(settings, store, workers=workers, on_event=view.on_swarm_event,
+                         ask=approver, swarm_id=attach)
         roots.append(root)
         return root.spawner(store, session)
 
-    with local_agent(settings, workspace, approver=TerminalApprover(), observer=view,
-                     new=new, spawner=spawner) as local:
+    with local_agent(settings, workspace, approver=approver, observer=view,
+                     new=new, spawner=spawner, keep_parked=bool(attach)) as local:
         root = roots[0]
         if local.repaired:
             view.on_notice("the last run stopped mid-step; its unfinished tool calls were "
                            "marked interrupted")
         state = "failed"
         try:
-            answer = root.run(local.agent, task, local.sessions)
+            answer = (root.attach(local.agent, local.sessions) if attach
+                      else root.run(local.agent, task, local.sessions))
             state = "done"
         except TurnLimitReached as exc:
             raise Abort(str(exc), EXIT_TURN_LIMIT) from None
+        except Cancelled as exc:
+            state = "cancelled"
+            raise Abort(f"{exc}; the session is saved", EXIT_CANCELLED) from None
         except (Interrupted, KeyboardInterrupt):
             state = "cancelled"
-            raise Abort("interrupted; the session is saved", EXIT_INTERRUPTED) from None
+            raise Abort("interrupted; the session is saved" + root.on_interrupt(),
+                        EXIT_INTERRUPTED) from None
         finally:
             root.finish(state)
             root.close()
     return answer
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("swarm_id", required=False)
+@click.option("-y", "--yes", is_flag=True, default=None, envvar="SWARM_YES",
+              help="Approve every tool call of the root without asking. [env: SWARM_YES]")
+@click.option("--workers", type=click.IntRange(min=0), default=None, envvar="SWARM_WORKERS",
+              help="Local worker processes to start (as for `swarm run`).")
+@handle_errors
+def attach(swarm_id: str | None, yes: bool | None, workers: int | None) -> None:
+    """Collect the answer of a swarm whose `swarm run` went away (default: the latest).
+
+    Waits for its children (showing their progress and approval requests), resumes the
+    root agent in its workspace, and prints its answer on stdout.
+    """
+    settings = settings_from(yes=yes)
+    interrupt_on_term()
+    with open_store(settings) as store:
+        ledger = Ledger(store.redis)
+        swarm_id = swarm_id or ledger.latest_swarm()
+        info = ledger.swarm(swarm_id) if swarm_id else {}
+    if not swarm_id or not info:
+        raise Abort(f"no swarm {swarm_id or ''!r} to attach to; `swarm status` lists them")
+    if info.get("state") not in ("running", "cancelled", "failed"):
+        raise Abort(f"swarm {swarm_id} is {info.get('state')}; nothing to collect "
+                    "(`swarm logs` shows its conversation)")
+    click.echo(run_job(settings, Path(info["workspace"]), "", workers=workers,
+                       attach=swarm_id))

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from swarm.agent.loop import Agent
-from swarm.agent.protocols import Session
+from swarm.agent.protocols import ApprovalRequest, Decision, Session
 from swarm.config import Settings
+from swarm.coordinator.cancel import cancel
 from swarm.coordinator.spawner import RedisSpawner
-from swarm.errors import Parked
+from swarm.errors import Cancelled, Parked
 from swarm.store import keys
+from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import Store
 from swarm.store.ledger import Ledger, new_swarm_id
 from swarm.store.sessions import RedisSessionStore
@@ -42,6 +44,8 @@ class RootSwarm:
     workers: int | None = None
     """Local worker processes to start; None: 1 on the embedded default, 0 otherwise."""
     on_event: Callable[[dict[str, str]], None] = lambda event: None
+    ask: Callable[[ApprovalRequest], Decision] | None = None
+    """Puts a child's approval request to the person at this terminal (None: nobody)."""
     swarm_id: str = ""
     cluster: LocalCluster | None = None
     session: Session | None = None
@@ -55,7 +59,7 @@ class RootSwarm:
 
     def spawner(self, store: Store, session: Session) -> RedisSpawner:
         self.session = session
-        self.swarm_id = new_swarm_id()
+        self.swarm_id = self.swarm_id or new_swarm_id()
         return RedisSpawner(self.ledger, self.swarm_id, self.swarm_id,
                             ensure_swarm=self.ensure)
 
@@ -63,8 +67,13 @@ class RootSwarm:
         """Create the swarm in the ledger and make sure someone will run its children."""
         assert self.session is not None
         inherited = self.inherited()
-        self.ledger.create_swarm(self.swarm_id, self.swarm_id, self.session.workspace,
-                                 self.task, inherited, socket.gethostname(), self.session.id)
+        if not self.ledger.swarm(self.swarm_id):
+            self.ledger.create_swarm(self.swarm_id, self.swarm_id, self.session.workspace,
+                                     self.task, inherited, socket.gethostname(), self.session.id)
+        self.ensure_runtime()
+
+    def ensure_runtime(self) -> None:
+        """Make sure a coordinator and workers serve this Redis (start local ones if asked)."""
         redis_ = self.store.redis
         if self.workers is None:
             # Embedded default: start local processes unless some already serve this Redis.
@@ -95,7 +104,24 @@ class RootSwarm:
         try:
             return agent.run(task)
         except Parked as parked:
-            request_id = parked.request_id
+            return self.carry_on(agent, parked.request_id, sessions)
+
+    def attach(self, agent: Agent, sessions: RedisSessionStore) -> str:
+        """Take over a root whose terminal went away: wait for its children, then finish."""
+        self.model_id = agent.model.model
+        self.ensure_runtime()
+        if agent.session.parked:
+            return self.carry_on(agent, agent.session.parked, sessions)
+        last = agent.messages[-1] if agent.messages else {}
+        if last.get("role") == "assistant" and not last.get("tool_calls"):
+            return str(last.get("content") or "")
+        try:
+            return agent.resume()
+        except Parked as parked:
+            return self.carry_on(agent, parked.request_id, sessions)
+
+    def carry_on(self, agent: Agent, request_id: str, sessions: RedisSessionStore) -> str:
+        """Wait for the request's children, resume, and repeat until an answer."""
         while True:
             self.wait(request_id)
             loaded = sessions.load(agent.session.id)
@@ -107,13 +133,26 @@ class RootSwarm:
                 request_id = parked.request_id
 
     def wait(self, request_id: str) -> None:
-        """Block until the coordinator wakes this root for ``request_id``; relay progress."""
+        """Block until the coordinator wakes this root for ``request_id``; relay progress,
+        put the children's approval requests to the person, stop on ``swarm cancel``."""
         redis_ = self.store.redis
+        queue = ApprovalQueue(redis_, self.swarm_id)
+        asked: set[str] = set()
         while True:
             popped = redis_.blpop([keys.wake(self.swarm_id)], timeout=0.5)
             self.relay_events()
             if popped is not None and cast("tuple[str, str]", popped)[1] == request_id:
                 return
+            if redis_.exists(keys.cancel(self.swarm_id)):
+                raise Cancelled(f"swarm {self.swarm_id} was cancelled")
+            if self.ask is not None:
+                for pending in queue.pending():
+                    if pending.id in asked:
+                        continue
+                    asked.add(pending.id)
+                    decision = self.ask(ApprovalRequest(
+                        pending.tool, {}, pending.summary, pending.reason, pending.agent))
+                    queue.answer(pending.id, decision)
 
     def relay_events(self) -> None:
         got = self.store.redis.xread({keys.events(self.swarm_id): self._last_event}, count=500)
@@ -121,6 +160,18 @@ class RootSwarm:
             for entry_id, fields in entries:
                 self._last_event = entry_id
                 self.on_event(fields)
+
+    def on_interrupt(self) -> str:
+        """The root was interrupted while it had children: on the embedded default they
+        are cancelled (their workers stop with this process); on a deployment they keep
+        going. Returns a note for the user."""
+        if not self.session or not self.ledger.swarm(self.swarm_id):
+            return ""
+        if self.store.embedded:
+            cancel(self.ledger, self.swarm_id, "the root was interrupted")
+            return "; its children were cancelled"
+        return (f"; its children keep running: `swarm attach {self.swarm_id}` collects the "
+                "answer, `swarm cancel` stops them")
 
     def finish(self, state: str) -> None:
         if self.session is not None and self.ledger.swarm(self.swarm_id):

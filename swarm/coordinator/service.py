@@ -23,6 +23,8 @@ from typing import Any, cast
 
 import redis
 from celery import Celery
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from swarm.config import Settings
 from swarm.store import keys
@@ -34,7 +36,28 @@ log = logging.getLogger(__name__)
 BLOCK_MS = 1000
 BATCH = 64
 #: Entries pending this long on a consumer that stopped answering are claimed again.
-RECLAIM_IDLE_MS = 30_000
+RECLAIM_IDLE_MS = 15_000
+#: Seconds between passes over dead coordinators' entries and dead workers' runs.
+REAP_EVERY = 2.0
+#: Seconds a re-sent run has to be claimed before it is re-sent again.
+TAKEOVER_GRACE = 60.0
+#: The largest task message a child accepts; bigger material belongs in a file.
+MAX_MESSAGE = 256 * 1024
+
+
+def check_call(call: dict[str, Any]) -> str:
+    """Why an ``agent`` call cannot be run as it is, or ""."""
+    size = len(str(call.get("message", "")).encode())
+    if size > MAX_MESSAGE:
+        return (f"the message is {size / 1024:.0f} KiB; the limit is {MAX_MESSAGE // 1024} KiB. "
+                "Write the material to a file the child can read and pass its path instead")
+    schema = call.get("output_schema")
+    if schema:
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            return f"output_schema is not a valid JSON Schema: {exc.message}"
+    return ""
 
 
 def result_text(run: Run | None, call_id: str) -> str:
@@ -79,8 +102,9 @@ class Coordinator:
             try:
                 self.redis.set(keys.heartbeat("coordinator", self.name), time.time(),
                                ex=keys.HEARTBEAT_TTL)
-                if time.monotonic() - last_reclaim > RECLAIM_IDLE_MS / 3000:
+                if time.monotonic() - last_reclaim > REAP_EVERY:
                     self.reclaim()
+                    self.reap()
                     last_reclaim = time.monotonic()
                 self.poll()
             except redis.ConnectionError as exc:
@@ -109,6 +133,25 @@ class Coordinator:
             for entry_id, fields in entries:
                 if fields:
                     self.handle(stream, entry_id, fields)
+
+    def reap(self) -> int:
+        """Re-enqueue runs whose lease ran out: their worker died (or froze) mid-run. The
+        next worker to claim one resumes it from its last saved step."""
+        count = 0
+        for run_id in self.ledger.expired_leases():
+            # Push the lease forward first, so this run is not re-sent on every pass while
+            # its task waits in the queue; a claim replaces the lease anyway.
+            self.redis.zadd(keys.leases(), {run_id: time.time() + TAKEOVER_GRACE})
+            run = self.ledger.run(run_id)
+            if run is None or run.state != "running":
+                self.redis.zrem(keys.leases(), run_id)
+                continue
+            log.warning("run %s: lease expired; handing it to another worker", run_id)
+            record = self.ledger.agent(run.agent)
+            self.ledger.event(record.get("swarm", ""), "takeover", run.agent)
+            self.send_run(run, record)
+            count += 1
+        return count
 
     def handle(self, stream: str, entry_id: str, fields: dict[str, str]) -> None:
         try:
@@ -148,12 +191,23 @@ class Coordinator:
 
     def dispatch(self, run_id: str, call: dict[str, Any], request_id: str, swarm_id: str,
                  parent: dict[str, str], limits: Settings, req_turn: int) -> None:
-        if self.ledger.run(run_id) is not None:
-            return  # a replayed request: this call was dispatched before
+        existing_run = self.ledger.run(run_id)
+        if existing_run is not None:
+            # A replayed request (a coordinator died mid-way): the run exists; make sure it
+            # was enqueued. A second delivery of a run that is already going is a no-op.
+            if existing_run.state == "queued" and not self.redis.lpos(
+                    keys.swarm_waiting(swarm_id), run_id):
+                self.enqueue(run_id, swarm_id)
+            return
         depth = int(parent.get("depth") or 0) + 1
         target = call.get("agent_id") or ""
-        refusal = ""
-        if target:
+        refusal = check_call(call)
+        if self.redis.exists(keys.cancel(parent["id"])):
+            refusal = "the parent was cancelled"
+        agent_id = ""
+        if refusal:
+            pass  # refused before looking at the target
+        elif target:
             existing = self.ledger.agent(target)
             if not existing or existing.get("swarm") != swarm_id:
                 refusal = f"no agent {target!r} in this swarm; omit agent_id to start a new one"
@@ -172,20 +226,22 @@ class Coordinator:
             elif children >= limits.max_children:
                 refusal = (f"children limit reached: this swarm has spawned {children} of "
                            f"{limits.max_children} (SWARM_MAX_CHILDREN); do this part yourself")
+        if refusal:
+            agent_id = ""  # a refused call makes no agent
         run = Run(id=run_id, agent=agent_id, request=request_id, call_id=call["call_id"],
                   message=call["message"], state="queued",
                   output_schema=call.get("output_schema") or None)
         if refusal:
             self.ledger.add_run(run)
-            self.ledger.settle(run, swarm_id, "refused", {"error": refusal}, {}, counted=False)
+            self.ledger.settle(run, swarm_id, "refused", {"error": refusal}, {})
             return
         if not target:
             self.ledger.add_child(swarm_id, agent_id, parent, call["message"])
         self.ledger.add_run(run)
         self.ledger.event(swarm_id, "queued", agent_id, parent=parent["id"], depth=depth)
-        inflight = int(self.redis.hget(keys.swarm_counters(swarm_id), "inflight") or 0)
-        if inflight >= limits.max_parallel:
+        if self.redis.scard(keys.swarm_inflight(swarm_id)) >= limits.max_parallel:
             self.redis.rpush(keys.swarm_waiting(swarm_id), run_id)
+            self.ledger.update_agent(agent_id, state="waiting")
         else:
             self.enqueue(run_id, swarm_id)
 
@@ -194,12 +250,17 @@ class Coordinator:
         if run is None:
             return
         record = self.ledger.agent(run.agent)
-        self.redis.hincrby(keys.swarm_counters(swarm_id), "inflight", 1)
+        self.redis.sadd(keys.swarm_inflight(swarm_id), run_id)
+        if record.get("state") == "waiting":
+            self.ledger.update_agent(run.agent, state="queued")
+        self.send_run(run, record)
+
+    def send_run(self, run: Run, record: dict[str, str]) -> None:
         label = record.get("label", "")
         self.app.send_task(
-            "swarm.agent.run", args=[run_id], task_id=run_id,
+            "swarm.agent.run", args=[run.id], task_id=run.id,
             shadow=f"agent {run.agent} depth {record.get('depth', '?')}: {label}"[:200],
-            argsrepr=repr((run_id,)), kwargsrepr="{}")
+            argsrepr=repr((run.id,)), kwargsrepr="{}")
 
     # -- settle and fan-in ---------------------------------------------------------------------
 
@@ -214,8 +275,7 @@ class Coordinator:
 
     def release_waiting(self, swarm_id: str) -> None:
         limits = self.limits(swarm_id)
-        while int(self.redis.hget(keys.swarm_counters(swarm_id), "inflight") or 0) \
-                < limits.max_parallel:
+        while self.redis.scard(keys.swarm_inflight(swarm_id)) < limits.max_parallel:
             run_id = self.redis.lpop(keys.swarm_waiting(swarm_id))
             if run_id is None:
                 return

@@ -18,7 +18,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
 
@@ -59,6 +59,18 @@ class _Retry(Exception):
         self.delay = delay
 
 
+class RateGate(Protocol):
+    """Holds the model calls of many clients together (one per swarm, in Redis)."""
+
+    def wait(self) -> None:
+        """Block while the gate is closed."""
+        ...
+
+    def pause(self, seconds: float) -> None:
+        """Close the gate for everyone for ``seconds`` (a 429, an overloaded server)."""
+        ...
+
+
 class LLMClient:
     """A chat model behind an OpenAI-compatible endpoint (``POST {base_url}/chat/completions``).
 
@@ -92,6 +104,8 @@ class LLMClient:
         self.stream = stream
         self.default_context_length = default_context_length
         self._sleep = sleep
+        self.gate: RateGate | None = None
+        """Shared with other clients (a swarm's children): one backs off, all hold."""
         self._stream_options = True
         self._stream_rejected = False
         self._context_length: int | None = None
@@ -337,6 +351,8 @@ class LLMClient:
 
     def _with_retries(self, what: str, attempt: Callable[[], T]) -> T:
         for number in range(1, self.tries + 1):
+            if self.gate is not None:
+                self.gate.wait()
             try:
                 return attempt()
             except _Retry as retry:
@@ -349,6 +365,8 @@ class LLMClient:
                 delay = retry.delay if retry.delay is not None else self._backoff(number)
                 log.warning("%s failed: %s; retrying in %.1f s (try %d of %d)",
                             what, retry.error, delay, number + 1, self.tries)
+                if self.gate is not None:
+                    self.gate.pause(delay)
                 self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -72,8 +72,44 @@ def swarm_agents(swarm_id: str) -> str:
 
 
 def swarm_counters(swarm_id: str) -> str:
-    """Hash of counters: ``children`` (ever created), ``inflight`` (queued or running)."""
+    """Hash of counters: ``children`` (ever created), ``tokens`` (used by its children)."""
     return f"{PREFIX}swarm:{swarm_id}:counters"
+
+
+def swarm_inflight(swarm_id: str) -> str:
+    """Set of the run ids of a swarm that are enqueued or running (SADD/SREM: idempotent)."""
+    return f"{PREFIX}swarm:{swarm_id}:inflight"
+
+
+def leases() -> str:
+    """Sorted set of running run ids scored by when their lease ends; the coordinators
+    re-enqueue runs whose lease ran out (their worker died)."""
+    return f"{PREFIX}leases"
+
+
+def cancel(agent_id: str) -> str:
+    """String, present when the agent (and so its subtree) is cancelled; value = reason."""
+    return f"{PREFIX}cancel:{agent_id}"
+
+
+def approvals(swarm_id: str) -> str:
+    """Hash of a swarm's pending approval requests: id -> JSON (agent, tool, summary, ...)."""
+    return f"{PREFIX}swarm:{swarm_id}:approvals"
+
+
+def approval_answer(approval_id: str) -> str:
+    """List the answer to one approval request is pushed to (the asking child BLPOPs it)."""
+    return f"{PREFIX}approval:{approval_id}"
+
+
+def swarm_approved(swarm_id: str) -> str:
+    """Set of tools a person approved for the whole swarm ("always for this swarm")."""
+    return f"{PREFIX}swarm:{swarm_id}:approved"
+
+
+def rate_gate(swarm_id: str) -> str:
+    """String: the time until which the swarm's children hold their model calls (a 429)."""
+    return f"{PREFIX}swarm:{swarm_id}:gate"
 
 
 def swarm_waiting(swarm_id: str) -> str:

@@ -38,10 +38,11 @@ for _, s in ipairs({'done', 'failed', 'cancelled', 'timed_out', 'refused'}) do
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'result', ARGV[2], 'settled', ARGV[3],
            'lease', '')
-if ARGV[7] == '1' then
+if ARGV[5] == '1' then
   redis.call('HSET', KEYS[2], 'state', ARGV[1], 'settled', ARGV[3], 'usage', ARGV[4])
 end
-if ARGV[5] == '1' then redis.call('HINCRBY', KEYS[3], 'inflight', -1) end
+redis.call('SREM', KEYS[3], ARGV[6])
+redis.call('ZREM', KEYS[5], ARGV[6])
 redis.call('XADD', KEYS[4], '*', 'run', ARGV[6])
 return 1
 """
@@ -51,9 +52,15 @@ local state = redis.call('HGET', KEYS[1], 'state')
 local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
 local now = tonumber(ARGV[2])
 if state == ARGV[4] or (state == 'running' and lease < now) then
+  local until_ = now + tonumber(ARGV[3])
   redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1],
-             'lease_until', tostring(now + tonumber(ARGV[3])))
+             'lease_until', tostring(until_))
+  redis.call('HINCRBY', KEYS[1], 'attempts', 1)
   redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
+  if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
+    redis.call('HSET', KEYS[2], 'started', ARGV[2])
+  end
+  redis.call('ZADD', KEYS[3], until_, ARGV[6])
   return 1
 end
 return 0
@@ -62,6 +69,7 @@ return 0
 _RENEW = """
 if redis.call('HGET', KEYS[1], 'lease') == ARGV[1] then
   redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
   return 1
 end
 return 0
@@ -91,6 +99,9 @@ class Run:
     output_schema: dict[str, Any] | None = None
     result: dict[str, Any] = field(default_factory=dict)
     start_turn: int = 0
+    start_index: int = -1
+    """Length of the agent's history when this run's message was added; -1 before that."""
+    attempts: int = 0
 
 
 def _h(redis_: redis.Redis, key: str) -> dict[str, str]:
@@ -204,6 +215,8 @@ class Ledger:
             output_schema=json.loads(row["output_schema"]) if row.get("output_schema") else None,
             result=json.loads(row["result"]) if row.get("result") else {},
             start_turn=int(row.get("start_turn") or 0),
+            start_index=int(row.get("start_index") or -1),
+            attempts=int(row.get("attempts") or 0),
         )
 
     def runs(self, run_ids: Iterable[str]) -> list[Run | None]:
@@ -215,21 +228,27 @@ class Ledger:
     def claim(self, run_id: str, agent_id: str, token: str, lease: float, host: str,
               from_state: str = "queued") -> bool:
         """Take a run from ``from_state`` (or from an expired lease) into ``running``."""
-        return bool(self._claim(keys=[keys.run(run_id), keys.agent(agent_id)],
-                                args=[token, time.time(), lease, from_state, host]))
+        return bool(self._claim(keys=[keys.run(run_id), keys.agent(agent_id), keys.leases()],
+                                args=[token, time.time(), lease, from_state, host, run_id]))
 
     def renew(self, run_id: str, token: str, lease: float) -> bool:
-        return bool(self._renew(keys=[keys.run(run_id)], args=[token, time.time() + lease]))
+        return bool(self._renew(keys=[keys.run(run_id), keys.leases()],
+                                args=[token, time.time() + lease, run_id]))
+
+    def expired_leases(self, now: float | None = None, limit: int = 100) -> list[str]:
+        """Runs whose worker stopped renewing their lease (it died or hangs)."""
+        return cast("list[str]", self.redis.zrangebyscore(
+            keys.leases(), "-inf", now or time.time(), start=0, num=limit))
 
     def settle(self, run: Run, swarm_id: str, state: str, result: dict[str, Any],
-               usage: dict[str, int], counted: bool = True) -> bool:
+               usage: dict[str, int]) -> bool:
         """Record a run's outcome once and announce it; False if it had settled already."""
         assert state in SETTLED, state
         done = self._settle(
-            keys=[keys.run(run.id), keys.agent(run.agent), keys.swarm_counters(swarm_id),
-                  keys.settle_stream()],
+            keys=[keys.run(run.id), keys.agent(run.agent), keys.swarm_inflight(swarm_id),
+                  keys.settle_stream(), keys.leases()],
             args=[state, json.dumps(result, ensure_ascii=False), time.time(), json.dumps(usage),
-                  "1" if counted else "0", run.id, "1" if run.agent else "0"])
+                  "1" if run.agent else "0", run.id])
         return bool(done == 1)
 
     # -- requests ----------------------------------------------------------------------------
@@ -246,6 +265,7 @@ class Ledger:
             pipe.hset(keys.agent(parent_id), "state", "parked")
             if parent_run:
                 pipe.hset(keys.run(parent_run), mapping={"state": "parked", "lease": ""})
+                pipe.zrem(keys.leases(), parent_run)
             pipe.hset(key, mapping={
                 "parent": parent_id, "swarm": swarm_id, "turn": turn, "created": time.time(),
                 "calls": json.dumps(calls, ensure_ascii=False),

@@ -13,6 +13,7 @@ import logging
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +22,26 @@ from typing import Any
 import redis
 from jsonschema import Draft202012Validator
 
-from swarm.agent.approval import deny_all
 from swarm.agent.build import assemble, new_session
+from swarm.agent.history import repair
 from swarm.agent.loop import Agent, Observer
 from swarm.agent.tools import Call
 from swarm.config import Settings
 from swarm.coordinator.spawner import RedisSpawner
-from swarm.errors import AgentStopped, ModelError, Parked, SwarmError
+from swarm.errors import (
+    AgentStopped,
+    BudgetExceeded,
+    Cancelled,
+    ModelError,
+    Parked,
+    SwarmError,
+    TimedOut,
+)
 from swarm.llm.client import LLMClient
 from swarm.llm.types import ChatResult
+from swarm.store import keys
+from swarm.store.approvals import ApprovalQueue, QueueApprover
+from swarm.store.gate import RedisRateGate
 from swarm.store.hints import HintsStore, SwarmHints
 from swarm.store.ledger import SETTLED, Ledger, Run
 from swarm.store.sessions import RedisSessionStore
@@ -47,6 +59,12 @@ yourself. Your parent handed you the task in the first user message. Do it compl
 own: nobody can answer questions. Your final answer (a message without tool calls) goes back
 to your parent as the result, so make it self-contained: what you did, what you found, where
 the files are. Your workspace is {workspace}."""
+
+WRAP_UP = ("[time limit: you have used most of your wall time ({used:.0f} of {limit} s). Stop "
+           "starting new work: answer now with what you have done and found, and what is left.]")
+RESUMED = ("[your previous worker stopped while you were working; you are resumed from your last "
+           "saved step. A command that was running may or may not have finished: check its "
+           "effects before running it again.]")
 
 SCHEMA_PROMPT = """
 
@@ -76,12 +94,16 @@ class Progress(Observer):
     """Reports a child's turns and commands to the ledger, the event stream and Flower."""
 
     def __init__(self, ledger: Ledger, swarm_id: str, agent_id: str,
-                 send: Callable[..., None] | None = None) -> None:
+                 send: Callable[..., None] | None = None, control: Control | None = None
+                 ) -> None:
         self.ledger, self.swarm_id, self.agent_id, self.send = ledger, swarm_id, agent_id, send
+        self.control = control
         self.turns = 0
 
     def on_model_result(self, result: ChatResult) -> None:
         self.turns += 1
+        if self.control is not None:
+            self.control.count(result.usage.total_tokens)
 
     def on_tool_start(self, call: Call, summary: str) -> None:
         last = f"{call.name}: {summary}"[:200]
@@ -92,6 +114,73 @@ class Progress(Observer):
                 self.send("task-progress", agent=self.agent_id, turn=self.turns, last=last)
         except (redis.RedisError, SwarmError) as exc:  # progress is best effort
             log.debug("progress not recorded: %s", exc)
+
+
+class Control:
+    """Watches one running child: ``swarm cancel``, its wall-time limits, the token budget.
+
+    A thread polls the cancel flag once a second and sets :attr:`event` on cancel or at the
+    hard deadline, which kills a running command; :meth:`before_step` stops the loop
+    between steps, and asks the child to wrap up at 80% of its time.
+    """
+
+    POLL = 1.0
+
+    def __init__(self, redis_: redis.Redis, swarm_id: str, agent_id: str,
+                 settings: Settings) -> None:
+        self.redis, self.swarm_id, self.agent_id = redis_, swarm_id, agent_id
+        self.limit = settings.child_timeout
+        self.budget = settings.token_budget
+        self.start = time.monotonic()
+        self.event = threading.Event()
+        self.timed_out = False
+        self.warned = False
+        self.tokens = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name=f"watch-{agent_id}").start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.POLL):
+            if time.monotonic() - self.start >= self.limit:
+                self.timed_out = True
+                self.event.set()
+                return
+            try:
+                if self.redis.exists(keys.cancel(self.agent_id)):
+                    self.event.set()
+                    return
+            except redis.RedisError:
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def cancelled(self) -> bool:
+        return self.event.is_set()
+
+    def before_step(self, agent: Agent) -> None:
+        if self.event.is_set() or (self.redis.exists(keys.cancel(self.agent_id))):
+            self.event.set()
+            if self.timed_out:
+                raise TimedOut(f"wall-time limit of {self.limit} s reached "
+                               "(SWARM_CHILD_TIMEOUT)")
+            raise Cancelled("cancelled (swarm cancel, or its parent was cancelled)")
+        if self.budget and self.tokens >= self.budget:
+            raise BudgetExceeded(f"the swarm used {self.tokens} tokens of its budget of "
+                                 f"{self.budget} (SWARM_TOKEN_BUDGET)")
+        used = time.monotonic() - self.start
+        if not self.warned and used >= 0.8 * self.limit:
+            self.warned = True
+            agent.messages.append({"role": "user",
+                                   "content": WRAP_UP.format(used=used, limit=self.limit)})
+
+    def count(self, tokens: int) -> None:
+        """Add a model call's tokens to the swarm's count (one round trip per call)."""
+        try:
+            self.tokens = int(self.redis.hincrby(keys.swarm_counters(self.swarm_id), "tokens",
+                                                 tokens))
+        except redis.RedisError as exc:
+            log.warning("token count not recorded: %s", exc)
 
 
 @dataclass
@@ -108,7 +197,11 @@ class ChildRunner:
 
     def run(self, run_id: str, *, resume: bool = False,
             send: Callable[..., None] | None = None) -> dict[str, Any]:
-        """Run (or, with ``resume``, carry on) the run ``run_id``; returns a small summary."""
+        """Run (or, with ``resume``, carry on) the run ``run_id``; returns a small summary.
+
+        A run delivered again after its worker died (its lease ran out) is claimed anew and
+        resumed from its last saved step.
+        """
         run = self.ledger.run(run_id)
         if run is None:
             log.warning("run %s is not in the ledger; nothing to do", run_id)
@@ -145,46 +238,87 @@ class ChildRunner:
             if not (k in ENDPOINT and ENDPOINT & self.settings.explicit)})
         workspace = self._workspace(record, swarm_id)
         session = self.sessions.load(run.agent) or new_session(workspace.path, run.agent)
-        before = ws.snapshot(workspace.path)
+        if session.parked and self._still_waiting(run, session.parked):
+            return {"run": run.id, "state": "parked"}
+        before = self._snapshot(workspace, run)
+        control = Control(self.redis, swarm_id, run.agent, settings)
         model = LLMClient.from_settings(settings)
-        usage_before = dict(session.usage)
+        model.gate = RedisRateGate(self.redis, swarm_id)
+        queue = ApprovalQueue(self.redis, swarm_id)
         try:
             agent = assemble(
                 settings, workspace.path, model, session, store=self.sessions,
                 hints=SwarmHints(self.redis, swarm_id, HintsStore(self.redis, settings.home),
                                  agent_id=run.agent),
-                approver=deny_all,
-                observer=Progress(self.ledger, swarm_id, run.agent, send),
+                approver=QueueApprover(queue, settings.approval_timeout, control.cancelled),
+                observer=Progress(self.ledger, swarm_id, run.agent, send, control),
                 spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id),
                 extra_prompt=CHILD_PROMPT.format(agent_id=run.agent, depth=record["depth"],
                                                  workspace=workspace.path),
                 agent_id=run.agent,
+                cancel=control.event,
             )
+            agent.before_step = control.before_step
             state, result = self._answer(agent, run, resume)
         except Parked:
             self.ledger.event(swarm_id, "parked", run.agent)
             return {"run": run.id, "state": "parked"}
         finally:
+            control.stop()
             model.close()
+        start_usage = run.result.get("usage_at_start") or {}
         result.update(
             agent_id=run.agent, workspace=str(workspace.path),
             files_changed=ws.changed_files(before, ws.snapshot(workspace.path)),
-            usage=_usage_delta(usage_before, session.usage))
+            usage=_usage_delta(start_usage, session.usage))
         if workspace.git_branch:
             result["git_branch"] = workspace.git_branch
             result["diffstat"] = ws.commit_changes(
                 workspace, f"swarm {run.agent}: {run.message[:60]}")
         self.ledger.settle(run, swarm_id, state, result, session.usage)
-        self.ledger.event(swarm_id, "settled", run.agent, state=state)
+        self.ledger.event(swarm_id, "settled", run.agent, state=state,
+                          error=result.get("error", ""))
         return {"run": run.id, "state": state}
+
+    def _still_waiting(self, run: Run, request_id: str) -> bool:
+        """A run found parked on a request: True if that request is still out (the join
+        resumes it), else the spawn never got out; the calls are answered as interrupted."""
+        request = self.ledger.request(request_id)
+        if request and request.get("state") != "joined":
+            self.ledger.set_run(run.id, state="parked", lease="")
+            self.redis.zrem(keys.leases(), run.id)
+            return True
+        return False
+
+    def _snapshot(self, workspace: ws.Workspace, run: Run) -> ws.Snapshot:
+        """The workspace as it was when this run began (kept on disk across resumes)."""
+        path = workspace.path.parent / f".{run.agent}.{run.id}.snapshot.json"
+        try:
+            return {k: (v[0], v[1]) for k, v in json.loads(path.read_text()).items()}
+        except (OSError, ValueError):
+            snap = ws.snapshot(workspace.path)
+            path.write_text(json.dumps(snap))
+            return snap
 
     def _answer(self, agent: Agent, run: Run, resume: bool) -> tuple[str, dict[str, Any]]:
         """Work to a final answer; check it against the run's output schema (one retry)."""
+        session = agent.session
         try:
             if resume:
                 answer = agent.resume(since_turn=run.start_turn)
+            elif 0 <= run.start_index < len(session.messages):
+                # A worker died mid-run: carry on from the last saved step.
+                agent.run_start = run.start_turn
+                if session.parked:  # its spawn request never went out: answer the calls
+                    session.messages = repair(session.messages)
+                    session.parked = ""
+                agent.messages.append({"role": "user", "content": RESUMED})
+                agent.save()
+                answer = agent.resume(since_turn=run.start_turn)
             else:
-                self.ledger.set_run(run.id, start_turn=agent.session.turns)
+                self.ledger.set_run(run.id, start_turn=session.turns,
+                                    start_index=len(session.messages),
+                                    result=json.dumps({"usage_at_start": session.usage}))
                 message = run.message
                 if run.output_schema:
                     message += SCHEMA_PROMPT.format(schema=json.dumps(run.output_schema))
@@ -203,6 +337,8 @@ class ChildRunner:
             return "done", {"answer": answer, "output": value}
         except Parked:
             raise
+        except Cancelled as exc:
+            return exc.state, {"error": str(exc)}
         except (AgentStopped, ModelError) as exc:
             return "failed", {"error": f"{type(exc).__name__}: {exc}"}
         except Exception as exc:  # a bug must not leave the parent waiting forever

@@ -1,0 +1,63 @@
+"""``swarm cancel`` and ``swarm approve``: act on a running swarm from any terminal."""
+
+from __future__ import annotations
+
+import click
+
+from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.coordinator.cancel import cancel as cancel_subtree
+from swarm.store.approvals import ApprovalQueue
+from swarm.store.connection import open_store
+from swarm.store.ledger import Ledger
+
+CTX = {"help_option_names": ["-h", "--help"]}
+
+
+@click.command(context_settings=CTX)
+@click.argument("agent_id", required=False)
+@handle_errors
+def cancel(agent_id: str | None) -> None:
+    """Cancel AGENT_ID (an agent, or a swarm id for the whole swarm; default: the latest
+    swarm) and every agent under it. Running commands are killed; parents get `cancelled`
+    results."""
+    settings = settings_from()
+    with open_store(settings) as store:
+        ledger = Ledger(store.redis)
+        target = agent_id or ledger.latest_swarm()
+        if not target or not ledger.agent(target):
+            raise Abort(f"no agent or swarm {target!r}; `swarm status` lists them")
+        active = cancel_subtree(ledger, target)
+    click.echo(f"cancelling {target}: {len(active)} agent(s) still active were flagged; "
+               "they stop within seconds", err=True)
+
+
+@click.command(context_settings=CTX)
+@click.argument("approval_id", required=False)
+@click.option("--swarm", "swarm_id", help="The swarm (default: the latest).")
+@click.option("--deny", "decision", flag_value="deny", help="Deny the request.")
+@click.option("--always", "decision", flag_value="always",
+              help="Approve, and approve this tool for the rest of the swarm.")
+@click.option("--yes", "decision", flag_value="approve", default=True,
+              help="Approve the request (the default).")
+@handle_errors
+def approve(approval_id: str | None, swarm_id: str | None, decision: str) -> None:
+    """Answer a child's approval request; with no APPROVAL_ID, list the pending ones."""
+    settings = settings_from()
+    with open_store(settings) as store:
+        ledger = Ledger(store.redis)
+        swarm_id = swarm_id or ledger.latest_swarm()
+        if not swarm_id:
+            raise Abort("no swarm yet")
+        queue = ApprovalQueue(store.redis, swarm_id)
+        if approval_id is None:
+            pending = queue.pending()
+            if not pending:
+                click.echo(f"no approval pending in swarm {swarm_id}", err=True)
+            for p in pending:
+                click.echo(f"{p.id}  agent {p.agent}  {p.tool}: {p.summary}"
+                           + (f"  ({p.reason})" if p.reason else ""))
+            return
+        if not queue.answer(approval_id, decision):  # type: ignore[arg-type]
+            raise Abort(f"no pending request {approval_id!r} in swarm {swarm_id} (answered, "
+                        "timed out, or another swarm: pass --swarm)")
+    click.echo(f"{approval_id}: {decision}", err=True)

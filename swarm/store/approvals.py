@@ -1,0 +1,116 @@
+"""Approvals from children reach a person: a Redis queue per swarm.
+
+A child that must ask (its policy says so) adds a request to the swarm's hash and waits
+on its own answer list; the root terminal (or ``swarm approve`` from another one) shows
+pending requests and pushes ``approve`` / ``deny`` / ``always`` (approve this tool for the
+whole swarm). Silence is not consent: no answer within the timeout denies.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+import redis
+
+from swarm.agent.protocols import ApprovalRequest, Decision
+from swarm.store import keys
+
+DECISIONS: tuple[Decision, ...] = ("approve", "deny", "always")
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An approval request waiting for a person."""
+
+    id: str
+    swarm: str
+    agent: str
+    tool: str
+    summary: str
+    reason: str
+    created: float
+
+
+class ApprovalQueue:
+    """The approval requests of one swarm."""
+
+    def __init__(self, redis_: redis.Redis, swarm_id: str) -> None:
+        self.redis = redis_
+        self.swarm_id = swarm_id
+
+    def ask(self, request: ApprovalRequest, timeout: float,
+            cancelled: Callable[[], bool] = lambda: False) -> tuple[Decision, str]:
+        """Queue ``request`` and wait for a person; returns the decision and why."""
+        if self.redis.sismember(keys.swarm_approved(self.swarm_id), request.tool):
+            return "approve", "approved for this swarm"
+        approval_id = "p" + secrets.token_hex(6)
+        entry = {"id": approval_id, "swarm": self.swarm_id, "agent": request.agent_id,
+                 "tool": request.tool, "summary": request.summary[:2000],
+                 "reason": request.reason, "created": time.time()}
+        with self.redis.pipeline() as pipe:
+            pipe.hset(keys.approvals(self.swarm_id), approval_id, json.dumps(entry))
+            pipe.expire(keys.approvals(self.swarm_id), keys.LEDGER_TTL)
+            pipe.xadd(keys.events(self.swarm_id), {"kind": "approval", "agent": request.agent_id,
+                                                    "text": request.summary[:300],
+                                                    "ts": f"{time.time():.3f}"},
+                      maxlen=keys.EVENTS_MAXLEN, approximate=True)
+            pipe.execute()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return "deny", f"no one answered within {timeout:.0f} s"
+                if cancelled():
+                    return "deny", "the agent was cancelled"
+                got = self.redis.blpop([keys.approval_answer(approval_id)],
+                                       timeout=max(0.1, min(1.0, left)))
+                if got is not None:
+                    decision = cast("tuple[str, str]", got)[1]
+                    if decision in DECISIONS:
+                        return decision, "answered by a person"
+                    return "deny", f"unknown answer {decision!r}"
+        finally:
+            self.redis.hdel(keys.approvals(self.swarm_id), approval_id)
+
+    def pending(self) -> list[Pending]:
+        """Requests waiting for an answer, oldest first."""
+        rows = cast("dict[str, str]", self.redis.hgetall(keys.approvals(self.swarm_id)))
+        out = [Pending(**{k: v for k, v in json.loads(raw).items()
+                          if k in Pending.__dataclass_fields__}) for raw in rows.values()]
+        return sorted(out, key=lambda p: p.created)
+
+    def answer(self, approval_id: str, decision: Decision) -> bool:
+        """Answer a pending request; False when it is not (or no longer) pending."""
+        raw = self.redis.hget(keys.approvals(self.swarm_id), approval_id)
+        if raw is None:
+            return False
+        if decision == "always":
+            tool = json.loads(cast(str, raw))["tool"]
+            self.redis.sadd(keys.swarm_approved(self.swarm_id), tool)
+            self.redis.expire(keys.swarm_approved(self.swarm_id), keys.LEDGER_TTL)
+        with self.redis.pipeline() as pipe:
+            pipe.rpush(keys.approval_answer(approval_id), decision)
+            pipe.expire(keys.approval_answer(approval_id), 3600)
+            pipe.execute()
+        return True
+
+
+class QueueApprover:
+    """The approver of a child: asks through the swarm's queue, denies on silence."""
+
+    def __init__(self, queue: ApprovalQueue, timeout: float,
+                 cancelled: Callable[[], bool] = lambda: False) -> None:
+        self.queue = queue
+        self.timeout = timeout
+        self.cancelled = cancelled
+        self.last_reason = ""
+
+    def __call__(self, request: ApprovalRequest) -> Decision:
+        decision, self.last_reason = self.queue.ask(request, self.timeout, self.cancelled)
+        return decision
