@@ -68,6 +68,10 @@ KNOBS: dict[str, Knob] = {
                           "berserk: wall seconds per child (asked to wrap up at 80%)"),
     "approval_timeout": Knob(("SWARM_APPROVAL_TIMEOUT",),
                              "berserk: seconds a child waits for a person's answer; then denied"),
+    "lease": Knob(("SWARM_LEASE",),
+                  "seconds a worker's claim on a child lives without renewal; then taken over"),
+    "reclaim_idle": Knob(("SWARM_RECLAIM_IDLE",),
+                         "seconds before a dead coordinator's pending requests are taken over"),
     "sandbox": Knob(("SWARM_SANDBOX",),
                     "run commands in bubblewrap: auto (when installed), bwrap, none"),
     "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",), "let sandboxed commands use the network"),
@@ -108,6 +112,8 @@ class Settings:
     token_budget: int = 0
     child_timeout: int = 3600
     approval_timeout: int = 300
+    lease: int = 30
+    reclaim_idle: int = 15
     sandbox: str = "none"
     sandbox_network: bool = True
     explicit: frozenset[str] = frozenset()
@@ -159,7 +165,7 @@ class Settings:
         for name in ("command_timeout", "command_timeout_max", "output_cap", "context_length",
                      "retries", "lock_ttl", "session_ttl", "connect_timeout", "read_timeout",
                      "max_depth", "max_children", "max_parallel", "child_timeout",
-                     "approval_timeout"):
+                     "approval_timeout", "lease", "reclaim_idle"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be a positive number")
         for name in ("max_turns", "backoff_max", "token_budget"):

@@ -91,7 +91,8 @@ def assemble(
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
-        env=LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel),
+        env=LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
+                             sandbox=settings.sandbox, network=settings.sandbox_network),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
         system_prompt=prompt_builder(workspace, folder, extra_prompt),

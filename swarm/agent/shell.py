@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from swarm import procs
 from swarm.agent.protocols import CommandResult
-from swarm.errors import ToolError
+from swarm.errors import ConfigError, ToolError
 
 SECRET_VARS = ("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY", "SWARM_REDIS_URL")
 """Environment variables a command never sees (a Redis URL may carry a password)."""
@@ -171,6 +172,18 @@ class _Group:
         return bool(self.members)
 
 
+def sandbox_binary(mode: str) -> str | None:
+    """The bubblewrap binary for ``SWARM_SANDBOX`` ``mode``: ``none`` -> None, ``auto`` ->
+    bwrap when installed, ``bwrap`` -> bwrap or a :class:`ConfigError` saying how to get it."""
+    if mode == "none":
+        return None
+    found = shutil.which("bwrap")
+    if found is None and mode == "bwrap":
+        raise ConfigError("SWARM_SANDBOX=bwrap but bubblewrap is not installed: install it "
+                          "(apt-get install bubblewrap) or set SWARM_SANDBOX=auto or none")
+    return found
+
+
 class LocalEnvironment:
     """An :class:`~swarm.agent.protocols.Environment` running ``bash -c`` on this host."""
 
@@ -180,6 +193,8 @@ class LocalEnvironment:
         output_cap: int = 20_000,
         cancel: threading.Event | None = None,
         extra_env: dict[str, str] | None = None,
+        sandbox: str = "none",
+        network: bool = True,
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -187,6 +202,21 @@ class LocalEnvironment:
         self.output_cap = output_cap
         self.cancel = cancel
         self.extra_env = dict(extra_env or {})
+        self.bwrap = sandbox_binary(sandbox)
+        self.network = network
+
+    def argv(self, command: str) -> list[str]:
+        """The program that runs ``command``: bash, inside bubblewrap when sandboxed (the
+        workspace writable, the rest of the filesystem read-only, a private /tmp, the
+        network only when allowed)."""
+        if self.bwrap is None:
+            return ["bash", "-c", command]
+        ws = str(self.workspace.resolve())
+        box = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+               "--tmpfs", "/tmp", "--bind", ws, ws, "--chdir", ws, "--die-with-parent"]
+        if not self.network:
+            box.append("--unshare-net")
+        return [*box, "bash", "-c", command]
 
     def execute(self, command: str, timeout: int) -> CommandResult:
         """Run ``command`` in the workspace for at most ``timeout`` seconds.
@@ -206,7 +236,7 @@ class LocalEnvironment:
             )
         try:
             proc = subprocess.Popen(
-                ["bash", "-c", command],
+                self.argv(command),
                 cwd=self.workspace,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

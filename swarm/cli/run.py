@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -81,8 +82,10 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
     approver = TerminalApprover()
 
     def spawner(store: Store, session: Session) -> Spawner:
+        # Children's approval requests are put to a person only at a terminal; otherwise
+        # they wait for `swarm approve` (and are denied when no one answers in time).
         root = RootSwarm(settings, store, workers=workers, on_event=view.on_swarm_event,
-                         ask=approver, swarm_id=attach)
+                         ask=approver if sys.stdin.isatty() else None, swarm_id=attach)
         roots.append(root)
         return root.spawner(store, session)
 
@@ -133,7 +136,7 @@ def attach(swarm_id: str | None, yes: bool | None, workers: int | None) -> None:
         info = ledger.swarm(swarm_id) if swarm_id else {}
     if not swarm_id or not info:
         raise Abort(f"no swarm {swarm_id or ''!r} to attach to; `swarm status` lists them")
-    if info.get("state") not in ("running", "cancelled", "failed"):
+    if info.get("state") not in ("running", "detached", "cancelled", "failed"):
         raise Abort(f"swarm {swarm_id} is {info.get('state')}; nothing to collect "
                     "(`swarm logs` shows its conversation)")
     click.echo(run_job(settings, Path(info["workspace"]), "", workers=workers,

@@ -34,8 +34,10 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     settings (SWARM_BASE_URL, SWARM_API_KEY, ...) in its own environment.
     """
     from swarm.workers.app import configure
+    from swarm.workers.local import exit_with_parent
 
     settings = settings_from()
+    exit_with_parent()
     with open_store(settings) as store:
         app = configure(store.url)
         app.worker_main([
@@ -57,9 +59,11 @@ def coordinator(name: str | None) -> None:
 
     from swarm.coordinator.service import Coordinator
     from swarm.workers.app import configure
+    from swarm.workers.local import exit_with_parent
 
     logging.getLogger("swarm").setLevel(logging.INFO)
     settings = settings_from()
+    exit_with_parent()
     with open_store(settings) as store:
         service = Coordinator(store.redis, configure(store.url), settings,
                               name=name or socket.gethostname())

@@ -50,6 +50,8 @@ class RootSwarm:
     cluster: LocalCluster | None = None
     session: Session | None = None
     task: str = ""
+    detached: bool = False
+    """The root left while its children go on (``swarm attach`` picks it up)."""
     model_id: str = ""
     """The model the root resolved; children use the same one."""
     _last_event: str = field(default="0-0", init=False)
@@ -170,10 +172,13 @@ class RootSwarm:
         if self.store.embedded:
             cancel(self.ledger, self.swarm_id, "the root was interrupted")
             return "; its children were cancelled"
+        self.detached = True
         return (f"; its children keep running: `swarm attach {self.swarm_id}` collects the "
                 "answer, `swarm cancel` stops them")
 
     def finish(self, state: str) -> None:
+        if self.detached:
+            state = "detached"
         if self.session is not None and self.ledger.swarm(self.swarm_id):
             self.ledger.finish_swarm(self.swarm_id, state)
             self.ledger.update_agent(self.swarm_id, state=state, settled=time.time())

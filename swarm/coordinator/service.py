@@ -26,6 +26,7 @@ from celery import Celery
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from swarm import faults
 from swarm.config import Settings
 from swarm.store import keys
 from swarm.store.ledger import SETTLED, Ledger, Run, derive_id
@@ -35,8 +36,6 @@ log = logging.getLogger(__name__)
 
 BLOCK_MS = 1000
 BATCH = 64
-#: Entries pending this long on a consumer that stopped answering are claimed again.
-RECLAIM_IDLE_MS = 15_000
 #: Seconds between passes over dead coordinators' entries and dead workers' runs.
 REAP_EVERY = 2.0
 #: Seconds a re-sent run has to be claimed before it is re-sent again.
@@ -128,7 +127,8 @@ class Coordinator:
         """Take over entries another coordinator read but never acknowledged (it died)."""
         for stream in (keys.spawn_stream(), keys.settle_stream()):
             reply: list[Any] = self.redis.xautoclaim(
-                stream, keys.COORDINATORS, self.name, RECLAIM_IDLE_MS, "0-0", count=BATCH)
+                stream, keys.COORDINATORS, self.name, self.settings.reclaim_idle * 1000, "0-0",
+                count=BATCH)
             entries = reply[1]
             for entry_id, fields in entries:
                 if fields:
@@ -185,6 +185,7 @@ class Coordinator:
             run_id = derive_id("r", parent_id, turn, call["call_id"])
             runs[call["call_id"]] = run_id
             self.dispatch(run_id, call, request_id, swarm_id, parent, limits, turn)
+            faults.point("coordinator-after-first-dispatch")
         self.ledger.set_request(request_id, runs=runs, state="dispatched")
         self.ledger.event(swarm_id, "dispatched", parent_id, children=len(runs))
         self.maybe_join(request_id)

@@ -258,8 +258,11 @@ class EmbeddedServer:
     def _start(self) -> ServerInfo:
         binary = self._binary_path()
         self._rotate_log()
-        for _ in range(_PORT_TRIES):
-            port = _free_port()
+        # The port of the last server on this home first: clients that outlived it
+        # (workers, a coordinator) reconnect to the restarted server by themselves.
+        last = self._last_port()
+        for attempt in range(_PORT_TRIES):
+            port = last if attempt == 0 and last else _free_port()
             conf = self.data_dir / "valkey.conf"
             _write_atomic(conf, self._config(port))
             offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -280,12 +283,20 @@ class EmbeddedServer:
                 _kill(proc.pid)
                 raise
             if ready:
+                _write_atomic(self.data_dir / "port", f"{port}\n")
                 return ServerInfo(proc.pid, port, time.time())
             # The port was taken between choosing and binding it: try another.
         raise StoreUnavailableError(
             f"the embedded Redis server could not bind a free port on 127.0.0.1 after "
             f"{_PORT_TRIES} tries (log: {self.log_path}); free some ports, {_FIX}"
         )
+
+    def _last_port(self) -> int | None:
+        try:
+            port = int((self.data_dir / "port").read_text())
+        except (OSError, ValueError):
+            return None
+        return port if 1024 <= port < 65536 else None
 
     def _wait_ready(
         self, proc: subprocess.Popen[bytes], port: int, offset: int, binary: Path

@@ -424,6 +424,9 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    # Answers go out as many small writes; without TCP_NODELAY the last one waits for the
+    # client's delayed ACK (~40 ms an answer), which would show up as swarm overhead.
+    disable_nagle_algorithm = True
     protocol_version = "HTTP/1.1"
     server: _HTTPServer
     timeout = 60

@@ -22,6 +22,7 @@ from typing import Any
 import redis
 from jsonschema import Draft202012Validator
 
+from swarm import faults
 from swarm.agent.build import assemble, new_session
 from swarm.agent.history import repair
 from swarm.agent.loop import Agent, Observer
@@ -51,8 +52,6 @@ log = logging.getLogger(__name__)
 
 #: Settings of the model endpoint: from the worker's environment when it has them.
 ENDPOINT = frozenset({"base_url", "model"})
-#: Seconds a claimed run stays ours without renewal; renewed every third of it.
-LEASE = 30.0
 
 CHILD_PROMPT = """You are agent {agent_id}, a child at depth {depth} of a swarm of copies of
 yourself. Your parent handed you the task in the first user message. Do it completely on your
@@ -104,6 +103,9 @@ class Progress(Observer):
         self.turns += 1
         if self.control is not None:
             self.control.count(result.usage.total_tokens)
+
+    def on_tool_result(self, call: Call, result: str) -> None:
+        faults.point("worker-after-first-command")
 
     def on_tool_start(self, call: Call, summary: str) -> None:
         last = f"{call.name}: {summary}"[:200]
@@ -209,7 +211,7 @@ class ChildRunner:
         if run.state in SETTLED:
             return {"run": run_id, "state": run.state}
         token = secrets.token_hex(8)
-        if not self.ledger.claim(run.id, run.agent, token, LEASE, self.host,
+        if not self.ledger.claim(run.id, run.agent, token, self.settings.lease, self.host,
                                  "parked" if resume else "queued"):
             return {"run": run_id, "state": "skipped (another worker has it)"}
         stop = threading.Event()
@@ -221,9 +223,10 @@ class ChildRunner:
             stop.set()
 
     def _renew(self, run_id: str, token: str, stop: threading.Event) -> None:
-        while not stop.wait(LEASE / 3):
+        lease = self.settings.lease
+        while not stop.wait(lease / 3):
             try:
-                if not self.ledger.renew(run_id, token, LEASE):
+                if not self.ledger.renew(run_id, token, lease):
                     return
             except redis.RedisError as exc:
                 log.warning("lease of %s not renewed: %s", run_id, exc)

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -73,7 +74,8 @@ class LocalCluster:
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")  # noqa: SIM115  (closed in stop())
         self._logs.append(out)
-        env = {**os.environ, "SWARM_REDIS_URL": self.redis_url, "SWARM_HOME": str(self.home)}
+        env = {**os.environ, "SWARM_REDIS_URL": self.redis_url, "SWARM_HOME": str(self.home),
+               "SWARM_PARENT_PID": str(os.getpid())}
         self.procs.append(subprocess.Popen(
             [sys.executable, "-m", "swarm", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True))
@@ -104,3 +106,27 @@ class LocalCluster:
             out.close()
         self.procs.clear()
         self._logs.clear()
+
+
+def exit_with_parent() -> None:
+    """In a process started by :class:`LocalCluster`: stop when the ``swarm run`` that
+    started it is gone (even SIGKILLed), so no local worker outlives its job."""
+    parent = int(os.environ.get("SWARM_PARENT_PID") or 0)
+    if not parent:
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                log.warning("the swarm process %d that started this one is gone; stopping",
+                            parent)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(STOP_GRACE)
+                os._exit(1)
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
