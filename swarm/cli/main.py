@@ -62,10 +62,13 @@ def interrupt_on_term() -> None:
     """Make SIGTERM and SIGHUP (a closed terminal) act like Ctrl-C, so the same cleanup
     runs: the command's process group is killed, the session saved, servers stopped."""
     import signal
+    import threading
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (tests drive the CLI from threads)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
 

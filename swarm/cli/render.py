@@ -7,11 +7,16 @@ Everything goes to stderr except, in ``chat``, the streamed answer (stdout), so
 from __future__ import annotations
 
 import sys
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from swarm.agent.loop import Observer
 from swarm.agent.tools import Call
 from swarm.llm.types import ChatResult, StreamEvent
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+    from swarm.cli.live import LiveTree
 
 DIM, BOLD, CYAN, RESET = "\033[2m", "\033[1m", "\033[36m", "\033[0m"
 #: Lines of a command's output shown on the terminal (the model sees all of it).
@@ -95,6 +100,18 @@ class TerminalView(Observer):
         self._end_line()
         self.err.write(self._c(DIM, describe(event)) + "\n")
         self.err.flush()
+
+    def swarm_view(self, redis_: Redis, swarm_id: str) -> LiveTree:
+        """The live tree of ``swarm_id`` on this view's stderr when it is a terminal; else
+        its events go to :meth:`on_swarm_event` as plain lines. Pass its ``on_swarm_event``
+        to the root and ``close()`` it at the end."""
+        from rich.console import Console
+
+        from swarm.cli.live import LiveTree
+
+        console = Console(file=self.err, force_terminal=self.color or None)
+        return LiveTree(redis_, swarm_id, console=console, fallback=self.on_swarm_event,
+                        enabled=self.color and not console.is_dumb_terminal)
 
     def context_bar(self, width: int = 20) -> str:
         """A dim bar of how full the context is, e.g. ``[####......] 41% of 128k``."""

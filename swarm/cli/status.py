@@ -1,78 +1,128 @@
-"""``swarm status``: the tree of a swarm's agents from the ledger."""
+"""``swarm status`` and ``swarm top``: a swarm's agents as a tree, once or live."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
 
 import click
+from rich.console import Console
 
 from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.report.snapshot import (
+    AgentView,
+    Prices,
+    Snapshot,
+    SnapshotReader,
+    first_line,
+    fmt_duration,
+    fmt_tokens,
+)
 from swarm.store.connection import open_store
-from swarm.store.ledger import Ledger
 from swarm.workers.local import alive
 
-
-def _elapsed(agent: dict[str, str]) -> str:
-    start = float(agent.get("started") or agent.get("created") or 0)
-    end = float(agent.get("settled") or 0) or time.time()
-    return f"{max(0.0, end - start):.1f}s" if start else "-"
+STATE_COLOR = {"running": "yellow", "parked": "blue", "done": "green", "failed": "red",
+               "timed_out": "red", "cancelled": "magenta", "refused": "red"}
 
 
-def _tokens(agent: dict[str, str]) -> int:
+def prices_from_env() -> Prices:
+    """``SWARM_PRICE_INPUT`` / ``SWARM_PRICE_OUTPUT``, or a clear error."""
     try:
-        return int(json.loads(agent.get("usage") or "{}").get("total_tokens", 0))
-    except (ValueError, AttributeError):
-        return 0
+        return Prices.from_env()
+    except ValueError as exc:
+        raise Abort(str(exc)) from None
 
 
-def tree_lines(agents: list[dict[str, str]]) -> list[str]:
-    """The agents as an indented tree, children under their parents in creation order."""
-    children: dict[str, list[dict[str, str]]] = {}
-    for a in agents:
-        children.setdefault(a.get("parent", ""), []).append(a)
+def load_snapshot(reader: SnapshotReader, swarm_id: str | None, *,
+                  root_answer: bool = False) -> Snapshot:
+    """The snapshot of ``swarm_id``, or of the latest swarm when None; Abort if absent."""
+    swarm_id = swarm_id or reader.latest()
+    if not swarm_id:
+        raise Abort("no swarm yet: a swarm starts when an agent first calls the agent tool")
+    snapshot = reader.load(swarm_id, root_answer=root_answer)
+    if snapshot is None:
+        raise Abort(f"no swarm {swarm_id!r} in this Redis (ledger entries expire after 7 "
+                    "days); `swarm status` with no id shows the latest")
+    return snapshot
+
+
+def _state(state: str, color: bool) -> str:
+    text = f"{state:<9}"
+    return click.style(text, fg=STATE_COLOR.get(state)) if color else text
+
+
+def agent_line(agent: AgentView, now: float, color: bool = False) -> str:
+    """One agent: state, depth, elapsed, turns, tokens, then (indented as in the tree) its
+    id, label and what it did last (or its error)."""
+    doing = agent.doing()
+    return (f"{_state(agent.state, color)} d{agent.depth}  "
+            f"{fmt_duration(agent.elapsed(now)):>7}  {agent.turns or '-':>3} turns  "
+            f"{fmt_tokens(agent.tokens) if agent.tokens else '-':>6} tok  "
+            f"{'  ' * agent.level}{agent.id}  {agent.label[:50]}"
+            + (f"  | {doing[:100]}" if doing else ""))
+
+
+def tree_lines(snapshot: Snapshot, color: bool = False) -> list[str]:
+    """Failures first (with their error), then every agent as an indented tree."""
     lines: list[str] = []
-
-    def walk(agent: dict[str, str], indent: int) -> None:
-        last = agent.get("last", "")
-        lines.append(
-            f"{'  ' * indent}{agent['id']}  {agent.get('state', '?'):<9} depth "
-            f"{agent.get('depth', '?')}  {_elapsed(agent):>7}  {_tokens(agent):>7} tok  "
-            f"{agent.get('label', '')[:50]}" + (f"  | {last[:60]}" if last else ""))
-        for child in children.get(agent["id"], []):
-            walk(child, indent + 1)
-
-    for root in children.get("", []):
-        walk(root, 0)
+    failures = snapshot.failures()
+    if failures:
+        lines.append(f"failures ({len(failures)}):")
+        for agent in failures:
+            lines.append(f"  {agent.id}  {_state(agent.state, color).rstrip()}  "
+                         f"{agent.label[:50]}: {first_line(agent.error, 300) or '(no error)'}")
+        lines.append("agents:")
+    lines.extend(agent_line(a, snapshot.taken, color) for a in snapshot.agents)
     return lines
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("swarm_id", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Every agent as JSON, for scripts.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Every agent as JSON (id, parent, state, depth, usage, timings, error).")
 @handle_errors
 def status(swarm_id: str | None, as_json: bool) -> None:
-    """Show the agents of SWARM_ID (default: the latest swarm) as a tree."""
-    settings = settings_from()
-    with open_store(settings) as store:
-        ledger = Ledger(store.redis)
-        swarm_id = swarm_id or ledger.latest_swarm()
-        if not swarm_id:
-            raise Abort("no swarm yet: a swarm starts when an agent first calls the agent tool")
-        info = ledger.swarm(swarm_id)
-        if not info:
-            raise Abort(f"no swarm {swarm_id!r} (it may have expired)")
-        agents = ledger.agents(swarm_id)
+    """Show the agents of SWARM_ID (default: the latest swarm) as a tree.
+
+    Failures come first with their error; each agent shows its state, depth, elapsed time,
+    turns, tokens and last command. SWARM_PRICE_INPUT / SWARM_PRICE_OUTPUT (dollars per
+    million tokens) add an estimated cost.
+    """
+    prices = prices_from_env()
+    with open_store(settings_from()) as store:
+        snapshot = load_snapshot(SnapshotReader(store.redis), swarm_id)
         workers, coordinators = alive(store.redis, "worker"), alive(store.redis, "coordinator")
     if as_json:
-        click.echo(json.dumps({"swarm": info, "agents": agents}, indent=2))
+        click.echo(json.dumps(snapshot.to_json(prices), indent=2, ensure_ascii=False))
         return
-    counts: dict[str, int] = {}
-    for a in agents:
-        counts[a.get("state", "?")] = counts.get(a.get("state", "?"), 0) + 1
-    click.echo(f"swarm {swarm_id}  {info.get('state', '?')}  {info.get('workspace', '')}")
-    click.echo("  " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) +
-               f"  | {len(workers)} worker(s), {len(coordinators)} coordinator(s) alive; "
-               "Flower: `swarm flower` (http://127.0.0.1:5555)")
-    for line in tree_lines(agents):
+    color = click.get_text_stream("stdout").isatty()
+    click.echo(snapshot.summary(prices))
+    click.echo(f"  {snapshot.info.get('workspace', '')}  task: "
+               f"{first_line(snapshot.info.get('task', ''), 80)}")
+    click.echo(f"  {len(workers)} worker(s), {len(coordinators)} coordinator(s) alive; "
+               "Flower: `swarm flower` (http://127.0.0.1:5555); `swarm logs AGENT_ID` shows "
+               "a conversation")
+    for line in tree_lines(snapshot, color):
         click.echo(line)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("swarm_id", required=False)
+@click.option("--interval", type=click.FloatRange(min=0.1), default=0.5, show_default=True,
+              help="Seconds between reads of the ledger.")
+@handle_errors
+def top(swarm_id: str | None, interval: float) -> None:
+    """Watch SWARM_ID (default: the latest swarm) live until it settles or Ctrl-C.
+
+    On a terminal: the live tree of `swarm run`. Piped: its progress events as plain
+    lines, then a summary line.
+    """
+    from swarm.cli.live import LiveTree
+
+    prices = prices_from_env()
+    with open_store(settings_from()) as store:
+        reader = SnapshotReader(store.redis)
+        snapshot = load_snapshot(reader, swarm_id)
+        view = LiveTree(store.redis, snapshot.swarm_id, console=Console(), prices=prices)
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a user leaves top
+            view.follow(interval)

@@ -1,0 +1,134 @@
+"""``swarm logs AGENT_ID``: an agent's conversation — its task, commands, outputs, answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+import click
+import redis
+
+from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.report.snapshot import content_text
+from swarm.store import keys
+from swarm.store.connection import open_store
+from swarm.store.sessions import RedisSessionStore
+
+#: Lines of a command's output (or a long message) shown without --full: head and tail.
+HEAD, TAIL = 10, 5
+#: Characters of one output line shown without --full.
+LINE_CAP = 300
+
+
+def shorten(text: str, full: bool) -> str:
+    """``text`` whole with ``full``, else its first and last lines with a marker between."""
+    if full:
+        return text
+    lines = [ln if len(ln) <= LINE_CAP else ln[:LINE_CAP] + " ..." for ln in text.splitlines()]
+    if len(lines) > HEAD + TAIL + 1:
+        cut = len(lines) - HEAD - TAIL
+        lines = [*lines[:HEAD], f"... {cut} lines cut (--full shows them) ...", *lines[-TAIL:]]
+    return "\n".join(lines)
+
+
+def resolve_agent(redis_: redis.Redis, given: str) -> dict[str, str]:
+    """The ledger entry of ``given``: an agent id, a swarm id (its root) or a unique prefix."""
+    record = cast("dict[str, str]", redis_.hgetall(keys.agent(given)))
+    if record:
+        return record
+    matches = sorted({str(k) for k in redis_.scan_iter(match=keys.agent(given) + "*",
+                                                       count=1000)})
+    if len(matches) > 1:
+        shown = ", ".join(m.removeprefix(keys.agent("")) for m in matches[:5])
+        raise Abort(f"{given!r} matches {len(matches)} agents ({shown}...); give more of the id")
+    if matches:
+        return cast("dict[str, str]", redis_.hgetall(matches[0]))
+    return {}
+
+
+def _call_line(call: dict[str, Any]) -> str:
+    function = call.get("function") or {}
+    name = str(function.get("name", "?"))
+    raw = str(function.get("arguments") or "")
+    try:
+        args = json.loads(raw) if raw else {}
+    except ValueError:
+        args = raw
+    if name == "run_cli" and isinstance(args, dict) and "command" in args:
+        return f"$ {args['command']}"
+    if name == "agent" and isinstance(args, dict):
+        target = f" (continue {args['agent_id']})" if args.get("agent_id") else ""
+        return f"> agent{target}: {args.get('message', '')}"
+    shown = json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else args
+    return f"> {name} {shown}"
+
+
+def conversation_lines(messages: list[dict[str, Any]], full: bool) -> list[str]:
+    """The conversation as text: commands, shortened outputs, thoughts and the answer."""
+    out: list[str] = []
+    answer_at = max((i for i, m in enumerate(messages)
+                     if m.get("role") == "assistant" and not m.get("tool_calls")), default=-1)
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        text = content_text(message.get("content")).strip()
+        if role == "system":
+            if full:
+                out += ["== system prompt", text]
+        elif role == "user":
+            out += ["== user", shorten(text, full)]
+        elif role == "assistant":
+            reasoning = str(message.get("reasoning_content") or "").strip()
+            if reasoning:
+                out += ["-- thinking", shorten(reasoning, full)]
+            calls = message.get("tool_calls") or []
+            if calls:
+                if text:
+                    out += ["-- said", shorten(text, full)]
+                out += [shorten(_call_line(c), full) for c in calls]
+            else:
+                out += ["== answer" if i == answer_at else "== assistant", text]
+        elif role == "tool":
+            out.append("\n".join("  " + ln for ln in shorten(text, full).splitlines()) or "  ")
+    return out
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("agent_id")
+@click.option("--full", is_flag=True, help="Show outputs and messages whole, and the system "
+                                           "prompt.")
+@handle_errors
+def logs(agent_id: str, full: bool) -> None:
+    """Print the conversation of AGENT_ID: its task, commands, their output, its answer.
+
+    AGENT_ID is an id from `swarm status` (a unique prefix will do); a swarm id shows the
+    root agent's conversation. Outputs are shortened to their first and last lines unless
+    --full.
+    """
+    with open_store(settings_from()) as store:
+        record = resolve_agent(store.redis, agent_id)
+        session_id = (record.get("session") or record.get("id")) if record else agent_id
+        session = RedisSessionStore(store.redis, index=False).load(str(session_id))
+        result: dict[str, Any] = {}
+        if record.get("run"):
+            raw = store.redis.hget(keys.run(record["run"]), "result")
+            try:
+                result = json.loads(str(raw)) if raw else {}
+            except ValueError:
+                result = {}
+    if not record and session is None:
+        raise Abort(f"no agent {agent_id!r}: `swarm status` lists the agents of the latest "
+                    "swarm (ledger entries and sessions expire)")
+    if record:
+        click.echo(f"agent {record.get('id')}  {record.get('kind', 'child')}  "
+                   f"{record.get('state', '?')}  depth {record.get('depth', '?')}  "
+                   f"swarm {record.get('swarm', '?')}  parent {record.get('parent') or '-'}")
+        if record.get("workspace"):
+            click.echo(f"workspace {record['workspace']}")
+    if session is None:
+        click.echo(f"(no conversation stored for {agent_id}: it has not started, or its "
+                   "session expired)")
+    else:
+        for line in conversation_lines(session.messages, full):
+            click.echo(line)
+    if isinstance(result, dict) and result.get("error"):
+        click.echo(f"== error\n{result['error']}")

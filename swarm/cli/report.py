@@ -1,0 +1,41 @@
+"""``swarm report``: a swarm as one self-contained HTML page (timeline, totals, failures)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.cli.status import load_snapshot, prices_from_env
+from swarm.report.html import render_html
+from swarm.report.snapshot import SnapshotReader
+from swarm.store.connection import open_store
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("swarm_id", required=False)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="File to write ('-' for stdout). Default: swarm-report-SWARM_ID.html here.")
+@handle_errors
+def report(swarm_id: str | None, output: Path | None) -> None:
+    """Write SWARM_ID (default: the latest swarm) as one HTML page to open in a browser.
+
+    The page needs no network: a timeline of every agent from spawn to settle coloured
+    by state (hover a bar for its task and result or error), the totals, and the
+    failures first. SWARM_PRICE_INPUT / SWARM_PRICE_OUTPUT add an estimated cost.
+    """
+    prices = prices_from_env()
+    with open_store(settings_from()) as store:
+        snapshot = load_snapshot(SnapshotReader(store.redis), swarm_id, root_answer=True)
+    page = render_html(snapshot, prices)
+    if output is not None and str(output) == "-":
+        click.echo(page)
+        return
+    path = output or Path(f"swarm-report-{snapshot.swarm_id}.html")
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise Abort(f"cannot write the report to {path}: {exc.strerror or exc}") from None
+    click.echo(f"wrote {path} ({len(snapshot.agents)} agents, "
+               f"{len(snapshot.failures())} failed): open it in a browser")

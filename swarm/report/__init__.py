@@ -1,0 +1,2 @@
+"""Seeing a swarm: snapshots of the ledger as a tree (``snapshot``) and the HTML report
+(``html``). The terminal views live in :mod:`swarm.cli.live` and :mod:`swarm.cli.status`."""

@@ -1,0 +1,519 @@
+"""A swarm as read from the ledger at one moment: its agents as a tree, their usage and
+outcome, totals and the estimated cost.
+
+Reading costs three pipelined round trips whatever the size of the swarm: the swarm
+hash and its agent ids; every agent hash; the session metadata (live token counts and
+turns) and run records (task, answer, error) not read before: what a settled run left
+never changes, so a :class:`SnapshotReader` keeps it.
+
+Prices: ``SWARM_PRICE_INPUT`` and ``SWARM_PRICE_OUTPUT`` are US dollars per million prompt
+(input) and completion (output) tokens; when either is set, views show an estimated cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+
+from swarm.store import keys
+
+SETTLED = ("done", "failed", "cancelled", "timed_out", "refused")
+"""Final states of an agent's latest run (as in :mod:`swarm.store.ledger`)."""
+ACTIVE = ("queued", "running", "parked", "waiting")
+FAILED = ("failed", "timed_out", "cancelled", "refused")
+"""Settled states that are not a success: listed first by every view."""
+PRICE_VARS = ("SWARM_PRICE_INPUT", "SWARM_PRICE_OUTPUT")
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+def fmt_duration(seconds: float) -> str:
+    """``4.2s``, ``3m05s``, ``2h07m``."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def fmt_tokens(count: int) -> str:
+    """``812``, ``12.3k``, ``1.24M``."""
+    if count < 1000:
+        return str(count)
+    if count < 1_000_000:
+        return f"{count / 1000:.1f}k"
+    return f"{count / 1_000_000:.2f}M"
+
+
+def fmt_cost(dollars: float) -> str:
+    return f"${dollars:.4f}" if dollars < 1 else f"${dollars:,.2f}"
+
+
+def first_line(text: str, width: int = 120) -> str:
+    """The first non-empty line of ``text``, cut to ``width`` characters."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
+# -- prices ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Prices:
+    """Dollars per million input (prompt) and output (completion) tokens."""
+
+    input: float | None = None
+    output: float | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Prices:
+        """Read ``SWARM_PRICE_INPUT`` / ``SWARM_PRICE_OUTPUT``; ValueError names a bad one."""
+        env = os.environ if environ is None else environ
+        values: list[float | None] = []
+        for name in PRICE_VARS:
+            raw = (env.get(name) or "").strip()
+            if not raw:
+                values.append(None)
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                value = -1.0
+            if not value >= 0:
+                raise ValueError(f"{name}={raw!r} is not a price: give US dollars per million "
+                                 f"tokens, e.g. {name}=0.15")
+            values.append(value)
+        return cls(values[0], values[1])
+
+    @classmethod
+    def from_env_or_none(cls) -> Prices:
+        """Like :meth:`from_env`, but a bad value means no prices (a view must not fail)."""
+        try:
+            return cls.from_env()
+        except ValueError:
+            return cls()
+
+    @property
+    def configured(self) -> bool:
+        return self.input is not None or self.output is not None
+
+    def cost(self, usage: Mapping[str, int]) -> float | None:
+        """Estimated dollars for ``usage``; None when no price is configured."""
+        if not self.configured:
+            return None
+        return (usage.get("prompt_tokens", 0) * (self.input or 0.0)
+                + usage.get("completion_tokens", 0) * (self.output or 0.0)) / 1_000_000
+
+
+# -- agents ----------------------------------------------------------------------------------
+
+def _float(value: str | None) -> float:
+    try:
+        return float(value or 0)
+    except ValueError:
+        return 0.0
+
+
+def _int(value: object) -> int:
+    try:
+        return int(str(value or 0))
+    except ValueError:
+        return 0
+
+
+def _usage(raw: object) -> dict[str, int]:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw else {}
+        except ValueError:
+            return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): _int(v) for k, v in raw.items()}
+
+
+@dataclass
+class AgentView:
+    """One agent as the views show it."""
+
+    id: str
+    parent: str = ""
+    kind: str = "child"
+    state: str = "?"
+    depth: int = 0
+    label: str = ""
+    host: str = ""
+    workspace: str = ""
+    session: str = ""
+    run: str = ""
+    created: float = 0.0
+    started: float = 0.0
+    settled: float = 0.0
+    turns: int = 0
+    usage: dict[str, int] = field(default_factory=dict)
+    last: str = ""
+    task: str = ""
+    """The message of its latest run (the root's: the swarm's task)."""
+    answer: str = ""
+    error: str = ""
+    level: int = 0
+    """Indentation in the tree (its depth below the shown root)."""
+    children: list[AgentView] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def from_record(cls, row: Mapping[str, str]) -> AgentView:
+        return cls(
+            id=row.get("id", "?"), parent=row.get("parent", ""), kind=row.get("kind", "child"),
+            state=row.get("state", "?"), depth=_int(row.get("depth")),
+            label=row.get("label", ""), host=row.get("host", ""),
+            workspace=row.get("workspace", ""), session=row.get("session", ""),
+            run=row.get("run", ""), created=_float(row.get("created")),
+            started=_float(row.get("started")), settled=_float(row.get("settled")),
+            turns=_int(row.get("turns")), usage=_usage(row.get("usage")),
+            last=row.get("last", ""))
+
+    @property
+    def session_id(self) -> str:
+        """Where its conversation is: a child's session is keyed by its id."""
+        return self.session or self.id
+
+    @property
+    def tokens(self) -> int:
+        return self.usage.get("total_tokens", 0)
+
+    @property
+    def is_settled(self) -> bool:
+        return self.state in SETTLED
+
+    @property
+    def is_failure(self) -> bool:
+        return self.state in FAILED
+
+    def start(self) -> float:
+        return self.started or self.created
+
+    def end(self, now: float) -> float:
+        return self.settled if self.settled and self.is_settled else now
+
+    def elapsed(self, now: float) -> float:
+        start = self.start()
+        return max(0.0, self.end(now) - start) if start else 0.0
+
+    def doing(self) -> str:
+        """Its error, its last command, or what it is waiting for: one short line."""
+        if self.is_failure and self.error:
+            return "error: " + first_line(self.error, 200)
+        if self.last:
+            return first_line(self.last, 200)
+        if self.state == "parked":
+            return "waiting for its children"
+        if self.state == "done" and self.answer:
+            return "answer: " + first_line(self.answer, 200)
+        return ""
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {
+            "id": self.id, "parent": self.parent or None, "kind": self.kind,
+            "state": self.state, "depth": self.depth, "label": self.label, "task": self.task,
+            "host": self.host, "workspace": self.workspace, "session": self.session_id,
+            "run": self.run or None, "created": self.created or None,
+            "started": self.started or None, "settled": self.settled or None,
+            "elapsed": round(self.elapsed(now), 3), "turns": self.turns, "usage": self.usage,
+            "last": self.last, "answer": self.answer, "error": self.error,
+            "children": [c.id for c in self.children]}
+
+
+def build_tree(agents: Iterable[AgentView]) -> list[AgentView]:
+    """The agents depth first, children under their parents in creation order; sets
+    ``children`` and ``level``. An agent whose parent is missing becomes a root."""
+    ordered = sorted(agents, key=lambda a: (a.created, a.id))
+    by_id = {a.id: a for a in ordered}
+    roots: list[AgentView] = []
+    for agent in ordered:
+        agent.children = []
+    for agent in ordered:
+        parent = by_id.get(agent.parent) if agent.parent != agent.id else None
+        (parent.children if parent is not None else roots).append(agent)
+    out: list[AgentView] = []
+    seen: set[str] = set()
+    stack = [(root, 0) for root in reversed(roots)]
+    while stack:
+        agent, level = stack.pop()
+        if agent.id in seen:
+            continue
+        seen.add(agent.id)
+        agent.level = level
+        out.append(agent)
+        stack.extend((child, level + 1) for child in reversed(agent.children))
+    return out
+
+
+@dataclass
+class Row:
+    """A line of a view: an agent, or (``agent`` None) a note on agents left out."""
+
+    agent: AgentView | None
+    level: int
+    note: str = ""
+
+
+def _counts(agents: Iterable[AgentView]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for agent in agents:
+        counts[agent.state] = counts.get(agent.state, 0) + 1
+    return counts
+
+
+def count_text(counts: Mapping[str, int]) -> str:
+    """``12 running, 30 done, 2 failed``: working states first, then failures, then the rest."""
+    order = {s: i for i, s in enumerate(("running", "parked", "queued", "waiting", *FAILED,
+                                         "done"))}
+    items = sorted(counts.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))
+    return ", ".join(f"{n} {s}" for s, n in items)
+
+
+def visible_rows(tree: list[AgentView], limit: int) -> list[Row]:
+    """At most ``limit`` rows of the tree: everything when it fits, else the roots, the
+    failures and the agents at work (with their ancestors), queued ones when they fit
+    too, and a note per parent for the children left out."""
+    limit = max(limit, 2)
+    if len(tree) <= limit:
+        return [Row(a, a.level) for a in tree]
+    by_id = {a.id: a for a in tree}
+
+    def with_ancestors(chosen: Iterable[AgentView]) -> set[str]:
+        keep: set[str] = set()
+        for agent in chosen:
+            node: AgentView | None = agent
+            while node is not None and node.id not in keep:
+                keep.add(node.id)
+                node = by_id.get(node.parent)
+        return keep
+
+    roots = [a for a in tree if a.level == 0]
+    core = [*roots, *(a for a in tree if a.is_failure or a.state in ("running", "parked"))]
+    rows = _rows(tree, with_ancestors(core))
+    wider = _rows(tree, with_ancestors([*core, *(a for a in tree if a.state in ACTIVE)]))
+    if len(wider) <= limit:
+        rows = wider
+    if len(rows) > limit:
+        hidden = sum(1 for r in rows[limit - 1:] if r.agent is not None)
+        rows = [*rows[:limit - 1],
+                Row(None, 0, f"... {hidden} more agents not shown; `swarm status` "
+                             "lists every agent")]
+    return rows
+
+
+def _rows(tree: list[AgentView], keep: set[str]) -> list[Row]:
+    rows: list[Row] = []
+    for agent in tree:
+        if agent.id not in keep:
+            continue
+        rows.append(Row(agent, agent.level))
+        hidden = [c for c in agent.children if c.id not in keep]
+        if hidden:
+            rows.append(Row(None, agent.level + 1,
+                            f"... {len(hidden)} more: {count_text(_counts(_subtree(hidden)))}"))
+    return rows
+
+
+def _subtree(agents: list[AgentView]) -> list[AgentView]:
+    out: list[AgentView] = []
+    stack = list(agents)
+    while stack:
+        agent = stack.pop()
+        out.append(agent)
+        stack.extend(agent.children)
+    return out
+
+
+# -- the swarm -------------------------------------------------------------------------------
+
+@dataclass
+class Snapshot:
+    """A swarm at ``taken``: its hash (``info``) and its agents in tree order."""
+
+    swarm_id: str
+    info: dict[str, str]
+    agents: list[AgentView]
+    taken: float
+
+    @property
+    def state(self) -> str:
+        return self.info.get("state", "?")
+
+    @property
+    def settled(self) -> bool:
+        """The root has finished (the swarm is no longer ``running``)."""
+        return self.state != "running"
+
+    def counts(self) -> dict[str, int]:
+        return _counts(self.agents)
+
+    def failures(self) -> list[AgentView]:
+        return [a for a in self.agents if a.is_failure]
+
+    def usage(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for agent in self.agents:
+            for name, value in agent.usage.items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    def created(self) -> float:
+        return _float(self.info.get("created")) or min(
+            (a.created for a in self.agents if a.created), default=self.taken)
+
+    def end(self) -> float:
+        """When it settled, else now."""
+        return _float(self.info.get("settled")) if self.settled and self.info.get(
+            "settled") else self.taken
+
+    def wall(self) -> float:
+        return max(0.0, self.end() - self.created())
+
+    def summary(self, prices: Prices) -> str:
+        """``swarm s1 running · 51 agents: 12 running, 37 done, 2 failed · 1.2M tokens · ...``"""
+        usage = self.usage()
+        parts = [f"swarm {self.swarm_id} {self.state}",
+                 f"{len(self.agents)} agents: {count_text(self.counts())}",
+                 f"{fmt_tokens(usage.get('total_tokens', 0))} tokens"]
+        cost = prices.cost(usage)
+        if cost is not None:
+            parts.append(f"~{fmt_cost(cost)}")
+        parts.append(f"{fmt_duration(self.wall())} wall")
+        return " · ".join(parts)
+
+    def to_json(self, prices: Prices) -> dict[str, Any]:
+        info: dict[str, Any] = {k: v for k, v in self.info.items() if k != "settings"}
+        try:
+            info["settings"] = json.loads(self.info.get("settings") or "{}")
+        except ValueError:
+            info["settings"] = {}
+        for name in ("created", "settled"):
+            if name in info:
+                info[name] = _float(info[name])
+        info.setdefault("id", self.swarm_id)
+        usage = self.usage()
+        return {
+            "swarm": info,
+            "totals": {"agents": len(self.agents), "states": self.counts(), "usage": usage,
+                       "wall": round(self.wall(), 3), "cost": prices.cost(usage)},
+            "agents": [a.to_json(self.taken) for a in self.agents],
+        }
+
+
+class SnapshotReader:
+    """Reads snapshots of swarms; remembers the settled runs it has read."""
+
+    def __init__(self, redis_: redis.Redis) -> None:
+        self.redis = redis_
+        self._messages: dict[str, str] = {}
+        """run id -> its message (the task; never changes)."""
+        self._outcomes: dict[str, tuple[str, str]] = {}
+        """run id -> (answer, error) of settled runs (they never change)."""
+        self._final: dict[str, tuple[dict[str, int], int]] = {}
+        """run id -> (usage, turns) of its agent once that run settled."""
+
+    def latest(self) -> str | None:
+        ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), 0, 0))
+        return ids[0] if ids else None
+
+    def load(self, swarm_id: str, *, root_answer: bool = False) -> Snapshot | None:
+        """The swarm now; None if it is not in the ledger. ``root_answer`` also reads the
+        root's final answer from its session (a larger read, for reports)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.swarm(swarm_id))
+            pipe.zrange(keys.swarm_agents(swarm_id), 0, -1)
+            info, ids = pipe.execute()
+        if not info:
+            return None
+        with self.redis.pipeline(transaction=False) as pipe:
+            for agent_id in ids:
+                pipe.hgetall(keys.agent(agent_id))
+            records = pipe.execute() if ids else []
+        agents = [AgentView.from_record(r) for r in records if r]
+        self._details(agents, swarm_info=info)
+        tree = build_tree(agents)
+        if root_answer:
+            for agent in tree:
+                if agent.kind == "root" and agent.is_settled:
+                    agent.answer = self._last_answer(agent.session_id)
+        return Snapshot(swarm_id, info, tree, time.time())
+
+    def _details(self, agents: list[AgentView], swarm_info: dict[str, str]) -> None:
+        for agent in agents:
+            if agent.is_settled and agent.run in self._final:
+                agent.usage, agent.turns = self._final[agent.run]
+        metas = [a for a in agents if not (a.is_settled and a.run in self._final)]
+        runs = [a for a in agents if a.run and (
+            a.run not in self._messages or (a.is_settled and a.run not in self._outcomes))]
+        replies: list[Any] = []
+        if metas or runs:
+            with self.redis.pipeline(transaction=False) as pipe:
+                for agent in metas:
+                    pipe.hget(keys.session(agent.session_id), "meta")
+                for agent in runs:
+                    pipe.hmget(keys.run(agent.run), ["message", "result", "state"])
+                replies = pipe.execute()
+        for agent, raw in zip(metas, replies[:len(metas)], strict=True):
+            try:
+                meta = json.loads(raw) if raw else {}
+            except ValueError:
+                meta = {}
+            if isinstance(meta, dict):
+                if not agent.usage or not agent.is_settled:
+                    agent.usage = _usage(meta.get("usage")) or agent.usage
+                agent.turns = max(agent.turns, _int(meta.get("turns")))
+            if agent.is_settled and agent.run:
+                self._final[agent.run] = (agent.usage, agent.turns)
+        for agent, (message, result, state) in zip(runs, replies[len(metas):], strict=True):
+            self._messages[agent.run] = message or ""
+            if state in SETTLED:
+                self._outcomes[agent.run] = _outcome(result)
+        for agent in agents:
+            agent.task = (swarm_info.get("task", "") if agent.kind == "root"
+                          else self._messages.get(agent.run, ""))
+            if agent.is_settled:
+                answer, agent.error = self._outcomes.get(agent.run, ("", ""))
+                agent.answer = agent.answer or answer
+
+    def _last_answer(self, session_id: str) -> str:
+        raw = self.redis.hget(keys.session(session_id), "messages")
+        try:
+            messages = json.loads(str(raw)) if raw else []
+        except ValueError:
+            return ""
+        for message in reversed(messages if isinstance(messages, list) else []):
+            if isinstance(message, dict) and message.get("role") == "assistant" and not (
+                    message.get("tool_calls")):
+                return content_text(message.get("content"))
+        return ""
+
+
+def _outcome(raw: str | None) -> tuple[str, str]:
+    """(answer, error) of a run's result JSON."""
+    try:
+        result = json.loads(raw) if raw else {}
+    except ValueError:
+        return "", ""
+    if not isinstance(result, dict):
+        return "", ""
+    answer = result.get("answer")
+    if answer is None and "output" in result:
+        answer = json.dumps(result["output"], ensure_ascii=False)
+    return str(answer or ""), str(result.get("error") or "")
+
+
+def content_text(content: object) -> str:
+    """A message's content as text (a list of parts is joined)."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p)
+                       for p in content)
+    return "" if content is None else str(content)
