@@ -177,3 +177,27 @@ def test_compaction_end_to_end(model_server: ScriptedModelServer, tmp_path: Path
     assert compaction.NOTE in msgs[1]["content"] and "the task" in msgs[1]["content"]
     assert problems(msgs) == []
     assert "leave_memory_hints" not in {t["function"]["name"] for t in third["tools"]}
+
+
+def test_a_429_closes_the_shared_rate_gate(model_server: ScriptedModelServer,
+                                          redis: redis_lib.Redis) -> None:
+    import time
+
+    from swarm.llm.client import LLMClient
+    from swarm.store import keys
+    from swarm.store.gate import RedisRateGate
+    from swarm.testing.server import Fault
+
+    model_server.script(Fault(status=429, retry_after=1), Reply(content="ok"))
+    client = LLMClient(model_server.base_url, model_server.models[0], retries=2, backoff_max=5)
+    client.gate = RedisRateGate(redis, "s-test")
+    before = time.time()
+    assert client.chat([{"role": "user", "content": "hi"}]).content == "ok"
+    closed_until = float(redis.get(keys.rate_gate("s-test")) or 0)
+    assert before + 0.9 <= closed_until <= time.time() + 0.1  # Retry-After: 1 s, for all
+    # Another client of the same swarm holds until the gate opens.
+    other = RedisRateGate(redis, "s-test")
+    other.pause(0.5)
+    started = time.monotonic()
+    other.wait()
+    assert time.monotonic() - started >= 0.4

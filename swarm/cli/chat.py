@@ -56,12 +56,13 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
     _enable_history(settings.home / "chat_history")
     view = TerminalView(stream_answer=True)
     roots: list[RootSwarm] = []
+    approver = TerminalApprover()
 
     def spawner(store: Store, session: Session) -> Spawner:
-        roots.append(RootSwarm(settings, store, on_event=view.on_swarm_event))
+        roots.append(RootSwarm(settings, store, on_event=view.on_swarm_event, ask=approver))
         return roots[0].spawner(store, session)
 
-    with local_agent(settings, workspace, approver=TerminalApprover(), observer=view,
+    with local_agent(settings, workspace, approver=approver, observer=view,
                      new=new, spawner=spawner) as local:
         agent, root = local.agent, roots[0]
         try:

@@ -9,7 +9,8 @@ import click
 
 from swarm.agent.approval import TerminalApprover
 from swarm.agent.build import local_agent
-from swarm.agent.protocols import Session, Spawner
+from swarm.agent.protocols import ApprovalRequest, Decision, Session, Spawner
+from swarm.cli.live import LiveTree
 from swarm.cli.main import (
     Abort,
     agent_options,
@@ -78,16 +79,27 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
         raise Abort(f"workspace {workspace} does not exist; create it or pass -C to another")
     view = view or TerminalView()
     roots: list[RootSwarm] = []
+    trees: list[LiveTree] = []
 
     approver = TerminalApprover()
 
     def spawner(store: Store, session: Session) -> Spawner:
         # Children's approval requests are put to a person only at a terminal; otherwise
         # they wait for `swarm approve` (and are denied when no one answers in time).
-        root = RootSwarm(settings, store, workers=workers, on_event=view.on_swarm_event,
-                         ask=approver if sys.stdin.isatty() else None, swarm_id=attach)
+        root = RootSwarm(settings, store, workers=workers, swarm_id=attach)
         roots.append(root)
-        return root.spawner(store, session)
+        spawner = root.spawner(store, session)
+        tree = view.swarm_view(store.redis, root.swarm_id)
+        trees.append(tree)
+        root.on_event = tree.on_swarm_event
+        if sys.stdin.isatty():
+
+            def ask(request: ApprovalRequest) -> Decision:
+                tree.pause()  # stop drawing before the prompt
+                return approver(request)
+
+            root.ask = ask
+        return spawner
 
     with local_agent(settings, workspace, approver=approver, observer=view,
                      new=new, spawner=spawner, keep_parked=bool(attach)) as local:
@@ -110,6 +122,8 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
             raise Abort("interrupted; the session is saved" + root.on_interrupt(),
                         EXIT_INTERRUPTED) from None
         finally:
+            for tree in trees:
+                tree.close()
             root.finish(state)
             root.close()
     return answer

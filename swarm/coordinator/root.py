@@ -30,7 +30,7 @@ from swarm.workers.local import LocalCluster, alive, wait_for
 #: What the children inherit from the root's settings (never secrets).
 INHERITED = ("model", "base_url", "yes", "max_turns", "approval", "max_depth", "max_children",
              "max_parallel", "token_budget", "child_timeout", "command_timeout",
-             "command_timeout_max", "output_cap", "context_length", "stream")
+             "command_timeout_max", "output_cap", "context_length", "stream", "approval_timeout")
 #: Seconds to wait for a deployment's coordinator and workers to answer.
 ANSWER_TIMEOUT = 5.0
 

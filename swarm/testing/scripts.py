@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from swarm.testing.server import Reply, ToolCall, message_text
+from swarm.testing.server import Item, Reply, ToolCall, message_text
 
-Step = Reply | Callable[[dict[str, Any]], Reply]
+Step = Item | Callable[[dict[str, Any]], Item]
 
 
 def task_of(request: dict[str, Any]) -> str:
@@ -58,7 +58,7 @@ class ByTask:
         self.lock = threading.Lock()
         self.seen: dict[str, int] = {}
 
-    def __call__(self, request: dict[str, Any]) -> Reply:
+    def __call__(self, request: dict[str, Any]) -> Item:
         task = task_of(request)
         for key, steps in self.scripts.items():
             if key in task:

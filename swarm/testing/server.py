@@ -96,7 +96,8 @@ class Slow:
 
 
 Item = Reply | Fault | CutStream | Garbage | Slow
-Responder = Callable[[dict[str, Any]], Reply]
+Responder = Callable[[dict[str, Any]], Item]
+"""Answers a request: a reply, or a fault (``Fault``, ``CutStream``, ...) to inject."""
 Reviewer = Callable[[str], str]
 
 _CUT_TEXT = "This answer is long enough to be cut into many small pieces before it ends. " * 3

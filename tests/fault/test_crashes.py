@@ -1,0 +1,365 @@
+"""Faults injected for real: SIGKILLed workers, a coordinator dying mid-request, the server
+restarting, cancel, approvals from children, wall-time and token limits, 429 storms.
+
+Each test runs real processes (Valkey, coordinators, Celery workers) and the root through
+`swarm run`; figures (recovery times) are printed, never asserted tightly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from swarm.cli import main
+from swarm.store import keys
+from swarm.store.approvals import ApprovalQueue
+from swarm.store.connection import connect
+from swarm.store.ledger import Ledger
+from swarm.store.server import EmbeddedServer
+from swarm.testing.scripts import ByTask, task_of, tool_results
+from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, ToolCall
+from swarm.workers.local import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+class Swarm:
+    """One embedded server with hand-started coordinators and workers, for one test."""
+
+    def __init__(self, home: Path, model: ScriptedModelServer) -> None:
+        self.home = home
+        self.model = model
+        self.server = EmbeddedServer(home)
+        self.url = self.server.ensure()
+        self.redis = connect(self.url)
+        self.ledger = Ledger(self.redis)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        (home / "logs").mkdir(parents=True, exist_ok=True)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+        env.update(SWARM_REDIS_URL=self.url, SWARM_HOME=str(self.home), SWARM_RETRIES="2",
+                   SWARM_BACKOFF_MAX="0.2")
+        env.update(extra)
+        return env
+
+    def start(self, kind: str, name: str, **env: str) -> subprocess.Popen[bytes]:
+        args = (["coordinator", "--name", name] if kind == "coordinator" else
+                ["worker", "--concurrency", "8", "--hostname", f"{name}@test"])
+        log = open(self.home / "logs" / f"{name}.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen([sys.executable, "-m", "swarm", *args], env=self.env(**env),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def ready(self, timeout: float = 30) -> None:
+        wait_for(self.redis, timeout, [p for p in self.procs if p.poll() is None])
+
+    def run(self, task: str, workspace: Path, **env: str) -> Result:
+        base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+        base.update(self.env(SWARM_BASE_URL=self.model.base_url, **env))
+        return CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C",
+                                         str(workspace), task], env=base)
+
+    def run_in_thread(self, task: str, workspace: Path, **env: str
+                      ) -> tuple[threading.Thread, list[Result]]:
+        out: list[Result] = []
+        thread = threading.Thread(target=lambda: out.append(self.run(task, workspace, **env)))
+        thread.start()
+        return thread, out
+
+    def agents(self) -> list[dict[str, str]]:
+        swarm_id = self.ledger.latest_swarm()
+        assert swarm_id
+        return self.ledger.agents(swarm_id)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        self.server.stop()
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModelServer]:
+    with ScriptedModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+def swarm(tmp_path: Path, model: ScriptedModelServer) -> Iterator[Swarm]:
+    s = Swarm(tmp_path / "home", model)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
+        time.sleep(0.05)
+
+
+def agent_calls(*messages: str) -> Reply:
+    return Reply(tool_calls=[ToolCall("agent", {"message": m}, id=f"c{i}")
+                             for i, m in enumerate(messages)])
+
+
+def report(request: dict[str, Any]) -> Reply:
+    results = [json.loads(t) for t in tool_results(request)]
+    return Reply(content=" | ".join(f"{r['state']}:{r.get('answer', r.get('error', ''))}"
+                                    for r in results))
+
+
+def kill_group_of(pidfile: Path) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        os.killpg(int(pidfile.read_text().split()[0]), signal.SIGKILL)
+
+
+def test_worker_sigkilled_mid_child_is_taken_over_and_settles_once(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    model.responder = ByTask({
+        "ROOT": [agent_calls("VICTIM work", "BYSTANDER work"), report],
+        "VICTIM": [Reply(tool_calls=[ToolCall("run_cli", {
+                       "command": f"echo $$ >> {marker}; sleep 30"})]),
+                   Reply(content="victim recovered")],
+        "BYSTANDER": [Reply(content="bystander fine")],
+    })
+    swarm.start("coordinator", "coord")
+    doomed = swarm.start("worker", "doomed", SWARM_LEASE="2")
+    swarm.ready()
+    thread, out = swarm.run_in_thread("ROOT go", tmp_path)
+    try:
+        wait_until(lambda: marker.exists() and marker.read_text().strip(), what="command start")
+        os.kill(doomed.pid, signal.SIGKILL)  # the whole worker, threads and all
+        killed = time.monotonic()
+        swarm.start("worker", "rescuer", SWARM_LEASE="2")
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the root never got its answer"
+    finally:
+        kill_group_of(marker)
+    recovery = time.monotonic() - killed
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "done:victim recovered | done:bystander fine"
+    victim = next(a for a in swarm.agents() if "VICTIM" in a.get("label", ""))
+    run = swarm.ledger.run(victim["run"])
+    assert run is not None and run.attempts == 2 and run.state == "done"
+    # Exactly one result reached the parent, and the command did not run again.
+    root_last = [r for r in model.requests if task_of(r) == "ROOT go"][-1]
+    assert len(tool_results(root_last)) == 2
+    assert len(marker.read_text().split()) == 1
+    resumed = [r for r in model.requests if task_of(r) == "VICTIM work"][-1]
+    text = json.dumps(resumed["messages"])
+    assert "interrupted" in text and "previous worker stopped" in text
+    print(f"\nworker SIGKILL: child taken over, parent answered {recovery:.1f} s after the kill")
+
+
+def test_coordinator_killed_mid_request_loses_nothing_and_runs_nothing_twice(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    model.responder = ByTask({
+        "ROOT": [agent_calls("KID a", "KID b", "KID c"), report],
+        "KID": [Reply(content="kid ok")],
+    })
+    doomed = swarm.start("coordinator", "doomed", SWARM_FAULT="coordinator-after-first-dispatch")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    thread, out = swarm.run_in_thread("ROOT split", tmp_path)
+    assert doomed.wait(timeout=30) == 137  # died after dispatching the first call only
+    died = time.monotonic()
+    swarm.start("coordinator", "heir", SWARM_RECLAIM_IDLE="1")
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "done:kid ok | done:kid ok | done:kid ok"
+    kids = [a for a in swarm.agents() if a.get("kind") == "child"]
+    assert len(kids) == 3
+    runs = [swarm.ledger.run(k["run"]) for k in kids]
+    assert all(r is not None and r.attempts == 1 for r in runs), runs
+    assert len([r for r in model.requests if task_of(r).startswith("KID")]) == 3
+    print(f"\ncoordinator killed: request finished {time.monotonic() - died:.1f} s after")
+
+
+def test_embedded_server_restart_mid_swarm(swarm: Swarm, model: ScriptedModelServer,
+                                           tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    model.responder = ByTask({
+        "ROOT": [agent_calls("SLOW child"), report],
+        "SLOW": [Reply(tool_calls=[ToolCall("run_cli", {"command": f"touch {started}; sleep 3"})]),
+                 Reply(content="slow done")],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    swarm.redis.set(keys.hints(), "a hint that must survive")
+    thread, out = swarm.run_in_thread("ROOT restart", tmp_path)
+    wait_until(started.exists, what="the child's command")
+    port = swarm.server.status().port
+    swarm.server.stop()
+    assert swarm.server.ensure() == f"redis://127.0.0.1:{port}/0"  # back on the same port
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "done:slow done"
+    assert swarm.redis.get(keys.hints()) == "a hint that must survive"
+    assert {a["state"] for a in swarm.agents()} == {"done"}
+
+
+def test_cancel_a_child_kills_its_command_and_the_parent_gets_cancelled(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    model.responder = ByTask({
+        "ROOT": [agent_calls("STUCK forever", "QUICK one"), report],
+        "STUCK": [Reply(tool_calls=[ToolCall("run_cli", {"command": f"echo $$ > {pidfile}; "
+                                                                   "sleep 600"})])],
+        "QUICK": [Reply(content="quick")],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    thread, out = swarm.run_in_thread("ROOT cancel", tmp_path)
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the command")
+    stuck = next(a for a in swarm.agents() if "STUCK" in a.get("label", ""))
+    started = time.monotonic()
+    cancelled = CliRunner().invoke(main, ["cancel", stuck["id"]], env=swarm.env())
+    assert cancelled.exit_code == 0, cancelled.output
+    thread.join(timeout=30)
+    took = time.monotonic() - started
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().startswith("cancelled:")
+    assert result.stdout.strip().endswith("| done:quick")
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pidfile.read_text()), 0)
+    print(f"\ncancel: the parent had the cancelled result {took:.1f} s after swarm cancel")
+
+
+def test_children_ask_a_person_through_the_queue(swarm: Swarm, model: ScriptedModelServer,
+                                                 tmp_path: Path) -> None:
+    made = tmp_path / "made"
+    model.responder = ByTask({
+        "ROOT": [agent_calls("ASKS first", "IGNORED second"), report],
+        "ASKS": [Reply(tool_calls=[ToolCall("run_cli", {"command": f"mkdir -p {made}"})]),
+                 lambda r: Reply(content="asked: " + tool_results(r)[0][:60])],
+        "IGNORED": [Reply(tool_calls=[ToolCall("run_cli", {"command": "touch nope"})]),
+                    lambda r: Reply(content="ignored: " + tool_results(r)[0][:80])],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    env = {"SWARM_APPROVAL": "run_cli=always", "SWARM_APPROVAL_TIMEOUT": "3"}
+    base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    base.update(swarm.env(SWARM_BASE_URL=model.base_url, **env))
+    out: list[Result] = []
+    thread = threading.Thread(target=lambda: out.append(CliRunner().invoke(
+        main, ["run", "--workers", "0", "-C", str(tmp_path), "ROOT ask"], env=base)))
+    thread.start()
+
+    def pending() -> list[Any]:
+        swarm_id = swarm.ledger.latest_swarm()
+        return ApprovalQueue(swarm.redis, swarm_id).pending() if swarm_id else []
+
+    asks = wait_until(lambda: [p for p in pending() if "mkdir" in p.summary], what="a request")
+    listed = CliRunner().invoke(main, ["approve"], env=swarm.env())
+    assert asks[0].id in listed.stdout and "mkdir" in listed.stdout
+    answered = CliRunner().invoke(main, ["approve", asks[0].id], env=swarm.env())
+    assert answered.exit_code == 0, answered.output
+    thread.join(timeout=60)
+    assert out, f"the root never answered: {swarm.agents()}"
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    asked, ignored = result.stdout.strip().split(" | ")
+    assert made.is_dir() and "[exit code: 0]" in asked
+    assert "denied" in ignored and "no one answered within 3 s" in ignored
+    assert not (tmp_path / "nope").exists()
+
+
+def test_wall_time_limit_warns_then_stops(swarm: Swarm, model: ScriptedModelServer,
+                                          tmp_path: Path) -> None:
+    model.responder = ByTask({
+        "ROOT": [agent_calls("ENDLESS loop"), report],
+        "ENDLESS": [Reply(tool_calls=[ToolCall("run_cli", {"command": "sleep 0.5"})])],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    result = swarm.run("ROOT limits", tmp_path, SWARM_CHILD_TIMEOUT="3")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("timed_out:wall-time limit of 3 s reached")
+    child = [r for r in model.requests if task_of(r) == "ENDLESS loop"]
+    assert any("time limit" in json.dumps(r["messages"][-1]) for r in child)
+
+
+def test_token_budget_stops_the_children(swarm: Swarm, model: ScriptedModelServer,
+                                         tmp_path: Path) -> None:
+    usage = {"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 100}
+    model.responder = ByTask({
+        "ROOT": [agent_calls("SPENDER a", "SPENDER b"), report],
+        "SPENDER": [Reply(tool_calls=[ToolCall("run_cli", {"command": "true"})], usage=usage)],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    result = swarm.run("ROOT spend", tmp_path, SWARM_TOKEN_BUDGET="350")
+    assert result.exit_code == 0, result.output
+    parts = result.stdout.strip().split(" | ")
+    assert all(p.startswith("failed:BudgetExceeded") for p in parts), parts
+    spent = int(swarm.redis.hget(keys.swarm_counters(swarm.ledger.latest_swarm() or ""),
+                                 "tokens") or 0)
+    assert 350 <= spent <= 350 + 2 * 100  # each child stops at its first step past the budget
+
+
+def test_429_storm_is_shared_and_a_child_that_gives_up_fails_alone(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    first_429: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def throttled(request: dict[str, Any]) -> Item:
+        task = task_of(request)
+        with lock:
+            if task not in first_429:
+                first_429[task] = time.monotonic()
+                return Fault(status=429, retry_after=1)
+        return Reply(content="after the storm")
+
+    model.responder = ByTask({
+        "ROOT": [agent_calls(*(f"PATIENT {i}" for i in range(4)), "DOOMED one"), report],
+        "PATIENT": [throttled],
+        "DOOMED": [Fault(status=500)],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    result = swarm.run("ROOT storm", tmp_path, SWARM_RETRIES="3")
+    assert result.exit_code == 0, result.output
+    parts = result.stdout.strip().split(" | ")
+    assert parts[:4] == ["done:after the storm"] * 4
+    assert parts[4].startswith("failed:ModelHTTPError") and "500" in parts[4]
+    # A 429 closed the swarm's shared gate (every child holds its calls until it opens).
+    gate = swarm.redis.get(keys.rate_gate(swarm.ledger.latest_swarm() or ""))
+    assert gate is not None, "no child closed the swarm's rate gate"
+    patient = [r for r in model.requests if task_of(r).startswith("PATIENT")]
+    assert len(patient) == 8  # each child: one 429, one retry that succeeded
