@@ -350,3 +350,27 @@ def test_children_start_with_the_users_hints(cluster: tuple[str, Path], client: 
     system = child["messages"][0]["content"]
     assert "HINT-7: the data is in /srv/data" in system
     assert "You are agent a" in system and "depth 1" in system
+
+
+def test_a_job_runs_its_root_on_the_workers(cluster: tuple[str, Path], client: redis_lib.Redis,
+                                            model: ScriptedModelServer, tmp_path: Path) -> None:
+    from swarm.coordinator.jobs import job_state, submit_job
+    from swarm.workers.app import configure
+
+    model.responder = ByTask({"JOBROOT": [agent_calls("JOBKID a", "JOBKID b"), summarise],
+                              "JOBKID": [Reply(content="kid")]})
+    ledger = Ledger(client)
+    settings = {"base_url": model.base_url, "model": model.models[0], "yes": True}
+    swarm_id = submit_job(ledger, configure(cluster[0]), "JOBROOT do it", tmp_path, settings)
+    assert job_state(ledger, swarm_id)["state"] in ("queued", "running")
+    deadline = time.monotonic() + 30
+    while job_state(ledger, swarm_id)["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline, job_state(ledger, swarm_id)
+        time.sleep(0.1)
+    job = job_state(ledger, swarm_id)
+    assert job["state"] == "done" and job["answer"] == "done:kid | done:kid"
+    assert [a["depth"] for a in job["agents"]] == [0, 1, 1]
+    assert job["usage"]["total_tokens"] > 0
+    assert ledger.swarm(swarm_id)["state"] == "done"
+    root_request = next(r for r in model.requests if task_of(r) == "JOBROOT do it")
+    assert "running a job submitted to the swarm" in root_request["messages"][0]["content"]

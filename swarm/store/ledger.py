@@ -121,8 +121,10 @@ class Ledger:
     # -- swarms ------------------------------------------------------------------------------
 
     def create_swarm(self, swarm_id: str, root_id: str, workspace: str, task: str,
-                     settings: dict[str, Any], host: str, session_id: str) -> None:
-        """Create a swarm and its root agent (idempotent)."""
+                     settings: dict[str, Any], host: str, session_id: str,
+                     kind: str = "root", state: str = "running") -> None:
+        """Create a swarm and its root agent (idempotent). ``kind`` is ``root`` for a root
+        in a terminal, ``job`` for a root that runs as a task (HTTP jobs, schedules)."""
         now = time.time()
         with self.redis.pipeline() as pipe:
             pipe.hsetnx(keys.swarm(swarm_id), "id", swarm_id)
@@ -131,8 +133,8 @@ class Ledger:
                 "settings": json.dumps(settings), "created": now, "state": "running"})
             pipe.zadd(keys.swarms_index(), {swarm_id: now}, nx=True)
             pipe.hset(keys.agent(root_id), mapping={
-                "id": root_id, "swarm": swarm_id, "parent": "", "depth": 0, "kind": "root",
-                "state": "running", "workspace": workspace, "label": _label(task),
+                "id": root_id, "swarm": swarm_id, "parent": "", "depth": 0, "kind": kind,
+                "state": state, "workspace": workspace, "label": _label(task),
                 "created": now, "started": now, "host": host, "session": session_id})
             pipe.zadd(keys.swarm_agents(swarm_id), {root_id: now}, nx=True)
             for key in (keys.swarm(swarm_id), keys.agent(root_id), keys.swarm_agents(swarm_id)):

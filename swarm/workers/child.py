@@ -65,6 +65,11 @@ RESUMED = ("[your previous worker stopped while you were working; you are resume
            "saved step. A command that was running may or may not have finished: check its "
            "effects before running it again.]")
 
+JOB_PROMPT = """You are agent {agent_id}, running a job submitted to the swarm (over HTTP or by a
+schedule); nobody watches a terminal. Do the task in the first user message completely; your
+final answer (a message without tool calls) is the job's result. Your workspace is
+{workspace}."""
+
 SCHEMA_PROMPT = """
 
 Your final answer must be ONLY a JSON value (no prose, no code fences) that matches this JSON
@@ -256,8 +261,8 @@ class ChildRunner:
                 approver=QueueApprover(queue, settings.approval_timeout, control.cancelled),
                 observer=Progress(self.ledger, swarm_id, run.agent, send, control),
                 spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id),
-                extra_prompt=CHILD_PROMPT.format(agent_id=run.agent, depth=record["depth"],
-                                                 workspace=workspace.path),
+                extra_prompt=(JOB_PROMPT if record.get("kind") == "job" else CHILD_PROMPT)
+                .format(agent_id=run.agent, depth=record["depth"], workspace=workspace.path),
                 agent_id=run.agent,
                 cancel=control.event,
             )
@@ -279,6 +284,8 @@ class ChildRunner:
             result["diffstat"] = ws.commit_changes(
                 workspace, f"swarm {run.agent}: {run.message[:60]}")
         self.ledger.settle(run, swarm_id, state, result, session.usage)
+        if record.get("kind") == "job":
+            self.ledger.finish_swarm(swarm_id, state)
         self.ledger.event(swarm_id, "settled", run.agent, state=state,
                           error=result.get("error", ""))
         return {"run": run.id, "state": state}
