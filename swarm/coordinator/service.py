@@ -287,6 +287,8 @@ class Coordinator:
         req = self.ledger.request(request_id)
         if not req or req.get("state") != "dispatched":
             return
+        if int(req.get("settled") or 0) < len(req["runs"]):
+            return  # one read per settlement: the runs are read once, when all are in
         runs = {cid: self.ledger.run(rid) for cid, rid in req["runs"].items()}
         if any(r is None or r.state not in SETTLED for r in runs.values()):
             return

@@ -43,6 +43,7 @@ if ARGV[5] == '1' then
 end
 redis.call('SREM', KEYS[3], ARGV[6])
 redis.call('ZREM', KEYS[5], ARGV[6])
+if ARGV[7] ~= '' then redis.call('HINCRBY', KEYS[6], 'settled', 1) end
 redis.call('XADD', KEYS[4], '*', 'run', ARGV[6])
 return 1
 """
@@ -248,9 +249,9 @@ class Ledger:
         assert state in SETTLED, state
         done = self._settle(
             keys=[keys.run(run.id), keys.agent(run.agent), keys.swarm_inflight(swarm_id),
-                  keys.settle_stream(), keys.leases()],
+                  keys.settle_stream(), keys.leases(), keys.request(run.request)],
             args=[state, json.dumps(result, ensure_ascii=False), time.time(), json.dumps(usage),
-                  "1" if run.agent else "0", run.id])
+                  "1" if run.agent else "0", run.id, run.request])
         return bool(done == 1)
 
     # -- requests ----------------------------------------------------------------------------
