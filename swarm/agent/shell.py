@@ -207,13 +207,14 @@ class LocalEnvironment:
 
     def argv(self, command: str) -> list[str]:
         """The program that runs ``command``: bash, inside bubblewrap when sandboxed (the
-        workspace writable, the rest of the filesystem read-only, a private /tmp, the
-        network only when allowed)."""
+        workspace writable, the rest of the filesystem read-only, a private /tmp and pid
+        namespace, the network only when allowed)."""
         if self.bwrap is None:
             return ["bash", "-c", command]
         ws = str(self.workspace.resolve())
         box = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-               "--tmpfs", "/tmp", "--bind", ws, ws, "--chdir", ws, "--die-with-parent"]
+               "--tmpfs", "/tmp", "--bind", ws, ws, "--chdir", ws, "--die-with-parent",
+               "--unshare-pid"]
         if not self.network:
             box.append("--unshare-net")
         return [*box, "bash", "-c", command]

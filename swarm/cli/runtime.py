@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 from types import FrameType
 
 import click
@@ -33,9 +34,13 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     Start one on every machine that should work for the swarm; each needs the model
     settings (SWARM_BASE_URL, SWARM_API_KEY, ...) in its own environment.
     """
+    from swarm.secrets import hide_from_proc
     from swarm.workers.app import configure
     from swarm.workers.local import exit_with_parent
 
+    # Agents' commands are this process's children: keep the API key and the Redis URL
+    # out of what they can read in /proc/$PPID/environ.
+    hide_from_proc(sys.argv[1:])
     settings = settings_from()
     exit_with_parent()
     with open_store(settings) as store:

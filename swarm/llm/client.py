@@ -260,7 +260,13 @@ class LLMClient:
                 f"the stream from {self.base_url} ended before the answer was complete "
                 "(no finish_reason, no [DONE]); the server may have crashed or a proxy cut it"
             ))
-        return assembler.result()
+        result = assembler.result()
+        if result.finish_reason is None and not result.content and not result.tool_calls \
+                and not any(result.message.get(k) for k in ("reasoning_content", "reasoning")):
+            raise _Retry(ModelResponseError(
+                f"the stream from {self.base_url} held no answer at all (no choice, no text, "
+                "no tool call); the server may be overloaded or misconfigured"))
+        return result
 
     # -- models -----------------------------------------------------------------------------
 

@@ -1,0 +1,40 @@
+"""Keep secrets out of a long-running process's ``/proc/<pid>/environ``.
+
+A command an agent runs is a child of its worker, and can read the worker's initial
+environment from ``/proc/$PPID/environ``. :func:`hide_from_proc` re-executes the process
+without the secret variables, handing them over through an inherited pipe; they are then
+set in ``os.environ`` in memory only (which ``/proc/<pid>/environ`` does not show), and
+commands never get them (see ``swarm.agent.shell.SECRET_VARS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from swarm.agent.shell import SECRET_VARS
+
+FD_VAR = "SWARM_SECRETS_FD"
+
+
+def hide_from_proc(argv: list[str]) -> None:
+    """Re-exec ``python -m swarm *argv`` without secrets in the environment, or, in the
+    re-executed process, take them back from the pipe. Returns when that is done."""
+    fd = os.environ.pop(FD_VAR, "")
+    if fd:
+        with os.fdopen(int(fd), "r") as pipe:
+            os.environ.update(json.load(pipe))
+        return
+    found = {name: os.environ[name] for name in SECRET_VARS if os.environ.get(name)}
+    if not found:
+        return
+    read, write = os.pipe()
+    os.write(write, json.dumps(found).encode())  # a few hundred bytes: fits the pipe buffer
+    os.close(write)
+    os.set_inheritable(read, True)
+    env = {k: v for k, v in os.environ.items() if k not in found}
+    env[FD_VAR] = str(read)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "swarm", *argv], env)
