@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from swarm.config import Settings
@@ -93,11 +93,22 @@ def connect(
             f"{mask_url(url)} is not a valid Redis URL: {_scrub(str(exc), url)}"
         ) from None
     try:
-        client.ping()
+        # The first PING goes without retries: redis-py counts a refused login as a
+        # connection error, and retrying wrong credentials only delays the message.
+        with redis.Redis.from_url(url, socket_timeout=socket_timeout,
+                                  socket_connect_timeout=connect_timeout,
+                                  retry=Retry(NoBackoff(), 0)) as probe:
+            try:
+                probe.ping()
+            except redis.AuthenticationError:
+                raise
+            except (redis.RedisError, OSError):
+                client.ping()  # a transient failure: try again with the retries
     except redis.AuthenticationError as exc:
         client.close()
+        given = "the credentials" if urlsplit(url).password else "a login (no password given)"
         raise StoreUnavailableError(
-            f"Redis at {mask_url(url)} refused the credentials ({_scrub(str(exc), url)}); "
+            f"Redis at {mask_url(url)} refused {given} ({_scrub(str(exc), url)}); "
             "check the user and password in SWARM_REDIS_URL"
         ) from None
     except (redis.RedisError, OSError) as exc:
