@@ -23,7 +23,7 @@ from swarm.agent import history
 from swarm.agent.approval import ApprovalGate, LLMReviewer
 from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
-from swarm.agent.probe import probe_environment
+from swarm.agent.probe import probe_environment, tool_versions
 from swarm.agent.prompts import PromptParts, system_prompt
 from swarm.agent.protocols import (
     ApprovalRequest,
@@ -150,6 +150,9 @@ def local_agent(
     will not come) unless ``keep_parked`` (``swarm attach`` waits for them instead).
     """
     workspace = workspace.resolve()
+    # The probe's tool versions take ~0.3 s of subprocesses: gather them while the store
+    # starts and the model is looked up.
+    threading.Thread(target=tool_versions, daemon=True, name="probe").start()
     with open_store(settings) as store:
         sessions = RedisSessionStore(store.redis, ttl=settings.session_ttl)
         session_id = keys.session_id_for(str(workspace))

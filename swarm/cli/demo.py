@@ -11,8 +11,6 @@ import click
 
 from swarm.cli.main import handle_errors, interrupt_on_term, settings_from
 from swarm.cli.run import run_job
-from swarm.testing.scripts import demo_responder, demo_task
-from swarm.testing.server import ScriptedModelServer
 
 MAX_FILES = 20
 BANNER = """This is a demo. The model is SCRIPTED (swarm.testing.server), not a real LLM: it
@@ -46,6 +44,9 @@ def sample_folder() -> Path:
 def demo(folder: Path, workers: int, latency: float, flower_port: int | None) -> None:
     """See a swarm at work without a model endpoint: one child agent per file of FOLDER
     counts its lines and words, the root adds them up. The model is scripted."""
+    from swarm.testing.scripts import demo_responder, demo_task
+    from swarm.testing.server import ScriptedModelServer
+
     click.secho(BANNER, fg="yellow", err=True)
     folder = folder.resolve()
     files = pick_files(folder)

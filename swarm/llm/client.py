@@ -115,7 +115,7 @@ class LLMClient:
                 connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout
             ),
             transport=transport,
-            verify=_ssl_context(),
+            verify=_ssl_context() if self.base_url.startswith("https:") else _plain_context(),
             headers={"User-Agent": "swarm"},
         )
 
@@ -461,6 +461,13 @@ class LLMClient:
         else:
             message = f"{where} rejected the request (HTTP {status}): {summary}"
         return ModelHTTPError(message, status, body)
+
+
+@functools.cache
+def _plain_context() -> ssl.SSLContext:
+    # For an http:// endpoint: no CA bundle to load (it costs ~150 ms at startup); TLS is
+    # never used, and if it were, verification would fail closed.
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
 @functools.cache
