@@ -21,10 +21,9 @@ from click.testing import CliRunner, Result
 from swarm.cli import main
 from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
-from swarm.store.server import EmbeddedServer
+from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
-from swarm.workers.local import LocalCluster, wait_for
 
 pytestmark = pytest.mark.slow
 SECRET = "sk-planted-secret-7f3a"
@@ -33,21 +32,9 @@ SECRET = "sk-planted-secret-7f3a"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     home = tmp_path_factory.mktemp("berserk-home")
-    server = EmbeddedServer(home)
-    url = server.ensure()
-    old = os.environ.get("SWARM_API_KEY")
-    os.environ["SWARM_API_KEY"] = SECRET  # the workers inherit it, as in a deployment
-    procs = LocalCluster(url, home, workers=1, concurrency=16).start()
-    try:
-        wait_for(connect(url), 30, procs.procs)
+    # The workers get the key in their own environment, as in a deployment.
+    with local_swarm(home, env={"SWARM_API_KEY": SECRET}) as url:
         yield url, home
-    finally:
-        procs.stop()
-        server.stop()
-        if old is None:
-            os.environ.pop("SWARM_API_KEY", None)
-        else:
-            os.environ["SWARM_API_KEY"] = old
 
 
 @pytest.fixture(scope="module")

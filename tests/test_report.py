@@ -20,11 +20,9 @@ from click.testing import CliRunner
 from swarm.cli import main
 from swarm.report.html import render_html
 from swarm.report.snapshot import Prices, SnapshotReader
-from swarm.store.connection import connect
-from swarm.store.server import EmbeddedServer
+from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
-from swarm.workers.local import LocalCluster, wait_for
 from tests.test_watch import cli, put_agent, put_swarm, small_swarm, usage
 
 CHROMIUM = "/usr/bin/chromium"
@@ -138,15 +136,8 @@ def test_report_in_headless_chromium(redis: redis_py.Redis, tmp_path: Path) -> N
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     home = tmp_path_factory.mktemp("report-home")
-    server = EmbeddedServer(home)
-    url = server.ensure()
-    procs = LocalCluster(url, home, workers=1, concurrency=8).start()
-    try:
-        wait_for(connect(url), 30, procs.procs)
+    with local_swarm(home, concurrency=8) as url:
         yield url, home
-    finally:
-        procs.stop()
-        server.stop()
 
 
 @pytest.mark.slow

@@ -60,8 +60,10 @@ def wait_for(redis_: redis.Redis, timeout: float,
 class LocalCluster:
     """A coordinator and ``workers`` worker processes on ``redis_url``."""
 
-    def __init__(self, redis_url: str, home: Path, workers: int = 1, concurrency: int = 64
-                 ) -> None:
+    def __init__(self, redis_url: str, home: Path, workers: int = 1, concurrency: int = 64,
+                 env: dict[str, str] | None = None) -> None:
+        self.extra_env = dict(env or {})
+        """Set in the processes' environment on top of this one's (tests plant keys here)."""
         self.redis_url = redis_url
         self.home = home
         self.workers = max(1, workers)
@@ -74,8 +76,8 @@ class LocalCluster:
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")  # noqa: SIM115  (closed in stop())
         self._logs.append(out)
-        env = {**os.environ, "SWARM_REDIS_URL": self.redis_url, "SWARM_HOME": str(self.home),
-               "SWARM_PARENT_PID": str(os.getpid())}
+        env = {**os.environ, **self.extra_env, "SWARM_REDIS_URL": self.redis_url,
+               "SWARM_HOME": str(self.home), "SWARM_PARENT_PID": str(os.getpid())}
         self.procs.append(subprocess.Popen(
             [sys.executable, "-m", "swarm", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True))

@@ -3,7 +3,6 @@ and a worker process), the scripted model over HTTP, and `swarm run` driven thro
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
@@ -43,24 +42,9 @@ class Swarm:
     cluster: LocalCluster
 
 
-@contextlib.contextmanager
-def patched_environ(values: Mapping[str, str]) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def start_cluster(url: str, home: Path, env: Mapping[str, str] = WORKER_ENV) -> LocalCluster:
     """A coordinator and one worker process on ``url``, started with ``env`` planted."""
-    with patched_environ(env):
-        cluster = LocalCluster(url, home, workers=1, concurrency=16).start()
+    cluster = LocalCluster(url, home, workers=1, concurrency=16, env=dict(env)).start()
     try:
         wait_for(connect(url), 30, cluster.procs)
     except BaseException:
