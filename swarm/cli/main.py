@@ -104,7 +104,19 @@ def main(verbose: int) -> None:
 
 
 def register() -> None:
-    from swarm.cli import chat, control, demo, logs, report, run, runtime, sessions, status
+    from swarm.cli import (
+        chat,
+        control,
+        demo,
+        logs,
+        report,
+        run,
+        runtime,
+        schedule,
+        serve,
+        sessions,
+        status,
+    )
 
     main.add_command(run.run)
     main.add_command(run.attach)
@@ -119,6 +131,10 @@ def register() -> None:
     main.add_command(demo.demo)
     main.add_command(control.cancel)
     main.add_command(control.approve)
+    main.add_command(serve.serve)
+    main.add_command(serve.token)
+    main.add_command(schedule.schedule)
+    main.add_command(schedule.beat)
 
 
 register()

@@ -165,3 +165,35 @@ def wake(agent_id: str) -> str:
 def heartbeat(kind: str, name: str) -> str:
     """String with a TTL: a live coordinator or worker (``kind``) called ``name``."""
     return f"{PREFIX}alive:{kind}:{name}"
+
+
+# -- the HTTP service and schedules ---------------------------------------------------------
+
+#: An "approval answered" marker lives this long (a second answer gets 409 meanwhile).
+APPROVAL_ANSWERED_TTL = 3600
+#: A schedule firing is remembered this long, so a redelivered firing starts no second job.
+SCHEDULE_FIRE_TTL = 24 * 3600
+#: Prefix of the celery-redbeat keys (entries ``<prefix><name>``, ``<prefix>:schedule``
+#: sorted set, ``<prefix>:lock`` held by the one beat that fires).
+REDBEAT_PREFIX = f"{PREFIX}beat:"
+
+
+def serve_tokens() -> str:
+    """Hash of the API tokens of ``swarm serve``: sha256(token) hex -> JSON (name, created).
+    The tokens themselves are never stored."""
+    return f"{PREFIX}serve:tokens"
+
+
+def approval_answered(approval_id: str) -> str:
+    """String set (NX) by the first answer to an approval request over the API."""
+    return f"{PREFIX}approval:{approval_id}:answered"
+
+
+def schedules() -> str:
+    """Hash of the schedules: name -> JSON (cron, task, approve, workspace, source, settings)."""
+    return f"{PREFIX}schedules"
+
+
+def schedule_fire(task_id: str) -> str:
+    """String set (NX) when the firing with Celery task id ``task_id`` submitted its job."""
+    return f"{PREFIX}schedule-fire:{task_id}"

@@ -44,6 +44,10 @@ end
 redis.call('SREM', KEYS[3], ARGV[6])
 redis.call('ZREM', KEYS[5], ARGV[6])
 if ARGV[7] ~= '' then redis.call('HINCRBY', KEYS[6], 'settled', 1) end
+if ARGV[5] == '1' then
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'kind', 'settled', 'agent',
+             ARGV[8], 'state', ARGV[1], 'ts', ARGV[3], 'error', ARGV[10])
+end
 redis.call('XADD', KEYS[4], '*', 'run', ARGV[6])
 return 1
 """
@@ -245,13 +249,17 @@ class Ledger:
 
     def settle(self, run: Run, swarm_id: str, state: str, result: dict[str, Any],
                usage: dict[str, int]) -> bool:
-        """Record a run's outcome once and announce it; False if it had settled already."""
+        """Record a run's outcome once and announce it (on the settle stream, and as a
+        ``settled`` progress event, before anyone can be woken by it); False if it had
+        settled already."""
         assert state in SETTLED, state
         done = self._settle(
             keys=[keys.run(run.id), keys.agent(run.agent), keys.swarm_inflight(swarm_id),
-                  keys.settle_stream(), keys.leases(), keys.request(run.request)],
-            args=[state, json.dumps(result, ensure_ascii=False), time.time(), json.dumps(usage),
-                  "1" if run.agent else "0", run.id, run.request])
+                  keys.settle_stream(), keys.leases(), keys.request(run.request),
+                  keys.events(swarm_id)],
+            args=[state, json.dumps(result, ensure_ascii=False), f"{time.time():.3f}",
+                  json.dumps(usage), "1" if run.agent else "0", run.id, run.request, run.agent,
+                  keys.EVENTS_MAXLEN, str(result.get("error", ""))[:500]])
         return bool(done == 1)
 
     # -- requests ----------------------------------------------------------------------------

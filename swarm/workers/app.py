@@ -18,7 +18,7 @@ QUEUE = "swarm"
 #: Longer than any healthy run: a shorter one makes Redis redeliver a live task.
 VISIBILITY_TIMEOUT = 12 * 3600
 
-app = Celery("swarm", include=["swarm.workers.tasks"])
+app = Celery("swarm", include=["swarm.workers.tasks", "swarm.schedules.tasks"])
 app.conf.update(
     task_default_queue=QUEUE,
     task_serializer="json",

@@ -286,8 +286,6 @@ class ChildRunner:
         self.ledger.settle(run, swarm_id, state, result, session.usage)
         if record.get("kind") == "job":
             self.ledger.finish_swarm(swarm_id, state)
-        self.ledger.event(swarm_id, "settled", run.agent, state=state,
-                          error=result.get("error", ""))
         return {"run": run.id, "state": state}
 
     def _still_waiting(self, run: Run, request_id: str) -> bool:

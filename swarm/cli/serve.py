@@ -1,0 +1,158 @@
+"""``swarm serve`` (the HTTP API) and ``swarm token`` (its tokens)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.config import Settings
+from swarm.store.connection import Store, open_store
+from swarm.workers.local import LocalCluster, alive, wait_for
+
+CTX = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@contextlib.contextmanager
+def local_runtime(store: Store, settings: Settings, workers: int | None) -> Iterator[None]:
+    """Make sure jobs on ``store`` will run: on the embedded default (or with ``workers``)
+    start a local coordinator and workers, stopped on exit; else warn when none answers."""
+    if workers is None:
+        running = alive(store.redis, "coordinator") and alive(store.redis, "worker")
+        workers = 1 if store.embedded and not running else 0
+    cluster = None
+    if workers:
+        cluster = LocalCluster(store.url, settings.home, workers, settings.max_parallel).start()
+        try:
+            wait_for(store.redis, 30.0, cluster.procs)
+        except BaseException:
+            cluster.stop()
+            raise
+        click.echo(f"started a local coordinator and {workers} worker(s) (logs in "
+                   f"{settings.home / 'logs'})", err=True)
+    else:
+        missing = [k for k in ("coordinator", "worker") if not alive(store.redis, k)]
+        if missing:
+            click.echo(f"warning: no {' and no '.join(missing)} answers on {store.masked_url}; "
+                       "jobs wait in the queue until one starts (`swarm coordinator`, "
+                       "`swarm worker`, or --workers N)", err=True)
+    try:
+        yield
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+workers_option = click.option(
+    "--workers", type=click.IntRange(min=0), default=None,
+    help="Local worker processes to start, with a local coordinator (default: 1 on the "
+         "embedded server unless some already run, else 0: use the deployment's).")
+
+
+@click.command(context_settings=CTX)
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="SWARM_SERVE_HOST",
+              help="Address to listen on. [env: SWARM_SERVE_HOST]")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True,
+              envvar="SWARM_SERVE_PORT", help="Port. [env: SWARM_SERVE_PORT]")
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              envvar="SWARM_SERVE_ROOT",
+              help="Folder jobs work under: a job's workspace must lie inside it; a job "
+                   "without one gets a fresh folder here. [default: SWARM_HOME/jobs; "
+                   "env: SWARM_SERVE_ROOT]")
+@workers_option
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info",
+                                                "debug"]), default="info", show_default=True)
+@handle_errors
+def serve(host: str, port: int, root: Path | None, workers: int | None, log_level: str) -> None:
+    """Serve the HTTP API: submit, watch, cancel and approve jobs (OpenAPI at /openapi.json).
+
+    Every request needs `Authorization: Bearer TOKEN`: SWARM_SERVE_TOKEN (one token, from
+    the environment) or tokens from `swarm token create`. Jobs run on the same Redis,
+    coordinators and workers as `swarm run`: with no SWARM_REDIS_URL the embedded server,
+    a local coordinator and a worker start with the service and stop with it.
+
+    \b
+      swarm token create --name me          # prints a token once
+      swarm serve --port 8000
+      curl -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \\
+           -d '{"task": "list the files here", "approve": "all"}' localhost:8000/v1/jobs
+    """
+    import uvicorn
+
+    from swarm.serve.app import Service, create_app
+    from swarm.serve.auth import Authenticator
+    from swarm.serve.jobs import jobs_root
+    from swarm.workers.app import configure
+
+    settings = settings_from()
+    token = os.environ.get("SWARM_SERVE_TOKEN", "")
+    with open_store(settings) as store:
+        auth = Authenticator(store.redis, token)
+        if not auth.configured():
+            raise Abort("no API token yet: set SWARM_SERVE_TOKEN, or run `swarm token create` "
+                        "(it prints a token once) and start `swarm serve` again")
+        with local_runtime(store, settings, workers):
+            service = Service(store.redis, configure(store.url), settings,
+                              jobs_root(settings.home, str(root) if root else None), auth)
+            click.echo(f"swarm serve on http://{host}:{port} (OpenAPI at /openapi.json; "
+                       f"store {store.masked_url}; jobs under {service.root})", err=True)
+            config = uvicorn.Config(create_app(service), host=host, port=port,
+                                    log_level=log_level, timeout_graceful_shutdown=3,
+                                    server_header=False)
+            uvicorn.Server(config).run()
+
+
+@click.group(context_settings=CTX)
+def token() -> None:
+    """API tokens of `swarm serve`, kept hashed (SHA-256) in Redis."""
+
+
+@token.command("create", context_settings=CTX)
+@click.option("--name", default=None, help="A name to list and revoke it by.")
+@handle_errors
+def token_create(name: str | None) -> None:
+    """Make a token and print it (on stdout) once: it cannot be shown again."""
+    from swarm.serve.auth import TokenError, TokenStore
+
+    with open_store(settings_from()) as store:
+        try:
+            secret, info = TokenStore(store.redis).create(name)
+        except TokenError as exc:
+            raise Abort(str(exc)) from None
+    click.echo(secret)
+    click.echo(f"token {info.name} (id {info.id}) created; it is shown only this once",
+               err=True)
+
+
+@token.command("list", context_settings=CTX)
+@handle_errors
+def token_list() -> None:
+    """The tokens by id, name and creation time (never the tokens themselves)."""
+    from swarm.serve.auth import TokenStore
+
+    with open_store(settings_from()) as store:
+        tokens = TokenStore(store.redis).all()
+    if not tokens:
+        click.echo("no tokens; `swarm token create` makes one", err=True)
+    for t in tokens:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.created))
+        click.echo(f"{t.id}  {t.name}  {when}")
+
+
+@token.command("revoke", context_settings=CTX)
+@click.argument("name_or_id")
+@handle_errors
+def token_revoke(name_or_id: str) -> None:
+    """Revoke a token by name or id; requests with it get 401 at once."""
+    from swarm.serve.auth import TokenStore
+
+    with open_store(settings_from()) as store:
+        gone = TokenStore(store.redis).revoke(name_or_id)
+    if not gone:
+        raise Abort(f"no token named {name_or_id!r} or with that id; `swarm token list`")
+    click.echo(f"revoked {', '.join(f'{t.name} ({t.id})' for t in gone)}", err=True)

@@ -1,0 +1,152 @@
+"""Schedules in Redis: definitions, their celery-redbeat entries, folder sync, firing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+from celery import Celery
+from redbeat.schedulers import RedBeatConfig, RedBeatSchedulerEntry
+
+from swarm.coordinator.jobs import submit_job
+from swarm.schedules.spec import Schedule, ScheduleError, folder_source, load_folder, parse_cron
+from swarm.serve.jobs import jobs_root, new_job_folder
+from swarm.store import keys
+from swarm.store.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+#: The thin Celery task a firing sends; its only argument is the schedule's name.
+TASK = "swarm.job.submit"
+
+
+def configure_redbeat(app: Celery, url: str) -> Celery:
+    """Point celery-redbeat of ``app`` at ``url`` under swarm's key prefix. Redbeat caches
+    its configuration and client on the app, so both are rebuilt here."""
+    app.conf.update(
+        redbeat_redis_url=url, redbeat_key_prefix=keys.REDBEAT_PREFIX,
+        redbeat_redis_options={"retry_period": 60, "socket_timeout": 30,
+                               "socket_connect_timeout": 5, "health_check_interval": 30})
+    app.redbeat_conf = RedBeatConfig(app)
+    app.redbeat_redis = None
+    return app
+
+
+@dataclass
+class SyncResult:
+    """What a folder sync changed, and the files it could not use (name -> why)."""
+
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    problems: dict[str, str] = field(default_factory=dict)
+
+
+class ScheduleStore:
+    """The schedules of one Redis; ``app`` must have gone through :func:`configure_redbeat`."""
+
+    def __init__(self, redis_: redis.Redis, app: Celery) -> None:
+        self.redis = redis_
+        self.app = app
+
+    def get(self, name: str) -> Schedule | None:
+        raw = self.redis.hget(keys.schedules(), name)
+        return Schedule.from_dict(json.loads(cast(str, raw))) if raw else None
+
+    def all(self) -> list[Schedule]:
+        rows = cast("dict[str, str]", self.redis.hgetall(keys.schedules()))
+        return sorted((Schedule.from_dict(json.loads(raw)) for raw in rows.values()),
+                      key=lambda s: s.name)
+
+    def add(self, schedule: Schedule, replace: bool = False) -> Schedule:
+        """Store ``schedule`` and its redbeat entry; it first fires at its next time."""
+        schedule.validate()
+        raw = json.dumps(schedule.to_dict(), ensure_ascii=False)
+        if replace:
+            self.redis.hset(keys.schedules(), schedule.name, raw)
+        elif not self.redis.hsetnx(keys.schedules(), schedule.name, raw):
+            raise ScheduleError(f"a schedule named {schedule.name!r} exists; remove it first "
+                                "(`swarm schedule remove`) or pick another --name")
+        self._entry(schedule.name).delete()  # a fresh clock: no catch-up of old firings
+        RedBeatSchedulerEntry(schedule.name, TASK, parse_cron(schedule.cron),
+                              args=[schedule.name], app=self.app,
+                              last_run_at=self.app.now()).save()
+        return schedule
+
+    def remove(self, name: str) -> bool:
+        """Delete a schedule and its entry; False when there was none."""
+        existed = bool(self.redis.hdel(keys.schedules(), name))
+        self._entry(name).delete()
+        return existed
+
+    def next_run(self, name: str) -> datetime | None:
+        try:
+            due = RedBeatSchedulerEntry.from_key(self._entry(name).key, app=self.app).due_at
+        except KeyError:
+            return None
+        return cast("datetime | None", due)
+
+    def beat_running(self) -> bool:
+        """True while some ``swarm beat`` holds redbeat's lock on this Redis."""
+        return bool(self.redis.exists(self.app.redbeat_conf.lock_key))
+
+    def sync_folder(self, folder: Path, settings: dict[str, Any]) -> SyncResult:
+        """Make the schedules from ``folder`` match its ``.swarm/schedules/*.toml`` files:
+        add new ones, update changed ones, remove those whose file is gone. A file that is
+        not a valid schedule is reported and keeps the schedule it had."""
+        found, problems = load_folder(folder, settings)
+        result = SyncResult(problems=problems)
+        source = folder_source(folder)
+        current = {s.name: s for s in self.all()}
+        for schedule in found:
+            old = current.get(schedule.name)
+            if old is not None and old.source != source:
+                result.problems[f"{schedule.name}.toml"] = (
+                    f"a schedule named {schedule.name!r} exists from {old.source}; rename the "
+                    "file or remove the other one")
+                continue
+            if old is not None and old.same_as(schedule):
+                continue
+            if old is not None:
+                schedule.created, schedule.last_job = old.created, old.last_job
+                schedule.last_fired = old.last_fired
+            self.add(schedule, replace=True)
+            (result.updated if old is not None else result.added).append(schedule.name)
+        keep = {s.name for s in found} | {Path(f).stem for f in problems}
+        for name, old in current.items():
+            if old.source == source and name not in keep and self.remove(name):
+                result.removed.append(name)
+        return result
+
+    def _entry(self, name: str) -> RedBeatSchedulerEntry:
+        return RedBeatSchedulerEntry(name, TASK, parse_cron("@every 1d"), app=self.app)
+
+
+def fire(redis_: redis.Redis, app: Celery, name: str, fire_id: str, home: Path
+         ) -> dict[str, str]:
+    """Submit the job of schedule ``name`` (the body of ``swarm.job.submit``). A firing
+    delivered twice (same ``fire_id``, the Celery task id) submits one job."""
+    raw = redis_.hget(keys.schedules(), name)
+    if not raw:
+        log.warning("schedule %s fired but is gone; no job", name)
+        return {"schedule": name, "state": "removed"}
+    schedule = Schedule.from_dict(json.loads(cast(str, raw)))
+    if fire_id and not redis_.set(keys.schedule_fire(fire_id), "1", nx=True,
+                                  ex=keys.SCHEDULE_FIRE_TTL):
+        return {"schedule": name, "state": "duplicate"}
+    workspace = Path(schedule.workspace) if schedule.workspace \
+        else new_job_folder(jobs_root(home))
+    settings = {**schedule.settings, "yes": schedule.approve == "all"}
+    job_id = submit_job(Ledger(redis_), app, schedule.task, workspace, settings,
+                        source=f"schedule:{name}")
+    schedule.last_job, schedule.last_fired = job_id, time.time()
+    if redis_.hexists(keys.schedules(), name):  # not removed meanwhile
+        redis_.hset(keys.schedules(), name, json.dumps(schedule.to_dict(), ensure_ascii=False))
+    log.info("schedule %s fired: job %s", name, job_id)
+    return {"schedule": name, "job": job_id}

@@ -1,0 +1,24 @@
+"""The thin Celery task of a schedule's firing, registered on the worker app."""
+
+from __future__ import annotations
+
+import functools
+
+import redis
+from celery import Task
+
+from swarm.config import Settings
+from swarm.schedules.store import TASK, fire
+from swarm.store.connection import connect
+from swarm.workers.app import app
+
+
+@functools.cache
+def _redis() -> redis.Redis:
+    return connect(str(app.conf.broker_url).replace("redis+socket://", "unix://"))
+
+
+@app.task(name=TASK, bind=True)
+def submit_scheduled(self: Task, name: str) -> dict[str, str]:
+    """Submit schedule ``name``'s job (an ordinary job: its root runs as ``swarm.agent.run``)."""
+    return fire(_redis(), app, name, str(self.request.id or ""), Settings.from_env().home)

@@ -1,0 +1,135 @@
+"""Request and response bodies of the HTTP API (pydantic; unknown fields are refused)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: Longest task, in characters.
+MAX_TASK = 256 * 1024
+#: Largest request body, in bytes (a task at its limit, JSON-escaped, fits).
+MAX_BODY = 2 * 1024 * 1024
+
+#: Path components of 1-63 characters (no NUL), so a valid name is a valid file name.
+WORKSPACE_PATTERN = r"^/?(?:[^/\x00]{1,63}/+)*[^/\x00]{0,63}$"
+
+JobStateName = Literal["queued", "running", "done", "failed", "cancelled"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+
+
+class Limits(BaseModel):
+    """Limits of one job: each may only tighten the service's own (``SWARM_*``), which
+    applies to those left out. Each is a JSON integer (``3`` or ``3.0``, as JSON Schema has
+    it), never ``"3"`` or ``true``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_only(cls, data: Any) -> Any:
+        for name, value in (data.items() if isinstance(data, dict) else ()):
+            if isinstance(value, str | bool):
+                raise ValueError(f"{name} must be an integer, not {type(value).__name__}")
+        return data
+
+    max_depth: int | None = Field(None, ge=1, le=10,
+                                  description="deepest child level")
+    max_children: int | None = Field(None, ge=1, le=10_000,
+                                     description="children per job")
+    max_parallel: int | None = Field(None, ge=1, le=1_000,
+                                     description="children in flight")
+    max_turns: int | None = Field(None, ge=0, le=100_000,
+                                  description="model calls per agent run; 0 = no cap")
+    token_budget: int | None = Field(None, ge=0, le=10**12,
+                                     description="tokens per job; 0 = no cap")
+    child_timeout: int | None = Field(None, ge=1, le=7 * 24 * 3600,
+                                      description="wall seconds per agent")
+
+
+class JobRequest(Strict):
+    """A job: a task for a root agent that runs on the swarm's workers."""
+
+    task: str = Field(min_length=1, max_length=MAX_TASK, pattern=r"\S",
+                      description=f"what to do (at most {MAX_TASK} characters, not blank)")
+    approve: Literal["all", "ask"] = Field(
+        "ask", description="all: approve every tool call; ask: the approval policies apply "
+                           "and requests wait in GET /v1/approvals for an answer")
+    workspace: str | None = Field(
+        None, min_length=1, max_length=1024, pattern=WORKSPACE_PATTERN,
+        description="a folder inside the service's root (SWARM_SERVE_ROOT), absolute or "
+                    "relative to it, created if missing (names of at most 63 characters); "
+                    "default: a fresh folder. Outside the root: 403")
+    limits: Limits | None = None
+
+
+class JobCreated(BaseModel):
+    id: str
+
+
+class AgentInfo(BaseModel):
+    id: str
+    parent: str
+    depth: int
+    state: str
+    label: str
+
+
+class Job(BaseModel):
+    """A job as it stands: its state, the root's answer (or error), usage and agents."""
+
+    id: str
+    state: JobStateName
+    answer: str | None = None
+    error: str | None = None
+    usage: dict[str, int]
+    agents: list[AgentInfo]
+    source: str = ""
+    workspace: str = ""
+    task: str = ""
+
+
+class CancelResult(BaseModel):
+    id: str
+    state: JobStateName
+    flagged: list[str] = Field(description="agents that were still active and now stop")
+
+
+class Approval(BaseModel):
+    """A tool call waiting for a person."""
+
+    id: str
+    job: str
+    agent: str
+    tool: str
+    summary: str
+    reason: str
+    created: float
+
+
+class ApprovalAnswer(Strict):
+    decision: Literal["approve", "deny", "always"] = Field(
+        description="always: approve, and approve this tool for the rest of the job")
+
+
+class ApprovalDone(BaseModel):
+    id: str
+    job: str
+    decision: Literal["approve", "deny", "always"]
+
+
+class ErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Error(BaseModel):
+    """Every error: ``detail`` says what is wrong (a list for invalid fields)."""
+
+    detail: str | list[ErrorItem]

@@ -1,0 +1,443 @@
+"""The HTTP API of ``swarm serve``: auth, bad input, a job end to end over SSE, cancel,
+approvals, and schemathesis against the app's own OpenAPI document.
+
+The app runs in-process (Starlette's TestClient, or uvicorn in a thread where the event
+stream must really stream) on the real Redis test server; jobs that must run use a
+module-scoped swarm (embedded server, coordinator and worker processes) and the scripted
+model over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis as redis_lib
+import uvicorn
+from celery import Celery
+from click.testing import CliRunner
+from fastapi import FastAPI
+from hypothesis import HealthCheck, settings
+
+from swarm.cli import main
+from swarm.config import Settings
+from swarm.serve.app import Service, create_app
+from swarm.serve.auth import Authenticator, hash_token
+from swarm.serve.models import MAX_TASK
+from swarm.store import keys
+from swarm.store.connection import connect
+from swarm.testing.cluster import local_swarm
+from swarm.testing.scripts import ByTask, tool_results
+from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+from swarm.workers.app import QUEUE
+
+with warnings.catch_warnings():  # Starlette's TestClient warns about httpx on import
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import schemathesis
+    from fastapi.testclient import TestClient
+
+TOKEN = "test-token-0d9e2f"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def celery_for(url: str) -> Celery:
+    """A Celery app of its own per Redis: the process-wide app caches its broker pool."""
+    app = Celery("swarm-serve-test", set_as_current=False)
+    app.conf.update(broker_url=url, result_backend=url, task_default_queue=QUEUE,
+                    task_serializer="json", accept_content=["json"],
+                    broker_connection_retry_on_startup=True)
+    return app
+
+
+def make_app(client: redis_lib.Redis, url: str, root: Path, **env: str) -> FastAPI:
+    settings = Settings.from_env(env={"SWARM_HOME": str(root.parent), **env})
+    return create_app(Service(client, celery_for(url), settings, root,
+                              Authenticator(client, TOKEN)))
+
+
+@pytest.fixture
+def app(redis: redis_lib.Redis, redis_server: str, tmp_path: Path) -> FastAPI:
+    return make_app(redis, redis_server, tmp_path / "jobs")
+
+
+@pytest.fixture
+def api(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as client:
+        yield client
+
+
+def nothing_queued(client: redis_lib.Redis) -> bool:
+    return (client.zcard(keys.swarms_index()) == 0 and client.llen(QUEUE) == 0
+            and not list(client.scan_iter(match=keys.swarm("*"))))
+
+
+# -- auth ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN},
+    {"Authorization": f"Basic {TOKEN}"}, {"Authorization": "Bearer "},
+    {"Authorization": "Bearer " + "x" * 5000}])
+def test_no_valid_token_gets_401_and_queues_nothing(api: TestClient, redis: redis_lib.Redis,
+                                                    headers: dict[str, str]) -> None:
+    for method, path in [("POST", "/v1/jobs"), ("GET", "/v1/jobs/s123"),
+                         ("GET", "/v1/jobs/s123/events"), ("POST", "/v1/jobs/s123/cancel"),
+                         ("GET", "/v1/approvals"), ("POST", "/v1/approvals/p1"),
+                         ("GET", "/openapi.json")]:
+        body = {"task": "hello", "approve": "all"} if path == "/v1/jobs" else {
+            "decision": "approve"}
+        response = api.request(method, path, headers=headers,
+                               json=body if method == "POST" else None)
+        assert response.status_code == 401, (method, path, response.text)
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert "Bearer" in response.json()["detail"]
+        assert TOKEN not in response.text
+    assert nothing_queued(redis)
+
+
+def test_tokens_are_stored_hashed_listed_and_revoked(api: TestClient, redis: redis_lib.Redis,
+                                                     redis_server: str) -> None:
+    env = {"SWARM_REDIS_URL": redis_server}
+    made = CliRunner().invoke(main, ["token", "create", "--name", "ci"], env=env)
+    assert made.exit_code == 0, made.output
+    token = made.stdout.strip()
+    assert token.startswith("swm_") and len(token) > 40
+    stored = redis.hgetall(keys.serve_tokens())
+    assert list(stored) == [hash_token(token)]
+    assert token not in json.dumps(stored)
+    listed = CliRunner().invoke(main, ["token", "list"], env=env)
+    assert "ci" in listed.stdout and token not in listed.output
+    again = CliRunner().invoke(main, ["token", "create", "--name", "ci"], env=env)
+    assert again.exit_code == 1 and "exists" in again.output
+
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert api.get("/v1/approvals", headers=bearer).status_code == 200
+    assert CliRunner().invoke(main, ["token", "revoke", "ci"], env=env).exit_code == 0
+    refused = api.post("/v1/jobs", headers=bearer, json={"task": "x", "approve": "all"})
+    assert refused.status_code == 401
+    assert nothing_queued(redis)
+    assert CliRunner().invoke(main, ["token", "revoke", "ci"], env=env).exit_code == 1
+
+
+def test_serve_refuses_to_start_without_a_token(tmp_path: Path) -> None:
+    env = {"SWARM_HOME": str(tmp_path), "SWARM_REDIS_URL": "", "SWARM_SERVE_TOKEN": ""}
+    result = CliRunner().invoke(main, ["serve", "--port", "1"], env=env)
+    assert result.exit_code == 1
+    assert "no API token yet" in result.output and "swarm token create" in result.output
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+BAD_BODIES: list[tuple[str, Any, str]] = [
+    ("unknown field", {"task": "x", "priority": 1}, "extra_forbidden"),
+    ("unknown limit", {"task": "x", "limits": {"max_depth": 2, "cpus": 4}}, "extra_forbidden"),
+    ("task not a string", {"task": 42}, "string_type"),
+    ("task missing", {"approve": "all"}, "missing"),
+    ("blank task", {"task": " \n\t "}, "string_pattern_mismatch"),
+    ("workspace with NUL", {"task": "x", "workspace": "a\x00b"}, "string_pattern_mismatch"),
+    ("workspace name too long", {"task": "x", "workspace": "a" * 64}, "string_pattern_mismatch"),
+    ("approve unknown", {"task": "x", "approve": "maybe"}, "literal_error"),
+    ("limit as string", {"task": "x", "limits": {"max_depth": "3"}}, "not str"),
+    ("limit as bool", {"task": "x", "limits": {"max_turns": True}}, "not bool"),
+    ("limit a fraction", {"task": "x", "limits": {"max_turns": 2.5}}, "int_from_float"),
+    ("limit too big", {"task": "x", "limits": {"max_depth": 99}}, "less_than_equal"),
+    ("negative budget", {"task": "x", "limits": {"token_budget": -1}}, "greater_than_equal"),
+    ("workspace not a string", {"task": "x", "workspace": ["a"]}, "string_type"),
+    ("body a list", ["task"], "model_attributes_type"),
+    ("task over the limit", {"task": "x" * (MAX_TASK + 1)}, "string_too_long"),
+]
+
+
+@pytest.mark.parametrize(("why", "body", "expected"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_bodies_get_422_saying_what_is_wrong(api: TestClient, redis: redis_lib.Redis,
+                                                 why: str, body: Any, expected: str) -> None:
+    response = api.post("/v1/jobs", headers=AUTH, json=body)
+    assert response.status_code == 422, response.text
+    assert expected in response.text
+    assert len(response.content) < 2000  # the input is not echoed back
+    assert nothing_queued(redis)
+
+
+def test_a_10_mb_task_and_broken_json_are_refused(api: TestClient, redis: redis_lib.Redis
+                                                  ) -> None:
+    huge = api.post("/v1/jobs", headers=AUTH, json={"task": "x" * (10 * 1024 * 1024)})
+    assert huge.status_code == 413
+    assert "request body is over" in huge.json()["detail"]
+    broken = api.post("/v1/jobs", headers={**AUTH, "Content-Type": "application/json"},
+                      content=b'{"task": ')
+    assert broken.status_code == 422 and "json_invalid" in broken.text
+
+    def chunks() -> Iterable[bytes]:  # no Content-Length: counted while read
+        yield b'{"task": "'
+        for _ in range(40):
+            yield b"y" * 100_000
+        yield b'"}'
+
+    streamed = api.post("/v1/jobs", headers={**AUTH, "Content-Type": "application/json"},
+                        content=chunks())
+    assert streamed.status_code == 413
+    assert nothing_queued(redis)
+
+
+def test_workspaces_outside_the_root_are_refused(api: TestClient, redis: redis_lib.Redis,
+                                                 tmp_path: Path) -> None:
+    root = tmp_path / "jobs"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "team").mkdir(parents=True)
+    (root / "team" / "escape").symlink_to(outside)
+    (root / "afile").write_text("x")
+    for workspace in ["/etc", "../outside", "team/../../outside", "team/escape",
+                      "team/escape/deeper", str(outside), ".", str(root), "afile"]:
+        response = api.post("/v1/jobs", headers=AUTH,
+                            json={"task": "x", "workspace": workspace})
+        expected = 409 if workspace == "afile" else 403
+        assert response.status_code == expected, (workspace, response.text)
+        detail = response.json()["detail"]
+        assert ("cannot be created" if expected == 409 else "outside the allowed root") in detail
+    assert nothing_queued(redis)
+    assert not (outside / "deeper").exists()
+
+
+def test_a_job_gets_its_workspace_settings_and_limits(api: TestClient, redis: redis_lib.Redis,
+                                                      tmp_path: Path) -> None:
+    root = (tmp_path / "jobs").resolve()
+    inside = api.post("/v1/jobs", headers=AUTH, json={
+        "task": "first", "approve": "all", "workspace": "team/a",
+        "limits": {"max_depth": 1, "max_turns": 5, "child_timeout": 60}})
+    assert inside.status_code == 201, inside.text
+    job = inside.json()["id"]
+    swarm = redis.hgetall(keys.swarm(job))
+    assert swarm["workspace"] == str(root / "team" / "a") and (root / "team" / "a").is_dir()
+    assert swarm["source"] == "api"
+    assert json.loads(swarm["settings"]) == {"yes": True, "max_depth": 1, "max_turns": 5,
+                                             "child_timeout": 60}
+    # Limits only tighten the service's own (here its defaults: 3 deep, no token cap).
+    loose = api.post("/v1/jobs", headers=AUTH, json={
+        "task": "third", "limits": {"max_depth": 9, "token_budget": 500, "max_turns": 0}})
+    assert json.loads(redis.hget(keys.swarm(loose.json()["id"]), "settings") or "") == {
+        "yes": False, "max_depth": 3, "token_budget": 500, "max_turns": 0}
+    asked = api.post("/v1/jobs", headers=AUTH, json={"task": "second"}).json()["id"]
+    fresh = Path(redis.hget(keys.swarm(asked), "workspace") or "")
+    assert fresh.parent == root and fresh.is_dir() and not any(fresh.iterdir())
+    assert json.loads(redis.hget(keys.swarm(asked), "settings") or "") == {"yes": False}
+    assert redis.llen(QUEUE) == 3  # every root was sent to the workers
+    got = api.get(f"/v1/jobs/{asked}", headers=AUTH).json()
+    assert got["state"] == "queued" and got["answer"] is None
+    assert got["agents"][0]["id"] == asked and got["task"] == "second"
+
+
+def test_unknown_ids_get_404(api: TestClient) -> None:
+    for method, path in [("GET", "/v1/jobs/snope"), ("GET", "/v1/jobs/snope/events"),
+                         ("POST", "/v1/jobs/snope/cancel"), ("GET", "/v1/approvals?job=snope")]:
+        response = api.request(method, path, headers=AUTH)
+        assert response.status_code == 404, (path, response.text)
+        assert "snope" in response.json()["detail"]
+    answer = api.post("/v1/approvals/pnope", headers=AUTH, json={"decision": "approve"})
+    assert answer.status_code == 404 and "GET /v1/approvals" in answer.json()["detail"]
+    assert api.get("/v1/jobs/..%2F..", headers=AUTH).status_code in (404, 422)
+    assert api.get("/v1/approvals", headers=AUTH).json() == []
+
+
+# -- jobs that run ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    home = tmp_path_factory.mktemp("serve-home")
+    with local_swarm(home, concurrency=8) as url:
+        yield url, home
+
+
+@pytest.fixture(scope="module")
+def model(cluster: tuple[str, Path]) -> Iterator[ScriptedModelServer]:
+    with ScriptedModelServer() as server:
+        yield server
+
+
+def running_app(cluster: tuple[str, Path], model: ScriptedModelServer, **env: str) -> FastAPI:
+    url, home = cluster
+    return make_app(connect(url), url, home / "jobs", SWARM_BASE_URL=model.base_url,
+                    SWARM_MODEL=model.models[0], **env)
+
+
+@pytest.fixture
+def live_url(cluster: tuple[str, Path], model: ScriptedModelServer) -> Iterator[str]:
+    """The app served by uvicorn in a thread, so the event stream really streams."""
+    config = uvicorn.Config(running_app(cluster, model), host="127.0.0.1", port=0,
+                            log_level="warning", timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def sse(lines: Iterable[str]) -> Iterator[dict[str, str]]:
+    """Events of a text/event-stream (comments skipped)."""
+    event: dict[str, str] = {}
+    for line in lines:
+        if not line:
+            if event:
+                yield event
+            event = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            event[name] = value.removeprefix(" ")
+
+
+def follow(base: str, job: str, last_id: str | None = None) -> list[dict[str, str]]:
+    headers = {**AUTH, **({"Last-Event-ID": last_id} if last_id else {})}
+    out = []
+    with httpx.stream("GET", f"{base}/v1/jobs/{job}/events", headers=headers,
+                      timeout=httpx.Timeout(5.0, read=30.0)) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for event in sse(response.iter_lines()):
+            out.append(event)
+            if event.get("event") == "end":
+                break
+    return out
+
+
+def wait_state(get: Any, job: str, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        body: dict[str, Any] = get(f"/v1/jobs/{job}", headers=AUTH).json()
+        if body["state"] in states:
+            return body
+        assert time.monotonic() < deadline, body
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_job_end_to_end_over_sse(live_url: str, model: ScriptedModelServer) -> None:
+    model.responder = ByTask({
+        "SSEJOB": [Reply(tool_calls=[ToolCall("agent", {"message": "SSEKID count"}, id="k")]),
+                   lambda r: Reply(content="total: " + json.loads(tool_results(r)[0])["answer"])],
+        "SSEKID": [Reply(tool_calls=[ToolCall("run_cli", {"command": "echo 7"})]),
+                   lambda r: Reply(content=tool_results(r)[0].split()[0])],
+    })
+    created = httpx.post(f"{live_url}/v1/jobs", headers=AUTH,
+                         json={"task": "SSEJOB add it up", "approve": "all"})
+    assert created.status_code == 201, created.text
+    job = created.json()["id"]
+    events = follow(live_url, job)
+    assert events[-1]["event"] == "end"
+    assert json.loads(events[-1]["data"]) == {"id": job, "state": "done"}
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "queued" and "tool" in kinds and "settled" in kinds
+    ids = [e["id"] for e in events[:-1]]
+    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    assert all(json.loads(e["data"])["kind"] == e["event"] for e in events[:-1])
+    got = httpx.get(f"{live_url}/v1/jobs/{job}", headers=AUTH).json()
+    assert got["state"] == "done" and got["answer"] == "total: 7"
+    assert [a["depth"] for a in got["agents"]] == [0, 1]
+    assert got["usage"]["total_tokens"] > 0
+    # Resuming after an event id gives only what came after it, then the end.
+    again = follow(live_url, job, last_id=ids[1])
+    assert [e.get("id") for e in again[:-1]] == ids[2:] and again[-1]["event"] == "end"
+
+
+@pytest.mark.slow
+def test_cancel_a_running_job(cluster: tuple[str, Path], model: ScriptedModelServer) -> None:
+    model.responder = ByTask({"SLOWJOB": [
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "sleep 30"})]),
+        Reply(content="should not get here")]})
+    with TestClient(running_app(cluster, model)) as api:
+        job = api.post("/v1/jobs", headers=AUTH,
+                       json={"task": "SLOWJOB", "approve": "all"}).json()["id"]
+        events = connect(cluster[0])
+        deadline = time.monotonic() + 20
+        while "sleep 30" not in json.dumps(events.xrange(keys.events(job))):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        started = time.monotonic()
+        response = api.post(f"/v1/jobs/{job}/cancel", headers=AUTH)
+        assert response.status_code == 202
+        assert response.json()["flagged"] == [job]
+        final = wait_state(api.get, job, ("cancelled", "failed", "done"), timeout=15)
+        assert final["state"] == "cancelled", final
+        assert time.monotonic() - started < 10
+        assert api.post(f"/v1/jobs/{job}/cancel", headers=AUTH).json()["flagged"] == []
+
+
+@pytest.mark.slow
+def test_approvals_are_listed_and_answered(cluster: tuple[str, Path],
+                                           model: ScriptedModelServer) -> None:
+    model.responder = ByTask({"ASKJOB": [
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo approved-run"})]),
+        lambda r: Reply(content="saw: " + tool_results(r)[0].split("\n")[0])]})
+    with TestClient(running_app(cluster, model, SWARM_APPROVAL="run_cli=always")) as api:
+        job = api.post("/v1/jobs", headers=AUTH,
+                       json={"task": "ASKJOB", "approve": "ask"}).json()["id"]
+        deadline = time.monotonic() + 20
+        while not (pending := api.get(f"/v1/approvals?job={job}", headers=AUTH).json()):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        (approval,) = pending
+        assert approval["job"] == job and approval["tool"] == "run_cli"
+        assert "echo approved-run" in approval["summary"]
+        assert approval in api.get("/v1/approvals", headers=AUTH).json()
+        bad = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH, json={"decision": "ok"})
+        assert bad.status_code == 422
+        answer = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH,
+                          json={"decision": "approve"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"id": approval["id"], "job": job, "decision": "approve"}
+        twice = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH,
+                         json={"decision": "deny"})
+        assert twice.status_code in (404, 409)
+        final = wait_state(api.get, job, ("done", "failed", "cancelled"))
+        assert final["state"] == "done" and final["answer"] == "saw: approved-run", final
+
+
+# -- the OpenAPI document, fuzzed ---------------------------------------------------------
+
+
+#: The token for the bearer scheme of the document, and 413 as a fine answer to a body
+#: that is too large (schemathesis sends tasks over the length limit).
+FUZZ_CONFIG = {
+    "auth": {"openapi": {"HTTPBearer": {"bearer": TOKEN}}},
+    "checks": {"negative_data_rejection": {"expected-statuses": [
+        400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]}},
+}
+
+
+@pytest.fixture
+def api_schema(app: FastAPI) -> Any:
+    return schemathesis.openapi.from_asgi("/openapi.json", app, headers=AUTH,
+                                          config=schemathesis.Config.from_dict(FUZZ_CONFIG))
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+SEEN: set[tuple[str, int]] = set()
+
+
+@schema.parametrize()
+@settings(max_examples=int(os.environ.get("SWARM_FUZZ_EXAMPLES", "25")), deadline=None,
+          suppress_health_check=list(HealthCheck))
+def test_the_api_conforms_to_its_openapi_document(case: Any) -> None:
+    SEEN.add((case.operation.label, case.call_and_validate().status_code))
+
+
+def test_the_fuzzing_got_past_the_token() -> None:
+    if not SEEN:
+        pytest.skip("the schemathesis test did not run")
+    assert ("POST /v1/jobs", 201) in SEEN and ("GET /v1/approvals", 200) in SEEN, SEEN
