@@ -327,3 +327,20 @@ def test_client_survives_a_dropped_connection(redis: redis_py.Redis) -> None:
     redis.set("k", "v")
     redis.client_kill_filter(_type="normal", skipme=False)
     assert redis.get("k") == "v"  # reconnected by the retry policy
+
+
+def test_celery_app_follows_a_new_url(tmp_path: Path) -> None:
+    """configure() pointed at another Redis sends there, not over the old pool."""
+    from swarm.store.connection import connect
+    from swarm.workers.app import configure
+
+    first, second = EmbeddedServer(tmp_path / "a"), EmbeddedServer(tmp_path / "b")
+    try:
+        url_a, url_b = first.ensure(), second.ensure()
+        configure(url_a).send_task("swarm.test.nothing", args=[1], queue="swarm")
+        configure(url_b).send_task("swarm.test.nothing", args=[2], queue="swarm")
+        assert connect(url_a).llen("swarm") == 1
+        assert connect(url_b).llen("swarm") == 1
+    finally:
+        first.stop()
+        second.stop()

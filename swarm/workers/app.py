@@ -45,6 +45,12 @@ def configure(redis_url: str) -> Celery:
     celery_url = redis_url
     if celery_url.startswith("unix://"):
         celery_url = "redis+socket://" + celery_url[len("unix://"):]
+    if app.conf.broker_url not in (None, celery_url):
+        # Pointed elsewhere after use (tests, a server restarted on another port): the
+        # broker pool and the result backend of the old URL must not be reused.
+        app._pool = None
+        app.amqp._producer_pool = None
+        vars(app._local).pop("backend", None)
     app.conf.broker_url = celery_url
     app.conf.result_backend = celery_url
     if celery_url.startswith("rediss://") and "ssl_cert_reqs" not in celery_url:
