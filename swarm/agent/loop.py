@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarm import telemetry
 from swarm.agent import compaction, history
 from swarm.agent.approval import ApprovalGate
 from swarm.agent.folder import AgentFolder, TypedTool
@@ -189,8 +190,11 @@ class Agent:
         for call in calls:
             if call.name == "agent" and not call.error:
                 args = call.arguments
+                with telemetry.span("tool agent", call_id=call.id, agent=self.config.agent_id):
+                    trace = telemetry.traceparent()
                 spawns.append(SpawnCall(call.id, str(args["message"]),
-                                        str(args.get("agent_id", "")), args.get("output_schema")))
+                                        str(args.get("agent_id", "")), args.get("output_schema"),
+                                        trace))
                 self.observer.on_tool_start(call, self.summary(call))
                 continue
             try:
@@ -214,7 +218,9 @@ class Agent:
     def query(self, tools: list[dict[str, Any]]) -> ChatResult:
         """Ask the model for the next message."""
         try:
-            result = self.model.chat(self.messages, tools, on_event=self.observer.on_event)
+            with telemetry.span("model call", model=self.model.model,
+                                agent=self.config.agent_id, messages=len(self.messages)):
+                result = self.model.chat(self.messages, tools, on_event=self.observer.on_event)
         except KeyboardInterrupt:
             raise Interrupted("interrupted by the user") from None
         usage = self.session.usage
@@ -245,7 +251,8 @@ class Agent:
                         "Do not retry it as it is; find another way or explain what you need.")
         self.observer.on_tool_start(call, summary)
         try:
-            return self.dispatch(call)
+            with telemetry.span(f"tool {call.name}", call_id=call.id, agent=self.config.agent_id):
+                return self.dispatch(call)
         except ToolError as exc:
             return f"error: {exc}"
         except Exception as exc:  # a broken tool must not take the loop (and session) down

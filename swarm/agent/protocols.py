@@ -143,6 +143,8 @@ class SpawnCall:
     message: str
     agent_id: str = ""
     output_schema: dict[str, Any] | None = None
+    traceparent: str = ""
+    """The W3C trace context of this call, when telemetry is on (see swarm.telemetry)."""
 
 
 class Spawner(Protocol):

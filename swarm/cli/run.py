@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from swarm import telemetry
 from swarm.agent.approval import TerminalApprover
 from swarm.agent.build import local_agent
 from swarm.agent.protocols import ApprovalRequest, Decision, Session, Spawner
@@ -109,8 +110,9 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
                            "marked interrupted")
         state = "failed"
         try:
-            answer = (root.attach(local.agent, local.sessions) if attach
-                      else root.run(local.agent, task, local.sessions))
+            with telemetry.span("swarm", task=task[:200], workspace=str(workspace)):
+                answer = (root.attach(local.agent, local.sessions) if attach
+                          else root.run(local.agent, task, local.sessions))
             state = "done"
         except TurnLimitReached as exc:
             raise Abort(str(exc), EXIT_TURN_LIMIT) from None
@@ -126,6 +128,7 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
                 tree.close()
             root.finish(state)
             root.close()
+            telemetry.flush()
     return answer
 
 

@@ -239,6 +239,8 @@ class Coordinator:
         if not target:
             self.ledger.add_child(swarm_id, agent_id, parent, call["message"])
         self.ledger.add_run(run)
+        if call.get("traceparent"):
+            self.ledger.set_run(run_id, traceparent=str(call["traceparent"]))
         self.ledger.event(swarm_id, "queued", agent_id, parent=parent["id"], depth=depth)
         if self.redis.scard(keys.swarm_inflight(swarm_id)) >= limits.max_parallel:
             self.redis.rpush(keys.swarm_waiting(swarm_id), run_id)
@@ -258,10 +260,12 @@ class Coordinator:
 
     def send_run(self, run: Run, record: dict[str, str]) -> None:
         label = record.get("label", "")
+        trace = cast("str | None", self.redis.hget(keys.run(run.id), "traceparent"))
         self.app.send_task(
             "swarm.agent.run", args=[run.id], task_id=run.id,
             shadow=f"agent {run.agent} depth {record.get('depth', '?')}: {label}"[:200],
-            argsrepr=repr((run.id,)), kwargsrepr="{}")
+            argsrepr=repr((run.id,)), kwargsrepr="{}",
+            headers={"traceparent": trace} if trace else None)
 
     # -- settle and fan-in ---------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 from jsonschema import Draft202012Validator
 
-from swarm import faults
+from swarm import faults, telemetry
 from swarm.agent.build import assemble, new_session
 from swarm.agent.history import repair
 from swarm.agent.loop import Agent, Observer
@@ -203,7 +203,7 @@ class ChildRunner:
         self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=False)
 
     def run(self, run_id: str, *, resume: bool = False,
-            send: Callable[..., None] | None = None) -> dict[str, Any]:
+            send: Callable[..., None] | None = None, traceparent: str = "") -> dict[str, Any]:
         """Run (or, with ``resume``, carry on) the run ``run_id``; returns a small summary.
 
         A run delivered again after its worker died (its lease ran out) is claimed anew and
@@ -223,7 +223,9 @@ class ChildRunner:
         renewer = threading.Thread(target=self._renew, args=(run.id, token, stop), daemon=True)
         renewer.start()
         try:
-            return self._work(run, resume, send)
+            with telemetry.span("agent", parent=traceparent, agent_id=run.agent, run=run.id,
+                                resume=resume):
+                return self._work(run, resume, send)
         finally:
             stop.set()
 

@@ -31,7 +31,8 @@ def _progress(task: Task) -> Any:
 @app.task(name="swarm.agent.run", bind=True)
 def run_agent(self: Task, run_id: str) -> dict[str, Any]:
     """Run a child for one ``agent`` call (the run id is the task id)."""
-    return runner().run(run_id, send=_progress(self))
+    return runner().run(run_id, send=_progress(self),
+                        traceparent=str(self.request.get("traceparent") or ""))
 
 
 @app.task(name="swarm.agent.resume", bind=True)
