@@ -361,3 +361,20 @@ def test_a_job_runs_its_root_on_the_workers(cluster: tuple[str, Path], client: r
     assert ledger.swarm(swarm_id)["state"] == "done"
     root_request = next(r for r in model.requests if task_of(r) == "JOBROOT do it")
     assert "running a job submitted to the swarm" in root_request["messages"][0]["content"]
+
+
+def test_parked_parents_free_their_slot(cluster: tuple[str, Path], model: ScriptedModelServer,
+                                        tmp_path: Path) -> None:
+    """With one child in flight at a time, a parent waiting on its own child must not hold
+    the only slot (that deadlocked: the grandchild waited forever)."""
+    def relay(request: dict[str, Any]) -> Reply:
+        return Reply(content="via " + results_of(request)[0].get("answer", "?"))
+
+    model.responder = ByTask({
+        "NEST0": [agent_calls("NEST1 down"), relay],
+        "NEST1": [agent_calls("NEST2 down", "NEST2 again"), relay],
+        "NEST2": [Reply(content="bottom")],
+    })
+    result = swarm_run(cluster, model, tmp_path, "NEST0", SWARM_MAX_PARALLEL="1")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "via via bottom"

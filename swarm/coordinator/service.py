@@ -14,6 +14,7 @@ Every step is idempotent, so an entry handled twice (after a crash) changes noth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -25,6 +26,7 @@ import redis
 from celery import Celery
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from kombu.exceptions import OperationalError
 
 from swarm import faults
 from swarm.config import Settings
@@ -106,9 +108,13 @@ class Coordinator:
                     self.reap()
                     last_reclaim = time.monotonic()
                 self.poll()
-            except redis.ConnectionError as exc:
-                log.warning("coordinator lost Redis (%s); retrying", exc)
+            except (redis.RedisError, OperationalError) as exc:
+                # Entries being handled stay pending and are claimed again; a Redis that
+                # restarted without its streams needs the groups made again.
+                log.warning("coordinator: Redis or the broker failed (%s); retrying", exc)
                 self.stop.wait(1.0)
+                with contextlib.suppress(redis.RedisError):
+                    self.setup()
 
     def poll(self, block_ms: int = BLOCK_MS) -> int:
         """Handle what arrived on both streams; returns how many entries were handled."""
@@ -159,8 +165,8 @@ class Coordinator:
                 self.spawn(fields["request"])
             else:
                 self.settled(fields["run"])
-        except redis.ConnectionError:
-            raise  # left pending: handled again after reconnecting
+        except (redis.ConnectionError, redis.TimeoutError, OperationalError):
+            raise  # left pending: handled again (here or by another coordinator)
         except Exception:
             log.exception("coordinator: %s entry %s failed", stream, entry_id)
         self.redis.xack(stream, keys.COORDINATORS, entry_id)
@@ -174,6 +180,9 @@ class Coordinator:
 
     def spawn(self, request_id: str) -> None:
         req = self.ledger.request(request_id)
+        if req.get("state") == "dispatched":
+            self.maybe_join(request_id)  # a replay after a crash between the two
+            return
         if not req or req.get("state") not in ("new", "dispatching"):
             return
         self.ledger.set_request(request_id, state="dispatching")
@@ -188,6 +197,7 @@ class Coordinator:
             faults.point("coordinator-after-first-dispatch")
         self.ledger.set_request(request_id, runs=runs, state="dispatched")
         self.ledger.event(swarm_id, "dispatched", parent_id, children=len(runs))
+        self.release_waiting(swarm_id)  # the parked parent gave its slot back
         self.maybe_join(request_id)
 
     def dispatch(self, run_id: str, call: dict[str, Any], request_id: str, swarm_id: str,
@@ -195,8 +205,12 @@ class Coordinator:
         existing_run = self.ledger.run(run_id)
         if existing_run is not None:
             # A replayed request (a coordinator died mid-way): the run exists; make sure it
-            # was enqueued. A second delivery of a run that is already going is a no-op.
-            if existing_run.state == "queued" and not self.redis.lpos(
+            # was settled (refused) or enqueued. A second delivery of a run that is already
+            # going is a no-op.
+            if existing_run.state == "queued" and not existing_run.agent:
+                self.ledger.settle(existing_run, swarm_id, "refused",
+                                   existing_run.result or {"error": "refused"}, {})
+            elif existing_run.state == "queued" and not self.redis.lpos(
                     keys.swarm_waiting(swarm_id), run_id):
                 self.enqueue(run_id, swarm_id)
             return
@@ -233,6 +247,7 @@ class Coordinator:
                   message=call["message"], state="queued",
                   output_schema=call.get("output_schema") or None)
         if refusal:
+            run.result = {"error": refusal}
             self.ledger.add_run(run)
             self.ledger.settle(run, swarm_id, "refused", {"error": refusal}, {})
             return
@@ -243,7 +258,10 @@ class Coordinator:
             self.ledger.set_run(run_id, traceparent=str(call["traceparent"]))
         self.ledger.event(swarm_id, "queued", agent_id, parent=parent["id"], depth=depth)
         if self.redis.scard(keys.swarm_inflight(swarm_id)) >= limits.max_parallel:
-            self.redis.rpush(keys.swarm_waiting(swarm_id), run_id)
+            with self.redis.pipeline() as pipe:
+                pipe.rpush(keys.swarm_waiting(swarm_id), run_id)
+                pipe.expire(keys.swarm_waiting(swarm_id), keys.LEDGER_TTL)
+                pipe.execute()
             self.ledger.update_agent(agent_id, state="waiting")
         else:
             self.enqueue(run_id, swarm_id)
@@ -253,7 +271,10 @@ class Coordinator:
         if run is None:
             return
         record = self.ledger.agent(run.agent)
-        self.redis.sadd(keys.swarm_inflight(swarm_id), run_id)
+        with self.redis.pipeline() as pipe:
+            pipe.sadd(keys.swarm_inflight(swarm_id), run_id)
+            pipe.expire(keys.swarm_inflight(swarm_id), keys.LEDGER_TTL)
+            pipe.execute()
         if record.get("state") == "waiting":
             self.ledger.update_agent(run.agent, state="queued")
         self.send_run(run, record)
@@ -301,6 +322,11 @@ class Coordinator:
         sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=is_root)
         session_id = parent.get("session") or parent["id"]
         session = sessions.load(session_id)
+        if session is not None and not session.parked:
+            # Joined before, but the coordinator died before waking the parent: wake it.
+            self.wake(parent, request_id, req["swarm"])
+            self.ledger.set_request(request_id, state="joined")
+            return
         if session is None or session.parked != request_id:
             log.warning("request %s: parent %s is not parked on it; not joined", request_id,
                         parent.get("id"))
@@ -318,16 +344,22 @@ class Coordinator:
         session.parked = ""
         session.updated = time.time()
         sessions.save(session)
-        self.ledger.set_request(request_id, state="joined")
         self.ledger.event(req["swarm"], "joined", parent["id"], children=len(runs))
-        if is_root:
+        # Wake before marking joined: a crash in between is redone on replay (above).
+        self.wake(parent, request_id, req["swarm"])
+        self.ledger.set_request(request_id, state="joined")
+
+    def wake(self, parent: dict[str, str], request_id: str, swarm_id: str) -> None:
+        """Let a parent whose children all settled go on: a root in a terminal is woken,
+        a parent in a worker resumed (a duplicate resume is a no-op)."""
+        if parent.get("kind") == "root":
             with self.redis.pipeline() as pipe:
                 pipe.rpush(keys.wake(parent["id"]), request_id)
                 pipe.expire(keys.wake(parent["id"]), keys.LEDGER_TTL)
                 pipe.execute()
-        else:
-            parent_run = parent.get("run", "")
-            self.app.send_task(
-                "swarm.agent.resume", args=[parent_run], task_id=derive_id("m", request_id),
-                shadow=f"resume agent {parent['id']} depth {parent.get('depth', '?')}",
-                argsrepr=repr((parent_run,)), kwargsrepr="{}")
+            return
+        parent_run = parent.get("run", "")
+        self.app.send_task(
+            "swarm.agent.resume", args=[parent_run], task_id=derive_id("m", request_id),
+            shadow=f"resume agent {parent['id']} depth {parent.get('depth', '?')}",
+            argsrepr=repr((parent_run,)), kwargsrepr="{}")

@@ -54,6 +54,8 @@ def hints(scope: str = "global") -> str:
 LEDGER_TTL = 7 * 24 * 3600
 #: Progress events kept per swarm (XADD MAXLEN ~).
 EVENTS_MAXLEN = 10_000
+#: Entries kept on the spawn and settle streams (handled long before they are trimmed).
+STREAM_MAXLEN = 100_000
 #: A coordinator or worker counts as alive while its heartbeat key lives.
 HEARTBEAT_TTL = 10
 

@@ -36,6 +36,9 @@ if state == false then return -1 end
 for _, s in ipairs({'done', 'failed', 'cancelled', 'timed_out', 'refused'}) do
   if state == s then return 0 end
 end
+if ARGV[11] ~= '' and redis.call('HGET', KEYS[1], 'lease') ~= ARGV[11] then
+  return -2  -- fenced: another worker took this run over; its settlement counts
+end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'result', ARGV[2], 'settled', ARGV[3],
            'lease', '')
 if ARGV[5] == '1' then
@@ -48,7 +51,7 @@ if ARGV[5] == '1' then
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'kind', 'settled', 'agent',
              ARGV[8], 'state', ARGV[1], 'ts', ARGV[3], 'error', ARGV[10])
 end
-redis.call('XADD', KEYS[4], '*', 'run', ARGV[6])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[12], '*', 'run', ARGV[6])
 return 1
 """
 
@@ -66,6 +69,7 @@ if state == ARGV[4] or (state == 'running' and lease < now) then
     redis.call('HSET', KEYS[2], 'started', ARGV[2])
   end
   redis.call('ZADD', KEYS[3], until_, ARGV[6])
+  if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
   return 1
 end
 return 0
@@ -191,6 +195,7 @@ class Ledger:
             pipe.expire(key, self.ttl)
             pipe.zadd(keys.swarm_agents(swarm_id), {agent_id: now}, nx=True)
             pipe.hincrby(keys.swarm_counters(swarm_id), "children", 1)
+            pipe.expire(keys.swarm_counters(swarm_id), self.ttl)
             pipe.execute()
         return True
 
@@ -233,10 +238,13 @@ class Ledger:
         self.redis.hset(keys.run(run_id), mapping=dict(fields.items()))
 
     def claim(self, run_id: str, agent_id: str, token: str, lease: float, host: str,
-              from_state: str = "queued") -> bool:
-        """Take a run from ``from_state`` (or from an expired lease) into ``running``."""
-        return bool(self._claim(keys=[keys.run(run_id), keys.agent(agent_id), keys.leases()],
-                                args=[token, time.time(), lease, from_state, host, run_id]))
+              from_state: str = "queued", swarm_id: str = "") -> bool:
+        """Take a run from ``from_state`` (or from an expired lease) into ``running``; a
+        resumed parent counts as in flight again."""
+        return bool(self._claim(
+            keys=[keys.run(run_id), keys.agent(agent_id), keys.leases(),
+                  keys.swarm_inflight(swarm_id)],
+            args=[token, time.time(), lease, from_state, host, run_id]))
 
     def renew(self, run_id: str, token: str, lease: float) -> bool:
         return bool(self._renew(keys=[keys.run(run_id), keys.leases()],
@@ -248,10 +256,11 @@ class Ledger:
             keys.leases(), "-inf", now or time.time(), start=0, num=limit))
 
     def settle(self, run: Run, swarm_id: str, state: str, result: dict[str, Any],
-               usage: dict[str, int]) -> bool:
+               usage: dict[str, int], token: str = "") -> bool:
         """Record a run's outcome once and announce it (on the settle stream, and as a
         ``settled`` progress event, before anyone can be woken by it); False if it had
-        settled already."""
+        settled already, or if ``token`` is given and no longer holds the run's lease
+        (a worker that lost its lease never overwrites its successor's result)."""
         assert state in SETTLED, state
         done = self._settle(
             keys=[keys.run(run.id), keys.agent(run.agent), keys.swarm_inflight(swarm_id),
@@ -259,7 +268,8 @@ class Ledger:
                   keys.events(swarm_id)],
             args=[state, json.dumps(result, ensure_ascii=False), f"{time.time():.3f}",
                   json.dumps(usage), "1" if run.agent else "0", run.id, run.request, run.agent,
-                  keys.EVENTS_MAXLEN, str(result.get("error", ""))[:500]])
+                  keys.EVENTS_MAXLEN, str(result.get("error", ""))[:500], token,
+                  keys.STREAM_MAXLEN])
         return bool(done == 1)
 
     # -- requests ----------------------------------------------------------------------------
@@ -277,12 +287,15 @@ class Ledger:
             if parent_run:
                 pipe.hset(keys.run(parent_run), mapping={"state": "parked", "lease": ""})
                 pipe.zrem(keys.leases(), parent_run)
+                # A parked parent holds no slot: its children must be able to run.
+                pipe.srem(keys.swarm_inflight(swarm_id), parent_run)
             pipe.hset(key, mapping={
                 "parent": parent_id, "swarm": swarm_id, "turn": turn, "created": time.time(),
                 "calls": json.dumps(calls, ensure_ascii=False),
                 "results": json.dumps(results, ensure_ascii=False), "state": "new"})
             pipe.expire(key, self.ttl)
-            pipe.xadd(keys.spawn_stream(), {"request": request_id})
+            pipe.xadd(keys.spawn_stream(), {"request": request_id},
+                      maxlen=keys.STREAM_MAXLEN, approximate=True)
             pipe.execute()
 
     def request(self, request_id: str) -> dict[str, Any]:

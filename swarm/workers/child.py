@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis
 from jsonschema import Draft202012Validator
@@ -38,6 +38,7 @@ from swarm.errors import (
     SwarmError,
     TimedOut,
 )
+from swarm.errors import StoreError as SwarmStoreError
 from swarm.llm.client import LLMClient
 from swarm.llm.types import ChatResult
 from swarm.store import keys
@@ -134,15 +135,17 @@ class Control:
     POLL = 1.0
 
     def __init__(self, redis_: redis.Redis, swarm_id: str, agent_id: str,
-                 settings: Settings) -> None:
+                 settings: Settings, event: threading.Event | None = None) -> None:
         self.redis, self.swarm_id, self.agent_id = redis_, swarm_id, agent_id
         self.limit = settings.child_timeout
         self.budget = settings.token_budget
         self.start = time.monotonic()
-        self.event = threading.Event()
+        self.event = event or threading.Event()
         self.timed_out = False
         self.warned = False
-        self.tokens = 0
+        # What the swarm spent before this child (or this resume) started counts too.
+        self.tokens = int(cast("str | None", redis_.hget(keys.swarm_counters(swarm_id),
+                                                         "tokens")) or 0) if self.budget else 0
         self._stop = threading.Event()
         threading.Thread(target=self._watch, daemon=True, name=f"watch-{agent_id}").start()
 
@@ -216,29 +219,40 @@ class ChildRunner:
         if run.state in SETTLED:
             return {"run": run_id, "state": run.state}
         token = secrets.token_hex(8)
+        swarm_id = self.ledger.agent(run.agent).get("swarm", "") if run.agent else ""
+        if not run.agent or not swarm_id:
+            log.warning("run %s has no agent in the ledger; nothing to do", run_id)
+            return {"run": run_id, "state": "missing"}
         if not self.ledger.claim(run.id, run.agent, token, self.settings.lease, self.host,
-                                 "parked" if resume else "queued"):
+                                 "parked" if resume else "queued", swarm_id):
             return {"run": run_id, "state": "skipped (another worker has it)"}
-        stop = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(run.id, token, stop), daemon=True)
+        stop, lost = threading.Event(), threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(run.id, token, stop, lost),
+                                   daemon=True)
         renewer.start()
         try:
             with telemetry.span("agent", parent=traceparent, agent_id=run.agent, run=run.id,
                                 resume=resume):
-                return self._work(run, resume, send)
+                return self._work(run, resume, send, token, lost)
         finally:
             stop.set()
 
-    def _renew(self, run_id: str, token: str, stop: threading.Event) -> None:
+    def _renew(self, run_id: str, token: str, stop: threading.Event,
+               lost: threading.Event) -> None:
         lease = self.settings.lease
         while not stop.wait(lease / 3):
             try:
                 if not self.ledger.renew(run_id, token, lease):
+                    # Another worker took the run over (this one was too slow to renew):
+                    # stop working; its settlement is fenced out anyway.
+                    log.warning("run %s: lease lost to another worker; stopping", run_id)
+                    lost.set()
                     return
             except redis.RedisError as exc:
                 log.warning("lease of %s not renewed: %s", run_id, exc)
 
-    def _work(self, run: Run, resume: bool, send: Callable[..., None] | None) -> dict[str, Any]:
+    def _work(self, run: Run, resume: bool, send: Callable[..., None] | None, token: str,
+              lost: threading.Event) -> dict[str, Any]:
         record = self.ledger.agent(run.agent)
         swarm_id = record["swarm"]
         settings = self.settings.with_(**{
@@ -251,7 +265,7 @@ class ChildRunner:
         if session.parked and self._still_waiting(run, session.parked):
             return {"run": run.id, "state": "parked"}
         before = self._snapshot(workspace, run)
-        control = Control(self.redis, swarm_id, run.agent, settings)
+        control = Control(self.redis, swarm_id, run.agent, settings, lost)
         model = LLMClient.from_settings(settings)
         model.gate = RedisRateGate(self.redis, swarm_id)
         queue = ApprovalQueue(self.redis, swarm_id)
@@ -285,7 +299,7 @@ class ChildRunner:
             result["git_branch"] = workspace.git_branch
             result["diffstat"] = ws.commit_changes(
                 workspace, f"swarm {run.agent}: {run.message[:60]}")
-        self.ledger.settle(run, swarm_id, state, result, session.usage)
+        self.ledger.settle(run, swarm_id, state, result, session.usage, token=token)
         if record.get("kind") == "job":
             self.ledger.finish_swarm(swarm_id, state)
         return {"run": run.id, "state": state}
@@ -351,6 +365,8 @@ class ChildRunner:
             return exc.state, {"error": str(exc)}
         except (AgentStopped, ModelError) as exc:
             return "failed", {"error": f"{type(exc).__name__}: {exc}"}
+        except (SwarmStoreError, redis.RedisError):
+            raise  # Redis went away: the task fails, the lease runs out, a worker takes over
         except Exception as exc:  # a bug must not leave the parent waiting forever
             log.exception("child %s crashed", run.agent)
             return "failed", {"error": f"internal error: {type(exc).__name__}: {exc}"}
