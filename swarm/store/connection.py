@@ -52,6 +52,10 @@ def _scrub(text: str, url: str) -> str:
     return text.replace(secret, "***") if secret else text
 
 
+#: Connections one client may open (redis-py's default is 100).
+MAX_CONNECTIONS = 2048
+
+
 def connect(
     url: str,
     *,
@@ -82,6 +86,10 @@ def connect(
     try:
         client = redis.Redis.from_url(
             url,
+            # A worker runs many children on one client, each with a lease renewer and a
+            # cancel watcher: redis-py's default pool of 100 connections runs out past
+            # ~100 children (MaxConnectionsError).
+            max_connections=MAX_CONNECTIONS,
             decode_responses=True,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,
