@@ -46,4 +46,12 @@ def cancel(ledger: Ledger, agent_id: str, reason: str = "cancelled by swarm canc
                                           "text": reason, "ts": f"{time.time():.3f}"},
                   maxlen=keys.EVENTS_MAXLEN, approximate=True)
         pipe.execute()
+    # Children held back by the in-flight limit would wait for a slot just to stop:
+    # settle them now (settling is idempotent, so a race with a release is harmless).
+    for agent in agents:
+        if agent["id"] in ids and agent.get("state") == "waiting" and agent.get("run"):
+            run = ledger.run(agent["run"])
+            if run is not None:
+                ledger.redis.lrem(keys.swarm_waiting(swarm_id), 0, run.id)
+                ledger.settle(run, swarm_id, "cancelled", {"error": reason}, {})
     return [aid for aid in ids if states.get(aid) not in SETTLED]

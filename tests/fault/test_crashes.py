@@ -363,3 +363,30 @@ def test_429_storm_is_shared_and_a_child_that_gives_up_fails_alone(
     assert gate is not None, "no child closed the swarm's rate gate"
     patient = [r for r in model.requests if task_of(r).startswith("PATIENT")]
     assert len(patient) == 8  # each child: one 429, one retry that succeeded
+
+
+def test_cancel_settles_children_held_back_by_the_in_flight_limit(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    model.responder = ByTask({
+        "ROOT": [agent_calls("HOLDER busy", "HELD one", "HELD two"), report],
+        "HOLDER": [Reply(tool_calls=[ToolCall("run_cli", {
+            "command": f"echo $$ > {pidfile}; sleep 600"})])],
+        "HELD": [Reply(content="should not run")],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    thread, out = swarm.run_in_thread("ROOT held", tmp_path, SWARM_MAX_PARALLEL="1")
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the holder")
+    assert [a["state"] for a in swarm.agents() if "HELD" in a.get("label", "")] == \
+        ["waiting", "waiting"]
+    root = swarm.ledger.latest_swarm() or ""
+    assert CliRunner().invoke(main, ["cancel", root], env=swarm.env()).exit_code == 0
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    (result,) = out
+    assert result.exit_code == 4, result.output  # the root was cancelled too
+    wait_until(lambda: {a["state"] for a in swarm.agents() if a.get("kind") == "child"}
+               == {"cancelled"}, timeout=10, what="every child cancelled")
+    assert not [r for r in model.requests if task_of(r).startswith("HELD")]
