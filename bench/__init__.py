@@ -1,5 +1,9 @@
 """Benchmarks for swarm (timing lives here, not in test assertions; DESIGN.md section 7).
 
-- ``python -m bench.spawn``: spawn overhead, fan-in, wall time of N parallel children,
-  and the floor of a bare Celery round trip. Results go to ``bench/results/``.
+- ``python -m bench``: the whole set (spawn, scaling, processes, memory, workers, redis);
+  ``--smoke`` for a tiny run, ``--only NAME`` for one part, ``--help`` for the sizes.
+- ``python -m bench.spawn``: spawn overhead, fan-in and the Celery floor on their own.
+
+Results go to ``bench/results/`` (JSON, and a PNG when matplotlib is installed:
+``pip install -e '.[bench]'``). See bench/README.md.
 """

@@ -1,6 +1,187 @@
-"""``python -m bench`` runs the spawn benchmark (``python -m bench.spawn --help``)."""
+"""``python -m bench``: every benchmark of the swarm, tables on stdout, JSON in bench/results/.
 
-from bench.spawn import main
+Parts (``--only NAME[,NAME]``):
+
+- ``spawn``     spawn overhead and fan-in against a bare Celery round trip (bench.spawn)
+- ``scaling``   N children x T turns at a fixed model latency: wall against the ideal
+- ``processes`` the same job as one ``swarm run`` process per child (EVA's berserk recipe)
+                and as one sequential agent, beside the swarm: wall, peak memory, CPU
+- ``memory``    resident memory per concurrent child in a worker (threads pool)
+- ``workers``   the same N on 1, 2 and 4 worker processes, and on two "hosts"
+- ``redis``     Redis commands and bytes per child and turn, memory per 1,000 children, TTLs
+
+``--smoke`` runs a tiny size of each (about a minute; results go to ``*-smoke.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import resource
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, log, neutral_env, results_dir, write_result
+
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis")
+MODULES = {"workers": "across", "redis": "redis_cost"}
+
+
+def ints(text: str) -> list[int]:
+    return sorted({int(x) for x in text.split(",") if x.strip()})
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmarks of swarm: real embedded Redis, coordinator and Celery workers; "
+                    "the model is a scripted OpenAI-compatible server in this process with a "
+                    "fixed latency per answer. Prints tables, writes bench/results/*.json and "
+                    "a plot (bench/results/scaling.png, when matplotlib is installed: "
+                    "pip install -e '.[bench]'). The full set takes about 8 minutes on 2 cores.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="parts: " + ", ".join(PARTS))
+    p.add_argument("--smoke", action="store_true",
+                   help="a tiny size of each part (about a minute), written to *-smoke.json")
+    p.add_argument("--only", default="",
+                   help="comma-separated parts to run (default: all): " + ",".join(PARTS))
+    p.add_argument("--latency", type=float, default=1.0,
+                   help="seconds per model answer for scaling, processes, workers (default 1)")
+    p.add_argument("--turns", type=int, default=3,
+                   help="command turns per child, T (default 3); each child makes T+1 calls")
+    g = p.add_argument_group("spawn")
+    g.add_argument("--spawn-sizes", type=ints, default=[1, 10, 100])
+    g.add_argument("--spawn-repeats", type=int, default=5)
+    g = p.add_argument_group("scaling")
+    g.add_argument("--sizes", type=ints, default=[1, 10, 50, 200, 500],
+                   help="numbers of children (default 1,10,50,200,500)")
+    g.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    g.add_argument("--concurrency", type=int, default=256,
+                   help="threads per worker process (default 256)")
+    g.add_argument("--max-parallel", type=int, default=0,
+                   help="SWARM_MAX_PARALLEL for the jobs (default max(64, N))")
+    g = p.add_argument_group("processes")
+    g.add_argument("--processes-n", type=int, default=50,
+                   help="children of the process-per-child comparison (default 50)")
+    g.add_argument("--no-sequential", action="store_true",
+                   help="skip the sequential agent (it takes N x T x latency seconds)")
+    g = p.add_argument_group("memory")
+    g.add_argument("--memory-sizes", type=ints, default=[100, 500])
+    g = p.add_argument_group("workers")
+    g.add_argument("--workers-n", type=int, default=200,
+                   help="children for the across-workers runs (default 200)")
+    g.add_argument("--workers-configs", default="1,2,4,hosts",
+                   help="worker process counts to compare, and 'hosts' (default 1,2,4,hosts)")
+    g = p.add_argument_group("redis")
+    g.add_argument("--redis-n", type=int, default=200,
+                   help="children of the Redis cost runs (default 200)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
+    p.add_argument("--results", type=Path, default=None,
+                   help="directory for the JSON and PNG (default bench/results/)")
+    return p
+
+
+SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "latency": 0.05,
+         "turns": 2, "workers": 1, "concurrency": 16, "processes_n": 3, "memory_sizes": [5],
+         "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4}
+
+
+def display(path: Path) -> str:
+    try:
+        return str(path.relative_to(RESULTS.parent))
+    except ValueError:
+        return str(path)
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def own_seconds() -> float:
+    """CPU seconds of this process and every process it started and reaped."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def source_state() -> dict[str, Any]:
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=RESULTS.parent.parent, capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "modified": git("status", "--short", "swarm").splitlines()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.smoke:
+        for k, v in SMOKE.items():
+            setattr(args, k, v)
+    only = [x.strip() for x in args.only.split(",") if x.strip()] or list(PARTS)
+    unknown = [x for x in only if x not in PARTS]
+    if unknown:
+        parser().error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    neutral_env()
+    if args.results is not None:
+        args.results.mkdir(parents=True, exist_ok=True)
+        results_dir(args.results.resolve())
+    began = time.perf_counter()
+    results: dict[str, Any] = {}
+    tables: list[str] = []
+    failed = []
+    for name in [p for p in PARTS if p in only]:
+        started = time.perf_counter()
+        busy, own = busy_seconds(), own_seconds()
+        log(f"== {name} ...")
+        try:
+            module = importlib.import_module(f"bench.{MODULES.get(name, name)}")
+            out = module.run(args)
+            out["seconds"] = time.perf_counter() - started
+            out["smoke"] = args.smoke
+            out["source"] = source_state()
+            out["load"] = {"machine_busy_cpu_s": busy_seconds() - busy,
+                           "bench_cpu_s": own_seconds() - own,
+                           "loadavg_after": os.getloadavg()}
+            path = write_result(name, args.smoke, out)
+            lines = module.report(out)
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+            continue
+        results[name] = out
+        load = out["load"]
+        other = max(0.0, load["machine_busy_cpu_s"] - load["bench_cpu_s"])
+        lines.append(f"  ({name}: {out['seconds']:.0f} s; {display(path)}; "
+                     f"CPU {load['bench_cpu_s']:.0f} s by the bench, ~{other:.0f} s by other "
+                     "processes on the machine)")
+        print("\n" + "\n".join(lines), flush=True)
+        tables.extend(["", *lines])
+    if not args.no_plot and set(results) & {"scaling", "spawn", "processes", "workers"}:
+        from bench.plot import plot
+
+        drawn = plot(results, args.smoke)
+        print(f"\nplot: {drawn}" if drawn else "\nplot: skipped (matplotlib not installed: "
+              "pip install -e '.[bench]')", flush=True)
+    total = time.perf_counter() - began
+    print(f"\npython -m bench{' --smoke' if args.smoke else ''}: {total:.0f} s"
+          + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

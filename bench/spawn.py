@@ -124,6 +124,12 @@ class Stamp:
     sent_wall: float
 
 
+class _BenchHTTPServer(_HTTPServer):
+    # socketserver's default listen backlog is 5: when dozens of children connect at once the
+    # kernel drops SYNs and the client retries after 1 s, which showed up as spawn overhead.
+    request_queue_size = 1024
+
+
 class TimedModelServer(ScriptedModelServer):
     """:class:`ScriptedModelServer` that records a :class:`Stamp` per request."""
 
@@ -148,7 +154,7 @@ class TimedModelServer(ScriptedModelServer):
 
     def start(self) -> TimedModelServer:  # as the parent's, with the timed handler
         if self._httpd is None:
-            self._httpd = _HTTPServer((self.host, self.port), _TimedHandler)
+            self._httpd = _BenchHTTPServer((self.host, self.port), _TimedHandler)
             self._httpd.owner = self
             self.port = self._httpd.server_address[1]
             self._thread = threading.Thread(
@@ -499,8 +505,16 @@ def summarise(jobs: list[Job]) -> dict[str, Any]:
 
 
 def print_table(out: dict[str, Any]) -> None:
+    print("\n".join(table_lines(out)))
+
+
+def table_lines(out: dict[str, Any]) -> list[str]:
     cfg, sizes, floor = out["config"], out["sizes"], out["floor"]
-    w = print
+    lines: list[str] = []
+
+    def w(text: str) -> None:
+        lines.extend(text.split("\n"))
+
     w(f"\nswarm spawn benchmark: {out['machine']['cpus']} CPUs, {cfg['workers']} worker "
       f"process(es) x {cfg['concurrency']} threads, model latency {cfg['latency']:.2f} s/answer, "
       f"{cfg['repeats']} jobs per N, model server TCP_NODELAY "
@@ -538,9 +552,10 @@ def print_table(out: dict[str, Any]) -> None:
         w(f"{n:>4} | " + " | ".join(f"{ms(parts.get(k)):>12}" for k, _ in FANIN_PARTS))
     for k, text in SPAWN_PARTS + FANIN_PARTS:
         w(f"  {k}: {text}")
+    return lines
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.spawn",
         description="Measure spawn overhead, fan-in and wall time of a swarm of N children "
@@ -569,11 +584,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON output (default bench/results/spawn.json, "
                              "spawn-smoke.json with --smoke)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    out = collect(args)
+    print_table(out)
+    out_path = args.out or RESULTS / ("spawn-smoke.json" if args.smoke else "spawn.json")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\nwritten {out_path} in {out['run_seconds']:.0f} s")
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark described by the parsed ``args``; returns what main() writes."""
     if args.smoke:
         args.sizes, args.repeats, args.floor_samples = "1,3", 2, 50
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
-    out_path = args.out or RESULTS / ("spawn-smoke.json" if args.smoke else "spawn.json")
     for name in [k for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))]:
         del os.environ[name]  # the workers inherit this environment: keep it neutral
     began = time.perf_counter()
@@ -627,10 +655,23 @@ def main(argv: list[str] | None = None) -> None:
         "sizes": results,
         "run_seconds": time.perf_counter() - began,
     }
-    print_table(out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"\nwritten {out_path} in {out['run_seconds']:.0f} s")
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Part 1 of ``python -m bench``: sizes and repeats from the suite's options."""
+    sizes = ",".join(str(n) for n in args.spawn_sizes)
+    own = ["--sizes", sizes, "--repeats", str(args.spawn_repeats), "--latency", "0.2",
+           "--concurrency", str(max(64, max(args.spawn_sizes)))]
+    if args.smoke:
+        own += ["--floor-samples", "20"]
+    spawn_args = build_parser().parse_args(own)
+    return collect(spawn_args)
+
+
+def report(out: dict[str, Any]) -> list[str]:
+    return ["1. spawn overhead and fan-in" + table_lines(out)[0].replace(
+        "swarm spawn benchmark", ""), *table_lines(out)[1:]]
 
 
 if __name__ == "__main__":

@@ -174,3 +174,9 @@ def test_berserk_on_the_embedded_default_starts_and_stops_everything(
     assert leftovers == ""
     for log in (home / "logs").glob("*.log"):
         assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
+    # A second job right after: the first one's workers are gone, so it starts its own
+    # (their heartbeats must not make it wait for workers that no longer exist).
+    again = swarm("run", "--yes", "--new", "ROOT fan out", env=env_for(model_server, home),
+                  cwd=work, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "3 children answered\n"

@@ -10,6 +10,7 @@ from types import FrameType
 import click
 
 from swarm.cli.main import handle_errors, settings_from
+from swarm.store import keys
 from swarm.store.connection import open_store
 
 CTX = {"help_option_names": ["-h", "--help"]}
@@ -79,7 +80,10 @@ def coordinator(name: str | None) -> None:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         click.echo(f"coordinator {service.name} on {store.masked_url}", err=True)
-        service.run()
+        try:
+            service.run()
+        finally:
+            store.redis.delete(keys.heartbeat("coordinator", service.name))
 
 
 @click.command(context_settings=CTX)

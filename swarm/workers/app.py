@@ -12,7 +12,7 @@ import os
 import ssl
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutdown
 
 QUEUE = "swarm"
 #: Longer than any healthy run: a shorter one makes Redis redeliver a live task.
@@ -85,4 +85,17 @@ def _start_heartbeat(sender: object, **_: object) -> None:
     threading.Thread(target=beat, name="swarm-heartbeat", daemon=True).start()
 
 
+def _stop_heartbeat(sender: object, **_: object) -> None:
+    """Say at once that this worker is gone (the key would live up to its TTL)."""
+    import contextlib
+
+    from swarm.store import keys
+    from swarm.store.connection import connect
+
+    with contextlib.suppress(Exception):
+        connect(str(app.conf.broker_url).replace("redis+socket://", "unix://"), retries=0
+                ).delete(keys.heartbeat("worker", str(getattr(sender, "hostname", "worker"))))
+
+
 worker_ready.connect(_start_heartbeat)
+worker_shutdown.connect(_stop_heartbeat)

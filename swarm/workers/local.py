@@ -21,7 +21,7 @@ from typing import IO
 
 import redis
 
-from swarm.errors import RuntimeUnavailable
+from swarm.errors import RuntimeUnavailable, SwarmError
 from swarm.store import keys
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class LocalCluster:
         self.workers = max(1, workers)
         self.concurrency = max(1, concurrency)
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.names: list[tuple[str, str]] = []
         self._logs: list[IO[bytes]] = []
 
     def _spawn(self, name: str, *args: str) -> None:
@@ -86,9 +87,11 @@ class LocalCluster:
         host = socket.gethostname()
         pid = os.getpid()
         self._spawn("coordinator", "coordinator", "--name", f"local-{pid}@{host}")
+        self.names = [("coordinator", f"local-{pid}@{host}")]
         for i in range(self.workers):
             self._spawn(f"worker-{i}", "worker", "--concurrency", str(self.concurrency),
                         "--hostname", f"local{i}-{pid}@{host}")
+            self.names.append(("worker", f"local{i}-{pid}@{host}"))
         return self
 
     def stop(self) -> None:
@@ -104,6 +107,13 @@ class LocalCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
+        # Their heartbeats would otherwise outlive them by up to HEARTBEAT_TTL, and the
+        # next `swarm run` would wait for workers that are gone.
+        with contextlib.suppress(redis.RedisError, SwarmError):
+            from swarm.store.connection import connect
+
+            connect(self.redis_url, retries=0).delete(
+                *(keys.heartbeat(kind, name) for kind, name in self.names))
         for out in self._logs:
             out.close()
         self.procs.clear()

@@ -1,0 +1,136 @@
+"""Scaling: N children each doing T turns (one shell command per turn), against the ideal.
+
+One warm cluster (embedded server, a coordinator, ``--workers`` worker processes x
+``--concurrency`` threads) serves every N; the root runs in this process (``swarm run
+--workers 0``). Each model answer takes ``--latency`` seconds. A job is::
+
+    root   : 1 call -> N agent calls              ... 1 call -> final answer
+    child i: T calls each running one command (echo), then 1 call answering
+
+so the ideal wall time, when nothing queues, is ``(T + 3) x latency`` (root 2 calls, child
+T + 1 calls), whatever N; the children's part (root's fan-out answer sent -> root's next
+request) ideally takes ``(T + 1) x latency``. Efficiency = ideal / wall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+from bench.common import (
+    Cluster,
+    JobScript,
+    WorkerSpec,
+    analyse,
+    fmt_ms,
+    log,
+    machine_info,
+    median,
+    model_server,
+    new_tag,
+    p95,
+    redis_info,
+    run_root,
+)
+from bench.spawn import cpu_seconds
+from swarm.store.connection import connect
+
+
+def cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def measure_job(cluster: Cluster, model: Any, n: int, turns: int, latency: float,
+                max_parallel: int, pids: dict[str, int]) -> dict[str, Any]:
+    """One job of N children on a running cluster, with its timings, CPU and Redis commands."""
+    client = connect(cluster.url)
+    try:
+        script = JobScript(new_tag(), n, turns)
+        model.latency = latency
+        before, cpu_before = redis_info(client), cpu_of(pids)
+        invoked = time.perf_counter()
+        run = run_root(cluster, model, script, max_parallel=max_parallel)
+        after, cpu_after = redis_info(client), cpu_of(pids)
+    finally:
+        client.close()
+    times = analyse(script, run, invoked)
+    ideal = (turns + 3) * latency
+    phase_ideal = (turns + 1) * latency
+    cpu = {k: round(cpu_after[k] - cpu_before[k], 2) for k in pids}
+    return {
+        "n": n, "turns": turns, "latency": latency, "wall": run.wall, "ideal": ideal,
+        "ratio": run.wall / ideal, "efficiency": ideal / run.wall,
+        "overhead_s": run.wall - ideal,
+        "phase": times.phase, "phase_ideal": phase_ideal, "phase_ratio": times.phase / phase_ideal,
+        "spawn": {"median": median(times.spawn), "p95": p95(times.spawn),
+                  "max": max(times.spawn)},
+        "turn_gap": {"median": median(times.turn_gaps), "p95": p95(times.turn_gaps),
+                     "max": max(times.turn_gaps)},
+        "fanin": times.fanin, "root_startup": times.startup,
+        "models_requests": times.models_requests,
+        "peak_concurrent_model_requests": times.peak_concurrent_requests,
+        "cpu_seconds": cpu, "cpu_total": round(sum(cpu.values()), 2),
+        "redis_commands": after["commands"] - before["commands"],
+    }
+
+
+def cluster_pids(cluster: Cluster, client: Any) -> dict[str, int]:
+    pids = {"bench (root + model)": os.getpid(),
+            "redis": int(client.info("server")["process_id"]),
+            "coordinator": cluster.procs["coordinator"].pid}
+    pids.update({f"worker{i}": pid for i, pid in enumerate(cluster.worker_pids)})
+    return pids
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sizes: list[int] = args.sizes
+    specs = [WorkerSpec(args.concurrency) for _ in range(args.workers)]
+    began = time.perf_counter()
+    jobs = []
+    with model_server(args.latency) as model, Cluster(specs) as cluster:
+        client = connect(cluster.url)
+        pids = cluster_pids(cluster, client)
+        machine = machine_info(client)
+        client.close()
+        log(f"scaling: cluster of {args.workers} x {args.concurrency} ready in "
+            f"{time.perf_counter() - began:.1f} s")
+        warm = measure_job(cluster, model, min(3, max(sizes)), 1, 0.05, 64, pids)
+        log(f"scaling: warm-up N={warm['n']} {warm['wall']:.2f} s")
+        for n in sizes:
+            max_parallel = args.max_parallel or max(64, n)
+            job = measure_job(cluster, model, n, args.turns, args.latency, max_parallel, pids)
+            job["max_parallel"] = max_parallel
+            jobs.append(job)
+            log(f"scaling: N={n} wall {job['wall']:.2f} s (ideal {job['ideal']:.1f}), spawn "
+                f"p95 {fmt_ms(job['spawn']['p95'])} ms, CPU {job['cpu_total']:.1f} s")
+    return {"benchmark": "scaling", "machine": machine,
+            "config": {"sizes": sizes, "turns": args.turns, "latency": args.latency,
+                       "workers": args.workers, "concurrency": args.concurrency,
+                       "max_parallel": args.max_parallel or "max(64, N)",
+                       "child": f"{args.turns} turns of one command (echo) + 1 answer",
+                       "ideal": "(turns + 3) x latency: root 2 calls + child turns + 1"},
+            "jobs": jobs, "run_seconds": time.perf_counter() - began}
+
+
+def report(out: dict[str, Any]) -> list[str]:
+    cfg = out["config"]
+    lines = [f"2. scaling: {cfg['workers']} worker process(es) x {cfg['concurrency']} threads, "
+             f"T={cfg['turns']} command turns + 1 answer per child, model latency "
+             f"{cfg['latency']:g} s, max_parallel {cfg['max_parallel']}; ideal = (T+3) x latency",
+             "     N | wall s | ideal | wall/ideal | effic. | children s (ideal) | spawn ms "
+             "med   p95   max | turn gap ms med  p95 | fan-in ms | CPU s | Redis cmds/child"]
+    for j in out["jobs"]:
+        lines.append(
+            f"  {j['n']:>4} | {j['wall']:>6.2f} | {j['ideal']:>5.1f} | {j['ratio']:>10.2f} | "
+            f"{j['efficiency']:>5.0%} | {j['phase']:>9.2f} ({j['phase_ideal']:.1f}) | "
+            f"{fmt_ms(j['spawn']['median']):>12} {fmt_ms(j['spawn']['p95']):>5} "
+            f"{fmt_ms(j['spawn']['max']):>5} | {fmt_ms(j['turn_gap']['median']):>15} "
+            f"{fmt_ms(j['turn_gap']['p95']):>4} | {fmt_ms(j['fanin']):>9} | "
+            f"{j['cpu_total']:>5.1f} | {j['redis_commands'] / j['n']:>6.0f}")
+    if out["jobs"]:
+        big = out["jobs"][-1]
+        lines.append(f"  CPU seconds at N={big['n']}: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in big["cpu_seconds"].items()))
+    return lines
