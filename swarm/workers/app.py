@@ -8,8 +8,12 @@ the ledger takes over the children of a dead worker, not kombu's redelivery.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import ssl
+import threading
+import time
+from typing import Any
 
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
@@ -64,38 +68,38 @@ if os.environ.get("SWARM_REDIS_URL"):
     configure(os.environ["SWARM_REDIS_URL"])
 
 
-def _start_heartbeat(sender: object, **_: object) -> None:
-    """Announce this worker in Redis (``swarm run`` checks that someone will run children)."""
-    import contextlib
-    import threading
-    import time
+class _Heartbeat:
+    """This worker's key in Redis while it runs (``swarm run`` checks that someone will run
+    children); deleted at shutdown, not left to expire."""
 
-    from swarm.store import keys
-    from swarm.store.connection import connect
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self.key = ""
+        self.redis: Any = None
 
-    name = str(getattr(sender, "hostname", "worker"))
-    redis_ = connect(str(app.conf.broker_url).replace("redis+socket://", "unix://"))
+    def start(self, sender: object, **_: object) -> None:
+        from swarm.store import keys
+        from swarm.store.connection import connect
 
-    def beat() -> None:
-        while True:
+        self.key = keys.heartbeat("worker", str(getattr(sender, "hostname", "worker")))
+        self.redis = connect(str(app.conf.broker_url).replace("redis+socket://", "unix://"))
+        threading.Thread(target=self.beat, name="swarm-heartbeat", daemon=True).start()
+
+    def beat(self) -> None:
+        from swarm.store import keys
+
+        while not self.stopped.is_set():
             with contextlib.suppress(Exception):  # a Redis blip must not stop the heartbeat
-                redis_.set(keys.heartbeat("worker", name), time.time(), ex=keys.HEARTBEAT_TTL)
-            time.sleep(keys.HEARTBEAT_TTL / 3)
+                self.redis.set(self.key, time.time(), ex=keys.HEARTBEAT_TTL)
+            self.stopped.wait(keys.HEARTBEAT_TTL / 3)
 
-    threading.Thread(target=beat, name="swarm-heartbeat", daemon=True).start()
-
-
-def _stop_heartbeat(sender: object, **_: object) -> None:
-    """Say at once that this worker is gone (the key would live up to its TTL)."""
-    import contextlib
-
-    from swarm.store import keys
-    from swarm.store.connection import connect
-
-    with contextlib.suppress(Exception):
-        connect(str(app.conf.broker_url).replace("redis+socket://", "unix://"), retries=0
-                ).delete(keys.heartbeat("worker", str(getattr(sender, "hostname", "worker"))))
+    def stop(self, sender: object, **_: object) -> None:
+        self.stopped.set()
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                self.redis.delete(self.key)
 
 
-worker_ready.connect(_start_heartbeat)
-worker_shutdown.connect(_stop_heartbeat)
+_heartbeat = _Heartbeat()
+worker_ready.connect(_heartbeat.start)
+worker_shutdown.connect(_heartbeat.stop)
