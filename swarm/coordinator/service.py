@@ -31,7 +31,7 @@ from kombu.exceptions import OperationalError
 from swarm import faults
 from swarm.config import Settings
 from swarm.store import keys
-from swarm.store.ledger import SETTLED, Ledger, Run, derive_id
+from swarm.store.ledger import SETTLED, Ledger, NewRun, Run, derive_id, label_of
 from swarm.store.sessions import RedisSessionStore
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ REAP_EVERY = 2.0
 TAKEOVER_GRACE = 60.0
 #: The largest task message a child accepts; bigger material belongs in a file.
 MAX_MESSAGE = 256 * 1024
+#: Seconds a swarm's limits are remembered (they are fixed when the swarm is created).
+LIMITS_TTL = 5.0
 
 
 def check_call(call: dict[str, Any]) -> str:
@@ -86,6 +88,7 @@ class Coordinator:
         self.name = name or f"{socket.gethostname()}-{id(self):x}"
         self.ledger = Ledger(redis_)
         self.stop = threading.Event()
+        self._limits: dict[str, tuple[float, Settings]] = {}
 
     def setup(self) -> None:
         for stream in (keys.spawn_stream(), keys.settle_stream()):
@@ -155,7 +158,7 @@ class Coordinator:
             log.warning("run %s: lease expired; handing it to another worker", run_id)
             record = self.ledger.agent(run.agent)
             self.ledger.event(record.get("swarm", ""), "takeover", run.agent)
-            self.send_run(run, record)
+            self.send_runs([NewRun.of(run, record)])
             count += 1
         return count
 
@@ -174,9 +177,19 @@ class Coordinator:
     # -- spawn -------------------------------------------------------------------------------
 
     def limits(self, swarm_id: str) -> Settings:
-        return self.settings.with_(**{
+        """The swarm's depth, children and parallel limits (read at most every few seconds:
+        they are fixed when the swarm is created)."""
+        now = time.monotonic()
+        cached = self._limits.get(swarm_id)
+        if cached is not None and now - cached[0] < LIMITS_TTL:
+            return cached[1]
+        if len(self._limits) > 1000:
+            self._limits.clear()
+        limits = self.settings.with_(**{
             k: v for k, v in self.ledger.swarm_settings(swarm_id).items()
             if k in ("max_depth", "max_children", "max_parallel")})
+        self._limits[swarm_id] = (now, limits)
+        return limits
 
     def spawn(self, request_id: str) -> None:
         req = self.ledger.request(request_id)
@@ -188,132 +201,175 @@ class Coordinator:
         self.ledger.set_request(request_id, state="dispatching")
         swarm_id, parent_id, turn = req["swarm"], req["parent"], int(req["turn"])
         parent = self.ledger.agent(parent_id)
-        limits = self.limits(swarm_id)
-        runs: dict[str, str] = {}
+        runs = {call["call_id"]: derive_id("r", parent_id, turn, call["call_id"])
+                for call in req["calls"]}
+        existing = self.ledger.existing_runs(list(runs.values()))
+        fresh = []
         for call in req["calls"]:
-            run_id = derive_id("r", parent_id, turn, call["call_id"])
-            runs[call["call_id"]] = run_id
-            self.dispatch(run_id, call, request_id, swarm_id, parent, limits, turn)
-            faults.point("coordinator-after-first-dispatch")
-        self.ledger.set_request(request_id, runs=runs, state="dispatched")
+            run_id = runs[call["call_id"]]
+            if run_id in existing:
+                self.redispatch(run_id, swarm_id)
+            else:
+                fresh.append((run_id, call))
+        if fresh:
+            self.dispatch(fresh, request_id, swarm_id, parent, turn)
+        self.ledger.set_request(request_id, runs=runs, count=len(runs), state="dispatched")
         self.ledger.event(swarm_id, "dispatched", parent_id, children=len(runs))
         self.release_waiting(swarm_id)  # the parked parent gave its slot back
         self.maybe_join(request_id)
 
-    def dispatch(self, run_id: str, call: dict[str, Any], request_id: str, swarm_id: str,
-                 parent: dict[str, str], limits: Settings, req_turn: int) -> None:
-        existing_run = self.ledger.run(run_id)
-        if existing_run is not None:
-            # A replayed request (a coordinator died mid-way): the run exists; make sure it
-            # was settled (refused) or enqueued. A second delivery of a run that is already
-            # going is a no-op.
-            if existing_run.state == "queued" and not existing_run.agent:
-                self.ledger.settle(existing_run, swarm_id, "refused",
-                                   existing_run.result or {"error": "refused"}, {})
-            elif existing_run.state == "queued" and not self.redis.lpos(
-                    keys.swarm_waiting(swarm_id), run_id):
-                self.enqueue(run_id, swarm_id)
+    def redispatch(self, run_id: str, swarm_id: str) -> None:
+        """A replayed request (a coordinator died mid-way): the run exists; make sure it was
+        settled (refused) or enqueued. A second delivery of a run that is going is a no-op."""
+        run = self.ledger.run(run_id)
+        if run is None:
             return
+        if run.state == "queued" and not run.agent:
+            self.ledger.settle(run, swarm_id, "refused", run.result or {"error": "refused"}, {})
+        elif run.state == "queued" and self.redis.lpos(keys.swarm_waiting(swarm_id),
+                                                       run_id) is None:
+            self.enqueue([run_id], swarm_id)
+
+    def dispatch(self, fresh: list[tuple[str, dict[str, Any]]], request_id: str,
+                 swarm_id: str, parent: dict[str, str], req_turn: int) -> None:
+        """Check the limits for each new call, then write every accepted child into the
+        ledger in one transaction before any of them is enqueued (a crash in between is
+        redone by :meth:`redispatch`)."""
+        limits = self.limits(swarm_id)
         depth = int(parent.get("depth") or 0) + 1
-        target = call.get("agent_id") or ""
-        refusal = check_call(call)
-        if self.redis.exists(keys.cancel(parent["id"])):
-            refusal = "the parent was cancelled"
-        agent_id = ""
-        if refusal:
-            pass  # refused before looking at the target
-        elif target:
-            existing = self.ledger.agent(target)
-            if not existing or existing.get("swarm") != swarm_id:
-                refusal = f"no agent {target!r} in this swarm; omit agent_id to start a new one"
-            elif existing.get("parent") != parent["id"]:
-                refusal = f"agent {target!r} is not your child; only its parent can continue it"
-            elif existing.get("state") not in SETTLED:
-                refusal = f"agent {target!r} is still {existing.get('state')}; wait for it"
-            agent_id = target if not refusal else ""
-        else:
-            agent_id = derive_id("a", parent["id"], req_turn, call["call_id"])
-            children = int(self.redis.hget(keys.swarm_counters(swarm_id), "children") or 0)
-            if depth > limits.max_depth:
+        cancelled = bool(self.redis.exists(keys.cancel(parent["id"])))
+        children = int(self.redis.hget(keys.swarm_counters(swarm_id), "children") or 0)
+        accepted: list[NewRun] = []
+        for run_id, call in fresh:
+            target = call.get("agent_id") or ""
+            refusal = check_call(call)
+            if not refusal and cancelled:
+                refusal = "the parent was cancelled"
+            agent_id, label = "", ""
+            if refusal:
+                pass  # refused before looking at the target
+            elif target:
+                existing = self.ledger.agent(target)
+                if not existing or existing.get("swarm") != swarm_id:
+                    refusal = f"no agent {target!r} in this swarm; omit agent_id to start a new one"
+                elif existing.get("parent") != parent["id"]:
+                    refusal = f"agent {target!r} is not your child; only its parent can continue it"
+                elif existing.get("state") not in SETTLED:
+                    refusal = f"agent {target!r} is still {existing.get('state')}; wait for it"
+                agent_id, label = target, existing.get("label", "")
+            elif depth > limits.max_depth:
                 refusal = (f"depth limit reached: a child here would be at depth {depth}, "
                            f"the limit is {limits.max_depth} (SWARM_MAX_DEPTH); do this part "
                            "yourself")
             elif children >= limits.max_children:
                 refusal = (f"children limit reached: this swarm has spawned {children} of "
                            f"{limits.max_children} (SWARM_MAX_CHILDREN); do this part yourself")
-        if refusal:
-            agent_id = ""  # a refused call makes no agent
-        run = Run(id=run_id, agent=agent_id, request=request_id, call_id=call["call_id"],
-                  message=call["message"], state="queued",
-                  output_schema=call.get("output_schema") or None)
-        if refusal:
-            run.result = {"error": refusal}
-            self.ledger.add_run(run)
-            self.ledger.settle(run, swarm_id, "refused", {"error": refusal}, {})
+            else:
+                agent_id = derive_id("a", parent["id"], req_turn, call["call_id"])
+                children += 1
+            run = Run(id=run_id, agent="" if refusal else agent_id, request=request_id,
+                      call_id=call["call_id"], message=call["message"], state="queued",
+                      output_schema=call.get("output_schema") or None)
+            if refusal:
+                run.result = {"error": refusal}
+                self.ledger.add_run(run)
+                self.ledger.settle(run, swarm_id, "refused", {"error": refusal}, {})
+                continue
+            accepted.append(NewRun(run, new_agent=not target, depth=depth,
+                                   label=label or label_of(call["message"]),
+                                   traceparent=str(call.get("traceparent") or "")))
+        if not accepted:
             return
-        if not target:
-            self.ledger.add_child(swarm_id, agent_id, parent, call["message"])
-        self.ledger.add_run(run)
-        if call.get("traceparent"):
-            self.ledger.set_run(run_id, traceparent=str(call["traceparent"]))
-        self.ledger.event(swarm_id, "queued", agent_id, parent=parent["id"], depth=depth)
-        if self.redis.scard(keys.swarm_inflight(swarm_id)) >= limits.max_parallel:
-            with self.redis.pipeline() as pipe:
-                pipe.rpush(keys.swarm_waiting(swarm_id), run_id)
-                pipe.expire(keys.swarm_waiting(swarm_id), keys.LEDGER_TTL)
-                pipe.execute()
-            self.ledger.update_agent(agent_id, state="waiting")
-        else:
-            self.enqueue(run_id, swarm_id)
-
-    def enqueue(self, run_id: str, swarm_id: str) -> None:
-        run = self.ledger.run(run_id)
-        if run is None:
-            return
-        record = self.ledger.agent(run.agent)
+        self.ledger.add_children(swarm_id, parent, accepted)
+        free = limits.max_parallel - int(self.redis.scard(keys.swarm_inflight(swarm_id)))
+        now, later = accepted[:max(0, free)], accepted[max(0, free):]
         with self.redis.pipeline() as pipe:
-            pipe.sadd(keys.swarm_inflight(swarm_id), run_id)
-            pipe.expire(keys.swarm_inflight(swarm_id), keys.LEDGER_TTL)
+            if now:
+                pipe.sadd(keys.swarm_inflight(swarm_id), *(n.run.id for n in now))
+                pipe.expire(keys.swarm_inflight(swarm_id), keys.LEDGER_TTL)
+            if later:
+                pipe.rpush(keys.swarm_waiting(swarm_id), *(n.run.id for n in later))
+                pipe.expire(keys.swarm_waiting(swarm_id), keys.LEDGER_TTL)
+                for n in later:
+                    pipe.hset(keys.agent(n.run.agent), "state", "waiting")
             pipe.execute()
-        if record.get("state") == "waiting":
-            self.ledger.update_agent(run.agent, state="queued")
-        self.send_run(run, record)
+        self.send_runs(now)
 
-    def send_run(self, run: Run, record: dict[str, str]) -> None:
-        label = record.get("label", "")
-        trace = cast("str | None", self.redis.hget(keys.run(run.id), "traceparent"))
+    def enqueue(self, run_ids: list[str], swarm_id: str) -> None:
+        """Mark runs in flight and send their tasks (runs taken off the waiting list, or
+        re-sent after a crash)."""
+        runs = [r for r in self.ledger.runs(run_ids) if r is not None]
+        if not runs:
+            return
+        records = self.ledger.agents_by_id([r.agent for r in runs])
+        with self.redis.pipeline() as pipe:
+            pipe.sadd(keys.swarm_inflight(swarm_id), *(r.id for r in runs))
+            pipe.expire(keys.swarm_inflight(swarm_id), keys.LEDGER_TTL)
+            for run, record in zip(runs, records, strict=True):
+                if record.get("state") == "waiting":
+                    pipe.hset(keys.agent(run.agent), "state", "queued")
+            pipe.execute()
+        self.send_runs([NewRun.of(run, record) for run, record in zip(runs, records,
+                                                                        strict=True)])
+
+    def send_runs(self, runs: list[NewRun]) -> None:
+        """Send ``swarm.agent.run`` for each run, on one producer."""
+        if not runs:
+            return
+        with self.app.producer_or_acquire() as producer:
+            for i, new in enumerate(runs):
+                self.send_run(new.run, new.depth, new.label, new.traceparent, producer)
+                if i == 0:
+                    faults.point("coordinator-after-first-dispatch")
+
+    def send_run(self, run: Run, depth: int | str, label: str, traceparent: str,
+                 producer: Any = None) -> None:
         self.app.send_task(
             "swarm.agent.run", args=[run.id], task_id=run.id,
-            shadow=f"agent {run.agent} depth {record.get('depth', '?')}: {label}"[:200],
+            shadow=f"agent {run.agent} depth {depth}: {label}"[:200],
             argsrepr=repr((run.id,)), kwargsrepr="{}",
-            headers={"traceparent": trace} if trace else None)
+            headers={"traceparent": traceparent} if traceparent else None,
+            producer=producer)
 
     # -- settle and fan-in ---------------------------------------------------------------------
 
     def settled(self, run_id: str) -> None:
-        run = self.ledger.run(run_id)
-        if run is None:
+        request_id = cast("str | None", self.redis.hget(keys.run(run_id), "request"))
+        if not request_id:
             return
-        req = self.ledger.request(run.request)
-        if req:
-            self.release_waiting(req["swarm"])
-            self.maybe_join(run.request)
+        head = self.ledger.request_head(request_id)
+        if head.get("swarm"):
+            self.release_waiting(head["swarm"])
+            self.maybe_join(request_id, head)
 
     def release_waiting(self, swarm_id: str) -> None:
-        limits = self.limits(swarm_id)
-        while self.redis.scard(keys.swarm_inflight(swarm_id)) < limits.max_parallel:
-            run_id = self.redis.lpop(keys.swarm_waiting(swarm_id))
-            if run_id is None:
-                return
-            self.enqueue(cast(str, run_id), swarm_id)
+        """Enqueue held-back runs while the swarm has fewer than ``max_parallel`` in flight."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.llen(keys.swarm_waiting(swarm_id))
+            pipe.scard(keys.swarm_inflight(swarm_id))
+            waiting, inflight = (int(n) for n in pipe.execute())
+        if not waiting:
+            return
+        free = self.limits(swarm_id).max_parallel - inflight
+        if free <= 0:
+            return
+        run_ids = cast("list[str] | None", self.redis.lpop(keys.swarm_waiting(swarm_id), free))
+        if run_ids:
+            self.enqueue(run_ids, swarm_id)
 
-    def maybe_join(self, request_id: str) -> None:
-        """When every run of the request has settled, answer the parent and wake it."""
+    def maybe_join(self, request_id: str, head: dict[str, str] | None = None) -> None:
+        """When every run of the request has settled, answer the parent and wake it.
+
+        ``head`` (state, settled and count of the request) spares reading the whole
+        request on every settlement but the last."""
+        if head is not None and (head.get("state") != "dispatched" or (
+                head.get("count") and int(head.get("settled") or 0) < int(head["count"]))):
+            return
         req = self.ledger.request(request_id)
         if not req or req.get("state") != "dispatched":
             return
         if int(req.get("settled") or 0) < len(req["runs"]):
-            return  # one read per settlement: the runs are read once, when all are in
+            return  # the runs are read once, when all are in
         runs = {cid: self.ledger.run(rid) for cid, rid in req["runs"].items()}
         if any(r is None or r.state not in SETTLED for r in runs.values()):
             return

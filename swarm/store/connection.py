@@ -9,6 +9,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.driver_info import DriverInfo
 from redis.retry import Retry
 
 from swarm.config import Settings
@@ -54,6 +55,9 @@ def _scrub(text: str, url: str) -> str:
 
 #: Connections one client may open (redis-py's default is 100).
 MAX_CONNECTIONS = 2048
+#: What a new connection tells the server (CLIENT SETINFO). Built once: by default redis-py
+#: reads its version from the installed package's metadata for every new connection (~1 ms).
+DRIVER = DriverInfo(lib_version=redis.__version__)
 
 
 def connect(
@@ -90,6 +94,7 @@ def connect(
             # cancel watcher: redis-py's default pool of 100 connections runs out past
             # ~100 children (MaxConnectionsError).
             max_connections=MAX_CONNECTIONS,
+            driver_info=DRIVER,
             decode_responses=True,
             socket_timeout=socket_timeout,
             socket_connect_timeout=connect_timeout,

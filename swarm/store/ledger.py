@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from swarm.store import keys
 
@@ -111,6 +112,25 @@ class Run:
     start_index: int = -1
     """Length of the agent's history when this run's message was added; -1 before that."""
     attempts: int = 0
+    traceparent: str = ""
+    """The W3C trace context of the parent's ``agent`` call (OpenTelemetry), or ""."""
+
+
+@dataclass
+class NewRun:
+    """A run about to be enqueued, with what its task message shows (Flower) and carries."""
+
+    run: Run
+    new_agent: bool = True
+    depth: int | str = "?"
+    label: str = ""
+    traceparent: str = ""
+
+    @classmethod
+    def of(cls, run: Run, record: dict[str, str]) -> NewRun:
+        """A run already in the ledger, with its agent's ``record``."""
+        return cls(run, new_agent=False, depth=record.get("depth", "?"),
+                   label=record.get("label", ""), traceparent=run.traceparent)
 
 
 def _h(redis_: redis.Redis, key: str) -> dict[str, str]:
@@ -143,7 +163,7 @@ class Ledger:
             pipe.zadd(keys.swarms_index(), {swarm_id: now}, nx=True)
             pipe.hset(keys.agent(root_id), mapping={
                 "id": root_id, "swarm": swarm_id, "parent": "", "depth": 0, "kind": kind,
-                "state": state, "workspace": workspace, "label": _label(task),
+                "state": state, "workspace": workspace, "label": label_of(task),
                 "created": now, "started": now, "host": host, "session": session_id})
             pipe.zadd(keys.swarm_agents(swarm_id), {root_id: now}, nx=True)
             for key in (keys.swarm(swarm_id), keys.agent(root_id), keys.swarm_agents(swarm_id)):
@@ -180,44 +200,82 @@ class Ledger:
         self.redis.hset(keys.agent(agent_id), mapping={
             k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in fields.items()})
 
-    def add_child(self, swarm_id: str, agent_id: str, parent: dict[str, str],
-                  message: str) -> bool:
-        """Create a child's ledger entry; False if it already exists (a replayed request)."""
-        key = keys.agent(agent_id)
-        if not self.redis.hsetnx(key, "id", agent_id):
-            return False
-        now = time.time()
-        with self.redis.pipeline() as pipe:
-            pipe.hset(key, mapping={
-                "swarm": swarm_id, "parent": parent["id"], "depth": int(parent["depth"]) + 1,
-                "kind": "child", "state": "queued", "workspace": "", "label": _label(message),
-                "created": now, "host": ""})
-            pipe.expire(key, self.ttl)
-            pipe.zadd(keys.swarm_agents(swarm_id), {agent_id: now}, nx=True)
-            pipe.hincrby(keys.swarm_counters(swarm_id), "children", 1)
-            pipe.expire(keys.swarm_counters(swarm_id), self.ttl)
-            pipe.execute()
-        return True
-
     def add_run(self, run: Run, state: str = "queued") -> bool:
         """Create a run record; False if it already exists."""
         key = keys.run(run.id)
         if not self.redis.hsetnx(key, "id", run.id):
             return False
-        if run.agent:
-            self.redis.hset(keys.agent(run.agent), mapping={"run": run.id, "state": state})
         with self.redis.pipeline() as pipe:
-            pipe.hset(key, mapping={
-                "agent": run.agent, "request": run.request, "call_id": run.call_id,
-                "message": run.message, "state": state, "created": time.time(),
-                "output_schema": json.dumps(run.output_schema) if run.output_schema else "",
-                "result": json.dumps(run.result) if run.result else ""})
+            if run.agent:
+                pipe.hset(keys.agent(run.agent), mapping={"run": run.id, "state": state})
+            pipe.hset(key, mapping={**self._run_fields(run, time.time()), "state": state})
             pipe.expire(key, self.ttl)
             pipe.execute()
         return True
 
+    def add_children(self, swarm_id: str, parent: dict[str, str],
+                     new: list[NewRun]) -> None:
+        """Write the agents (new children, or continued ones) and runs of one request in
+        one transaction, with a ``queued`` event each. Records are created only when absent
+        (``HSETNX``), so a replay writes nothing twice; the caller checks the runs do not
+        exist yet (:meth:`existing_runs`)."""
+        now = time.time()
+        created = 0
+        with self.redis.pipeline() as pipe:
+            for item in new:
+                run, akey = item.run, keys.agent(item.run.agent)
+                if item.new_agent:
+                    created += 1
+                    pipe.hsetnx(akey, "id", run.agent)
+                    pipe.hset(akey, mapping={
+                        "swarm": swarm_id, "parent": parent["id"], "depth": item.depth,
+                        "kind": "child", "workspace": "", "label": item.label,
+                        "created": now, "host": ""})
+                    pipe.expire(akey, self.ttl)
+                    pipe.zadd(keys.swarm_agents(swarm_id), {run.agent: now}, nx=True)
+                pipe.hset(akey, mapping={"run": run.id, "state": "queued"})
+                rkey = keys.run(run.id)
+                pipe.hsetnx(rkey, "id", run.id)
+                pipe.hset(rkey, mapping=self._run_fields(run, now, item.traceparent))
+                pipe.expire(rkey, self.ttl)
+                self._event(pipe, swarm_id, "queued", run.agent, parent=parent["id"],
+                            depth=item.depth)
+            if created:
+                pipe.hincrby(keys.swarm_counters(swarm_id), "children", created)
+                pipe.expire(keys.swarm_counters(swarm_id), self.ttl)
+            pipe.execute()
+
+    @staticmethod
+    def _run_fields(run: Run, now: float, traceparent: str = "") -> dict[FieldT, EncodableT]:
+        fields: dict[FieldT, EncodableT] = {
+            "agent": run.agent, "request": run.request, "call_id": run.call_id,
+            "message": run.message, "state": run.state, "created": now,
+            "output_schema": json.dumps(run.output_schema) if run.output_schema else "",
+            "result": json.dumps(run.result) if run.result else ""}
+        if traceparent:
+            fields["traceparent"] = traceparent
+        return fields
+
+    def existing_runs(self, run_ids: list[str]) -> set[str]:
+        """Which of ``run_ids`` have a record (one round trip)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.exists(keys.run(run_id))
+            found = pipe.execute()
+        return {rid for rid, n in zip(run_ids, found, strict=True) if n}
+
+    def agents_by_id(self, agent_ids: list[str]) -> list[dict[str, str]]:
+        """The records of ``agent_ids`` in order ({} where absent), in one round trip."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for aid in agent_ids:
+                pipe.hgetall(keys.agent(aid))
+            return [cast("dict[str, str]", row) for row in pipe.execute()]
+
     def run(self, run_id: str) -> Run | None:
-        row = _h(self.redis, keys.run(run_id))
+        return self._run(run_id, _h(self.redis, keys.run(run_id)))
+
+    @staticmethod
+    def _run(run_id: str, row: dict[str, str]) -> Run | None:
         if not row:
             return None
         return Run(
@@ -229,10 +287,18 @@ class Ledger:
             start_turn=int(row.get("start_turn") or 0),
             start_index=int(row.get("start_index") or -1),
             attempts=int(row.get("attempts") or 0),
+            traceparent=row.get("traceparent", ""),
         )
 
     def runs(self, run_ids: Iterable[str]) -> list[Run | None]:
-        return [self.run(rid) for rid in run_ids]
+        """The runs of ``run_ids`` in order (None where absent), in one round trip."""
+        ids = list(run_ids)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for rid in ids:
+                pipe.hgetall(keys.run(rid))
+            rows = pipe.execute()
+        return [self._run(rid, cast("dict[str, str]", row))
+                for rid, row in zip(ids, rows, strict=True)]
 
     def set_run(self, run_id: str, **fields: str | int | float) -> None:
         self.redis.hset(keys.run(run_id), mapping=dict(fields.items()))
@@ -246,9 +312,13 @@ class Ledger:
                   keys.swarm_inflight(swarm_id)],
             args=[token, time.time(), lease, from_state, host, run_id]))
 
-    def renew(self, run_id: str, token: str, lease: float) -> bool:
+    def renew(self, run_id: str, token: str, lease: float, *, client: Any = None,
+              until: float | None = None) -> bool:
+        """Push the run's lease to ``until`` (default: now + ``lease``) if ``token`` still
+        holds it. With ``client`` a pipeline, the answer comes from its ``execute()``."""
+        until = time.time() + lease if until is None else until
         return bool(self._renew(keys=[keys.run(run_id), keys.leases()],
-                                args=[token, time.time() + lease, run_id]))
+                                args=[token, until, run_id], client=client))
 
     def expired_leases(self, now: float | None = None, limit: int = 100) -> list[str]:
         """Runs whose worker stopped renewing their lease (it died or hangs)."""
@@ -307,6 +377,13 @@ class Ledger:
             out[name] = json.loads(row[name]) if row.get(name) else ([] if name == "calls" else {})
         return out
 
+    def request_head(self, request_id: str) -> dict[str, str]:
+        """The small fields of a request (swarm, state, settled, count), without its calls
+        and results: what a settlement needs to know whether the request is complete."""
+        names = ["swarm", "state", "settled", "count"]
+        row = self.redis.hmget(keys.request(request_id), names)
+        return {k: cast(str, v) for k, v in zip(names, row, strict=True) if v is not None}
+
     def set_request(self, request_id: str, **fields: Any) -> None:
         self.redis.hset(keys.request(request_id), mapping={
             k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in fields.items()})
@@ -315,13 +392,17 @@ class Ledger:
 
     def event(self, swarm_id: str, kind: str, agent_id: str, **data: Any) -> None:
         """Append a progress event to the swarm's stream (capped)."""
+        self._event(self.redis, swarm_id, kind, agent_id, **data)
+
+    @staticmethod
+    def _event(client: Any, swarm_id: str, kind: str, agent_id: str, **data: Any) -> None:
+        """:meth:`event` on ``client`` (a Redis client or a pipeline)."""
         fields = {"kind": kind, "agent": agent_id, "ts": f"{time.time():.3f}"}
         fields.update({k: str(v)[:500] for k, v in data.items()})
-        self.redis.xadd(keys.events(swarm_id), fields,  # type: ignore[arg-type]
-                        maxlen=keys.EVENTS_MAXLEN, approximate=True)
+        client.xadd(keys.events(swarm_id), fields, maxlen=keys.EVENTS_MAXLEN, approximate=True)
 
 
-def _label(text: str, words: int = 8) -> str:
+def label_of(text: str, words: int = 8) -> str:
     """The first words of a task, for lists and Flower."""
     parts = text.split()
     label = " ".join(parts[:words])

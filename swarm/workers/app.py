@@ -18,6 +18,10 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
+from swarm.workers import transport
+
+transport.install()
+
 QUEUE = "swarm"
 #: Longer than any healthy run: a shorter one makes Redis redeliver a live task.
 VISIBILITY_TIMEOUT = 12 * 3600
@@ -33,7 +37,11 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     worker_send_task_events=True,
     task_send_sent_event=True,
-    task_track_started=True,
+    # Flower learns that a task started from the worker's task-started event; the
+    # STARTED state in the result backend would cost a write and a publish per task.
+    task_track_started=False,
+    # One result backend (one connection pool) per process, not one per pool thread.
+    result_backend_thread_safe=True,
     result_extended=True,
     result_expires=24 * 3600,
     broker_connection_retry_on_startup=True,
@@ -55,6 +63,7 @@ def configure(redis_url: str) -> Celery:
         app._pool = None
         app.amqp._producer_pool = None
         vars(app._local).pop("backend", None)
+        app._backend_cache = None
     app.conf.broker_url = celery_url
     app.conf.result_backend = celery_url
     if celery_url.startswith("rediss://") and "ssl_cert_reqs" not in celery_url:

@@ -12,12 +12,11 @@ import json
 import logging
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import redis
 from jsonschema import Draft202012Validator
@@ -48,6 +47,7 @@ from swarm.store.hints import HintsStore, SwarmHints
 from swarm.store.ledger import SETTLED, Ledger, Run
 from swarm.store.sessions import RedisSessionStore
 from swarm.workers import workspace as ws
+from swarm.workers.supervisor import Supervisor, Watched
 
 log = logging.getLogger(__name__)
 
@@ -125,52 +125,40 @@ class Progress(Observer):
 
 
 class Control:
-    """Watches one running child: ``swarm cancel``, its wall-time limits, the token budget.
+    """Stops one running child between steps: ``swarm cancel``, its wall-time limit, the
+    token budget, a lost lease.
 
-    A thread polls the cancel flag once a second and sets :attr:`event` on cancel or at the
-    hard deadline, which kills a running command; :meth:`before_step` stops the loop
-    between steps, and asks the child to wrap up at 80% of its time.
+    The process's :class:`Supervisor` sets :attr:`event` (which also kills a running
+    command) on cancel, at the hard deadline or when the lease is lost; :meth:`before_step`
+    stops the loop between steps, and asks the child to wrap up at 80% of its time.
     """
 
-    POLL = 1.0
-
-    def __init__(self, redis_: redis.Redis, swarm_id: str, agent_id: str,
-                 settings: Settings, event: threading.Event | None = None) -> None:
-        self.redis, self.swarm_id, self.agent_id = redis_, swarm_id, agent_id
+    def __init__(self, redis_: redis.Redis, swarm_id: str, watched: Watched,
+                 settings: Settings) -> None:
+        self.redis, self.swarm_id, self.watched = redis_, swarm_id, watched
         self.limit = settings.child_timeout
         self.budget = settings.token_budget
-        self.start = time.monotonic()
-        self.event = event or threading.Event()
-        self.timed_out = False
+        self.event = watched.event
         self.warned = False
-        # What the swarm spent before this child (or this resume) started counts too.
-        self.tokens = int(cast("str | None", redis_.hget(keys.swarm_counters(swarm_id),
-                                                         "tokens")) or 0) if self.budget else 0
-        self._stop = threading.Event()
-        threading.Thread(target=self._watch, daemon=True, name=f"watch-{agent_id}").start()
+        with redis_.pipeline(transaction=False) as pipe:
+            # Cancelled while it waited in the queue: stop before the first model call.
+            pipe.exists(keys.cancel(watched.agent_id))
+            # What the swarm spent before this child (or this resume) started counts too.
+            pipe.hget(keys.swarm_counters(swarm_id), "tokens")
+            cancelled, spent = pipe.execute()
+        if cancelled:
+            self.event.set()
+        self.tokens = int(spent or 0) if self.budget else 0
 
-    def _watch(self) -> None:
-        while not self._stop.wait(self.POLL):
-            if time.monotonic() - self.start >= self.limit:
-                self.timed_out = True
-                self.event.set()
-                return
-            try:
-                if self.redis.exists(keys.cancel(self.agent_id)):
-                    self.event.set()
-                    return
-            except redis.RedisError:
-                continue
-
-    def stop(self) -> None:
-        self._stop.set()
+    @property
+    def timed_out(self) -> bool:
+        return self.watched.timed_out
 
     def cancelled(self) -> bool:
         return self.event.is_set()
 
     def before_step(self, agent: Agent) -> None:
-        if self.event.is_set() or (self.redis.exists(keys.cancel(self.agent_id))):
-            self.event.set()
+        if self.event.is_set():
             if self.timed_out:
                 raise TimedOut(f"wall-time limit of {self.limit} s reached "
                                "(SWARM_CHILD_TIMEOUT)")
@@ -178,7 +166,7 @@ class Control:
         if self.budget and self.tokens >= self.budget:
             raise BudgetExceeded(f"the swarm used {self.tokens} tokens of its budget of "
                                  f"{self.budget} (SWARM_TOKEN_BUDGET)")
-        used = time.monotonic() - self.start
+        used = time.monotonic() - self.watched.start
         if not self.warned and used >= 0.8 * self.limit:
             self.warned = True
             agent.messages.append({"role": "user",
@@ -204,6 +192,7 @@ class ChildRunner:
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.redis)
         self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=False)
+        self.supervisor = Supervisor(self.redis, self.settings.lease)
 
     def run(self, run_id: str, *, resume: bool = False,
             send: Callable[..., None] | None = None, traceparent: str = "") -> dict[str, Any]:
@@ -226,33 +215,18 @@ class ChildRunner:
         if not self.ledger.claim(run.id, run.agent, token, self.settings.lease, self.host,
                                  "parked" if resume else "queued", swarm_id):
             return {"run": run_id, "state": "skipped (another worker has it)"}
-        stop, lost = threading.Event(), threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(run.id, token, stop, lost),
-                                   daemon=True)
-        renewer.start()
+        # The run's own limit (a swarm may set a shorter one) is applied in _work.
+        watched = self.supervisor.watch(Watched(run.id, run.agent, token,
+                                                self.settings.child_timeout))
         try:
             with telemetry.span("agent", parent=traceparent, agent_id=run.agent, run=run.id,
                                 resume=resume):
-                return self._work(run, resume, send, token, lost)
+                return self._work(run, resume, send, watched)
         finally:
-            stop.set()
+            self.supervisor.forget(watched)
 
-    def _renew(self, run_id: str, token: str, stop: threading.Event,
-               lost: threading.Event) -> None:
-        lease = self.settings.lease
-        while not stop.wait(lease / 3):
-            try:
-                if not self.ledger.renew(run_id, token, lease):
-                    # Another worker took the run over (this one was too slow to renew):
-                    # stop working; its settlement is fenced out anyway.
-                    log.warning("run %s: lease lost to another worker; stopping", run_id)
-                    lost.set()
-                    return
-            except redis.RedisError as exc:
-                log.warning("lease of %s not renewed: %s", run_id, exc)
-
-    def _work(self, run: Run, resume: bool, send: Callable[..., None] | None, token: str,
-              lost: threading.Event) -> dict[str, Any]:
+    def _work(self, run: Run, resume: bool, send: Callable[..., None] | None,
+              watched: Watched) -> dict[str, Any]:
         record = self.ledger.agent(run.agent)
         swarm_id = record["swarm"]
         settings = self.settings.with_(**{
@@ -265,7 +239,8 @@ class ChildRunner:
         if session.parked and self._still_waiting(run, session.parked):
             return {"run": run.id, "state": "parked"}
         before = self._snapshot(workspace, run)
-        control = Control(self.redis, swarm_id, run.agent, settings, lost)
+        watched.limit = settings.child_timeout
+        control = Control(self.redis, swarm_id, watched, settings)
         model = LLMClient.from_settings(settings)
         model.gate = RedisRateGate(self.redis, swarm_id)
         queue = ApprovalQueue(self.redis, swarm_id)
@@ -288,7 +263,6 @@ class ChildRunner:
             self.ledger.event(swarm_id, "parked", run.agent)
             return {"run": run.id, "state": "parked"}
         finally:
-            control.stop()
             model.close()
         start_usage = run.result.get("usage_at_start") or {}
         result.update(
@@ -299,7 +273,7 @@ class ChildRunner:
             result["git_branch"] = workspace.git_branch
             result["diffstat"] = ws.commit_changes(
                 workspace, f"swarm {run.agent}: {run.message[:60]}")
-        self.ledger.settle(run, swarm_id, state, result, session.usage, token=token)
+        self.ledger.settle(run, swarm_id, state, result, session.usage, token=watched.token)
         if record.get("kind") == "job":
             self.ledger.finish_swarm(swarm_id, state)
         return {"run": run.id, "state": state}
