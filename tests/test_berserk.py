@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -378,3 +379,22 @@ def test_parked_parents_free_their_slot(cluster: tuple[str, Path], model: Script
     result = swarm_run(cluster, model, tmp_path, "NEST0", SWARM_MAX_PARALLEL="1")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == "via via bottom"
+
+
+def test_a_crash_outside_the_loop_fails_the_run_instead_of_hanging(
+        cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
+    def break_workspace_and_continue(request: dict[str, Any]) -> Reply:
+        (first,) = results_of(request)
+        workspace = Path(first["workspace"])
+        shutil.rmtree(workspace)
+        workspace.write_text("not a folder any more")  # the worker cannot prepare it
+        return Reply(tool_calls=[ToolCall("agent", {"message": "BROKEN again",
+                                                    "agent_id": first["agent_id"]}, id="again")])
+
+    model.responder = ByTask({
+        "CRASH": [agent_calls("BROKEN first"), break_workspace_and_continue, summarise],
+        "BROKEN": [Reply(content="first ok")],
+    })
+    result = swarm_run(cluster, model, tmp_path, "CRASH")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("failed:internal error: FileExistsError"), result.stdout

@@ -143,10 +143,12 @@ class RootSwarm:
         while True:
             popped = redis_.blpop([keys.wake(self.swarm_id)], timeout=0.5)
             self.relay_events()
-            if popped is not None and cast("tuple[str, str]", popped)[1] == request_id:
-                return
+            # Checked even when woken: a cancel settles the children fast enough for the
+            # join to wake the root before it looked; a cancelled root does not go on.
             if redis_.exists(keys.cancel(self.swarm_id)):
                 raise Cancelled(f"swarm {self.swarm_id} was cancelled")
+            if popped is not None and cast("tuple[str, str]", popped)[1] == request_id:
+                return
             if self.ask is not None:
                 for pending in queue.pending():
                     if pending.id in asked:

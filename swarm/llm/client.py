@@ -94,6 +94,8 @@ class LLMClient:
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
         backoff_base: float = 1.0,
+        http: httpx.Client | None = None,
+        context_length: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -108,22 +110,20 @@ class LLMClient:
         """Shared with other clients (a swarm's children): one backs off, all hold."""
         self._stream_options = True
         self._stream_rejected = False
-        self._context_length: int | None = None
+        self._context_length: int | None = context_length
         self._listed: list[dict[str, Any]] | None = None
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(
-                connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout
-            ),
-            transport=transport,
-            verify=_ssl_context() if self.base_url.startswith("https:") else _plain_context(),
-            headers={"User-Agent": "swarm"},
-        )
+        self._owns_http = http is None
+        self._http = http if http is not None else http_client(
+            self.base_url, connect_timeout, read_timeout, transport=transport)
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, transport: httpx.BaseTransport | None = None
+        cls, settings: Settings, transport: httpx.BaseTransport | None = None, *,
+        http: httpx.Client | None = None, context_length: int | None = None,
     ) -> LLMClient:
-        """A client configured by :class:`swarm.config.Settings`."""
+        """A client configured by :class:`swarm.config.Settings`; ``http`` (from
+        :func:`http_client`) and a known ``context_length`` let many short-lived clients
+        share one connection pool and one ``/models`` lookup."""
         return cls(
             settings.base_url,
             settings.model,
@@ -135,6 +135,8 @@ class LLMClient:
             stream=settings.stream,
             default_context_length=settings.context_length,
             transport=transport,
+            http=http,
+            context_length=context_length,
         )
 
     def __repr__(self) -> str:
@@ -142,8 +144,14 @@ class LLMClient:
                 f"api_key={self._api_key!r})")
 
     def close(self) -> None:
-        """Close the connection pool."""
-        self._http.close()
+        """Close the connection pool (unless it was lent to this client)."""
+        if self._owns_http:
+            self._http.close()
+
+    @property
+    def known_context_length(self) -> int | None:
+        """The context length once looked up (or given), else None; never a request."""
+        return self._context_length
 
     def __enter__(self) -> LLMClient:
         return self
@@ -461,6 +469,22 @@ class LLMClient:
         else:
             message = f"{where} rejected the request (HTTP {status}): {summary}"
         return ModelHTTPError(message, status, body)
+
+
+def http_client(base_url: str, connect_timeout: float, read_timeout: float, *,
+                transport: httpx.BaseTransport | None = None,
+                limits: httpx.Limits | None = None) -> httpx.Client:
+    """The ``httpx.Client`` an :class:`LLMClient` for ``base_url`` uses (CA bundle only for
+    https). A worker shares one among its children, with ``limits`` to match."""
+    return httpx.Client(
+        timeout=httpx.Timeout(
+            connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout
+        ),
+        transport=transport,
+        verify=_ssl_context() if base_url.startswith("https:") else _plain_context(),
+        headers={"User-Agent": "swarm"},
+        limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=20),
+    )
 
 
 @functools.cache

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import cast
 
 import redis
 
 from swarm.store import keys
+
+#: Seconds a process trusts what it last read of a gate: a pause reaches the children of
+#: other processes within this long (the process that paused knows at once).
+FRESH = 0.25
+_seen: dict[str, tuple[float, float]] = {}
+_seen_lock = threading.Lock()
 
 
 class RedisRateGate:
@@ -19,9 +26,8 @@ class RedisRateGate:
         self.longest = longest
 
     def wait(self) -> None:
-        try:
-            until = float(cast("str | None", self.redis.get(self.key)) or 0)
-        except redis.RedisError:
+        until = self._until()
+        if until is None:
             return  # no gate is better than no model
         left = min(until - time.time(), self.longest)
         if left > 0:
@@ -33,5 +39,25 @@ class RedisRateGate:
             current = float(cast("str | None", self.redis.get(self.key)) or 0)
             if until > current:
                 self.redis.set(self.key, f"{until:.3f}", ex=int(self.longest) + 5)
+                with _seen_lock:
+                    _seen[self.key] = (time.monotonic(), until)
         except redis.RedisError:
             pass
+
+    def _until(self) -> float | None:
+        """The gate's closing time, read at most every :data:`FRESH` seconds per process
+        (every child of a swarm asks before each model call)."""
+        now = time.monotonic()
+        with _seen_lock:
+            seen = _seen.get(self.key)
+        if seen is not None and now - seen[0] < FRESH:
+            return seen[1]
+        try:
+            until = float(cast("str | None", self.redis.get(self.key)) or 0)
+        except redis.RedisError:
+            return None
+        with _seen_lock:
+            if len(_seen) > 10_000:
+                _seen.clear()
+            _seen[self.key] = (now, until)
+        return until

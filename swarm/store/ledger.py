@@ -238,7 +238,7 @@ class Ledger:
                 pipe.hsetnx(rkey, "id", run.id)
                 pipe.hset(rkey, mapping=self._run_fields(run, now, item.traceparent))
                 pipe.expire(rkey, self.ttl)
-                self._event(pipe, swarm_id, "queued", run.agent, parent=parent["id"],
+                self.event_to(pipe, swarm_id, "queued", run.agent, parent=parent["id"],
                             depth=item.depth)
             if created:
                 pipe.hincrby(keys.swarm_counters(swarm_id), "children", created)
@@ -392,12 +392,14 @@ class Ledger:
 
     def event(self, swarm_id: str, kind: str, agent_id: str, **data: Any) -> None:
         """Append a progress event to the swarm's stream (capped)."""
-        self._event(self.redis, swarm_id, kind, agent_id, **data)
+        self.event_to(self.redis, swarm_id, kind, agent_id, **data)
 
     @staticmethod
-    def _event(client: Any, swarm_id: str, kind: str, agent_id: str, **data: Any) -> None:
-        """:meth:`event` on ``client`` (a Redis client or a pipeline)."""
-        fields = {"kind": kind, "agent": agent_id, "ts": f"{time.time():.3f}"}
+    def event_to(client: Any, swarm_id: str, kind: str, agent_id: str,
+                 ts: float | None = None, **data: Any) -> None:
+        """:meth:`event` on ``client`` (a Redis client or a pipeline), at time ``ts``."""
+        fields = {"kind": kind, "agent": agent_id,
+                  "ts": f"{time.time() if ts is None else ts:.3f}"}
         fields.update({k: str(v)[:500] for k, v in data.items()})
         client.xadd(keys.events(swarm_id), fields, maxlen=keys.EVENTS_MAXLEN, approximate=True)
 

@@ -53,8 +53,9 @@ class RedisSessionStore:
             "parked": session.parked,
         }
         key = keys.session(session.id)
-        with store_errors(f"saving session {session.id}"), self.redis.pipeline() as pipe:
-            pipe.delete(key)
+        # One HSET replaces both fields at once; no MULTI needed (one round trip either way).
+        with store_errors(f"saving session {session.id}"), \
+                self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(key, mapping={
                 "meta": json.dumps(meta),
                 "messages": json.dumps(session.messages, ensure_ascii=False),

@@ -8,16 +8,19 @@ that spawns children of its own parks: its task ends and the coordinator enqueue
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 from jsonschema import Draft202012Validator
 
@@ -34,11 +37,10 @@ from swarm.errors import (
     Cancelled,
     ModelError,
     Parked,
-    SwarmError,
     TimedOut,
 )
 from swarm.errors import StoreError as SwarmStoreError
-from swarm.llm.client import LLMClient
+from swarm.llm.client import LLMClient, http_client
 from swarm.llm.types import ChatResult
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, QueueApprover
@@ -96,13 +98,14 @@ def check_output(answer: str, schema: dict[str, Any]) -> tuple[Any, str]:
 
 
 class Progress(Observer):
-    """Reports a child's turns and commands to the ledger, the event stream and Flower."""
+    """Reports a child's turns and commands to the ledger, the event stream and Flower,
+    through the process's :class:`Supervisor` (written in batches, not per call)."""
 
-    def __init__(self, ledger: Ledger, swarm_id: str, agent_id: str,
+    def __init__(self, supervisor: Supervisor, swarm_id: str, agent_id: str,
                  send: Callable[..., None] | None = None, control: Control | None = None
                  ) -> None:
-        self.ledger, self.swarm_id, self.agent_id, self.send = ledger, swarm_id, agent_id, send
-        self.control = control
+        self.supervisor, self.swarm_id, self.agent_id = supervisor, swarm_id, agent_id
+        self.send, self.control = send, control
         self.turns = 0
 
     def on_model_result(self, result: ChatResult) -> None:
@@ -115,13 +118,13 @@ class Progress(Observer):
 
     def on_tool_start(self, call: Call, summary: str) -> None:
         last = f"{call.name}: {summary}"[:200]
-        try:
-            self.ledger.update_agent(self.agent_id, last=last, turns=self.turns)
-            self.ledger.event(self.swarm_id, "tool", self.agent_id, tool=call.name, text=last)
-            if self.send is not None:
+        self.supervisor.progress(self.swarm_id, self.agent_id, last=last, turns=self.turns,
+                                 tool=call.name)
+        if self.send is not None:
+            try:
                 self.send("task-progress", agent=self.agent_id, turn=self.turns, last=last)
-        except (redis.RedisError, SwarmError) as exc:  # progress is best effort
-            log.debug("progress not recorded: %s", exc)
+            except Exception as exc:  # progress is best effort
+                log.debug("progress event not sent: %s", exc)
 
 
 class Control:
@@ -134,8 +137,9 @@ class Control:
     """
 
     def __init__(self, redis_: redis.Redis, swarm_id: str, watched: Watched,
-                 settings: Settings) -> None:
+                 settings: Settings, supervisor: Supervisor) -> None:
         self.redis, self.swarm_id, self.watched = redis_, swarm_id, watched
+        self.supervisor = supervisor
         self.limit = settings.child_timeout
         self.budget = settings.token_budget
         self.event = watched.event
@@ -173,12 +177,57 @@ class Control:
                                    "content": WRAP_UP.format(used=used, limit=self.limit)})
 
     def count(self, tokens: int) -> None:
-        """Add a model call's tokens to the swarm's count (one round trip per call)."""
+        """Add a model call's tokens to the swarm's count: at once when the swarm has a
+        budget (its total decides whether to go on), else with the next progress flush."""
+        if not self.budget:
+            self.supervisor.add_tokens(self.swarm_id, tokens)
+            return
         try:
             self.tokens = int(self.redis.hincrby(keys.swarm_counters(self.swarm_id), "tokens",
                                                  tokens))
         except redis.RedisError as exc:
             log.warning("token count not recorded: %s", exc)
+
+
+class ModelClients:
+    """What the children of one worker process share to reach their models: one HTTP
+    connection pool per kind of endpoint settings, and each model's context length
+    (``/models`` is asked once per :data:`CONTEXT_TTL`, not once per child)."""
+
+    CONTEXT_TTL = 300.0
+
+    def __init__(self) -> None:
+        self._http: dict[tuple[bool, float, float], httpx.Client] = {}
+        self._contexts: dict[tuple[str, str], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def client(self, settings: Settings) -> LLMClient:
+        base = settings.base_url.rstrip("/")
+        key = (base.startswith("https:"), settings.connect_timeout, settings.read_timeout)
+        with self._lock:
+            http = self._http.get(key)
+            if http is None:
+                # As many connections as children: a pool that runs out makes them queue.
+                http = self._http[key] = http_client(
+                    base, settings.connect_timeout, settings.read_timeout,
+                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+            known = self._contexts.get((base, settings.model))
+        fresh = known is not None and time.monotonic() - known[0] < self.CONTEXT_TTL
+        return LLMClient.from_settings(settings, http=http,
+                                       context_length=known[1] if known and fresh else None)
+
+    def release(self, model: LLMClient) -> None:
+        """Remember what ``model`` learnt of its context length; the pool stays open."""
+        length = model.known_context_length
+        if length is not None and model.model:
+            with self._lock:
+                if len(self._contexts) > 1000:
+                    self._contexts.clear()
+                key = (model.base_url, model.model)
+                if key not in self._contexts or time.monotonic() - self._contexts[key][0] \
+                        >= self.CONTEXT_TTL:
+                    self._contexts[key] = (time.monotonic(), length)
+        model.close()
 
 
 @dataclass
@@ -193,6 +242,7 @@ class ChildRunner:
         self.ledger = Ledger(self.redis)
         self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=False)
         self.supervisor = Supervisor(self.redis, self.settings.lease)
+        self.models = ModelClients()
 
     def run(self, run_id: str, *, resume: bool = False,
             send: Callable[..., None] | None = None, traceparent: str = "") -> dict[str, Any]:
@@ -222,6 +272,17 @@ class ChildRunner:
             with telemetry.span("agent", parent=traceparent, agent_id=run.agent, run=run.id,
                                 resume=resume):
                 return self._work(run, resume, send, watched)
+        except (SwarmStoreError, redis.RedisError):
+            raise  # Redis went away: the lease runs out and a worker takes the run over
+        except Exception as exc:
+            # A bug outside the agent's loop: taking the run over would hit it again, and
+            # its parent would wait forever. Settle it as failed, with the reason.
+            log.exception("run %s crashed", run.id)
+            self.ledger.settle(run, swarm_id, "failed",
+                               {"agent_id": run.agent,
+                                "error": f"internal error: {type(exc).__name__}: {exc}"},
+                               {}, token=token)
+            return {"run": run.id, "state": "failed"}
         finally:
             self.supervisor.forget(watched)
 
@@ -234,14 +295,18 @@ class ChildRunner:
             # A worker configured with its own endpoint keeps it (a deployment's workers);
             # one without (local workers, the demo) uses the root's.
             if not (k in ENDPOINT and ENDPOINT & self.settings.explicit)})
+        if "stream" not in settings.explicit:
+            # Nobody watches a child's tokens arrive: whole answers cost the worker less than
+            # half the CPU of a parsed stream (and one read instead of one per chunk).
+            settings = dataclasses.replace(settings, stream=False)
         workspace = self._workspace(record, swarm_id)
         session = self.sessions.load(run.agent) or new_session(workspace.path, run.agent)
         if session.parked and self._still_waiting(run, session.parked):
             return {"run": run.id, "state": "parked"}
         before = self._snapshot(workspace, run)
         watched.limit = settings.child_timeout
-        control = Control(self.redis, swarm_id, watched, settings)
-        model = LLMClient.from_settings(settings)
+        control = Control(self.redis, swarm_id, watched, settings, self.supervisor)
+        model = self.models.client(settings)
         model.gate = RedisRateGate(self.redis, swarm_id)
         queue = ApprovalQueue(self.redis, swarm_id)
         try:
@@ -250,7 +315,7 @@ class ChildRunner:
                 hints=SwarmHints(self.redis, swarm_id, HintsStore(self.redis, settings.home),
                                  agent_id=run.agent),
                 approver=QueueApprover(queue, settings.approval_timeout, control.cancelled),
-                observer=Progress(self.ledger, swarm_id, run.agent, send, control),
+                observer=Progress(self.supervisor, swarm_id, run.agent, send, control),
                 spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id),
                 extra_prompt=(JOB_PROMPT if record.get("kind") == "job" else CHILD_PROMPT)
                 .format(agent_id=run.agent, depth=record["depth"], workspace=workspace.path),
@@ -263,7 +328,7 @@ class ChildRunner:
             self.ledger.event(swarm_id, "parked", run.agent)
             return {"run": run.id, "state": "parked"}
         finally:
-            model.close()
+            self.models.release(model)
         start_usage = run.result.get("usage_at_start") or {}
         result.update(
             agent_id=run.agent, workspace=str(workspace.path),
@@ -273,6 +338,7 @@ class ChildRunner:
             result["git_branch"] = workspace.git_branch
             result["diffstat"] = ws.commit_changes(
                 workspace, f"swarm {run.agent}: {run.message[:60]}")
+        self.supervisor.flush()  # its progress goes before its settlement
         self.ledger.settle(run, swarm_id, state, result, session.usage, token=watched.token)
         if record.get("kind") == "job":
             self.ledger.finish_swarm(swarm_id, state)

@@ -1,10 +1,15 @@
 """One thread per worker process that watches every child the process runs.
 
-Each pass (every :data:`POLL` seconds) asks Redis in one round trip which children were
-cancelled (``swarm cancel``), checks their wall-time limits, and every ``lease / 3``
-seconds renews all their leases in one more round trip. A child whose lease was taken
-over by another worker is told to stop. With one thread and two pipelines per process,
-the cost no longer grows by two threads and a command a second per child.
+Every :data:`POLL` seconds it asks Redis in one round trip which children were cancelled
+(``swarm cancel``) and checks their wall-time limits; every ``lease / 3`` seconds it renews
+all their leases in one more round trip (a child whose lease was taken over by another
+worker is told to stop). Every :data:`FLUSH` seconds it writes what the children reported
+meanwhile (their last action and turn count, ``tool`` events, tokens spent) in one
+pipeline, and runs the flush hooks (the children's Flower events, batched).
+
+So a running child costs no thread of its own, no command a second, and no round trip
+for its progress: under load, every blocking call of a thread is another wait for the
+GIL behind all the others, so fewer calls per turn make every turn shorter.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -21,8 +28,10 @@ from swarm.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
-#: Seconds between passes: how soon a cancel or a wall-time limit stops a running command.
+#: Seconds between checks: how soon a cancel or a wall-time limit stops a running command.
 POLL = 0.5
+#: Seconds between writes of the children's progress (and flushes of their Flower events).
+FLUSH = 0.2
 
 
 @dataclass(eq=False)
@@ -43,18 +52,38 @@ class Watched:
     """Another worker took the run over (this one was too slow to renew its lease)."""
 
 
+@dataclass
+class Progress:
+    """A child's tool start, waiting for the next flush."""
+
+    swarm_id: str
+    agent_id: str
+    last: str
+    turns: int
+    tool: str
+    ts: float
+
+
 class Supervisor:
     """Cancel flags, deadlines and lease renewals of a process's running children."""
 
-    def __init__(self, redis_: redis.Redis, lease: float, poll: float = POLL) -> None:
+    def __init__(self, redis_: redis.Redis, lease: float, poll: float = POLL,
+                 flush_every: float = FLUSH) -> None:
         self.redis = redis_
         self.ledger = Ledger(redis_)
         self.lease = lease
         self.poll = poll
+        self.flush_every = flush_every
+        self.flush_hooks: list[Callable[[], None]] = []
+        """Called after each write of progress (e.g. to send buffered Flower events)."""
         self._children: set[Watched] = set()
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._next_check = 0.0
         self._next_renewal = 0.0
+        self._progress: list[Progress] = []
+        self._tokens: Counter[str] = Counter()
 
     def watch(self, child: Watched) -> Watched:
         """Start watching ``child`` (and start the thread on first use)."""
@@ -70,17 +99,67 @@ class Supervisor:
         with self._lock:
             self._children.discard(child)
 
+    # -- progress ---------------------------------------------------------------------------
+
+    def progress(self, swarm_id: str, agent_id: str, *, last: str, turns: int,
+                 tool: str) -> None:
+        """A child started a tool: recorded in the ledger at the next flush."""
+        with self._lock:
+            self._progress.append(Progress(swarm_id, agent_id, last, turns, tool, time.time()))
+
+    def add_tokens(self, swarm_id: str, tokens: int) -> None:
+        """Tokens a child spent: added to the swarm's count at the next flush."""
+        if tokens:
+            with self._lock:
+                self._tokens[swarm_id] += tokens
+
+    def flush(self) -> None:
+        """Write the pending progress now, in one pipeline, then run the flush hooks.
+
+        A settling child calls this first, so its ``tool`` events precede its ``settled``
+        event. Progress is best effort: what a Redis failure loses is not retried, except
+        the token counts."""
+        with self._flush_lock:
+            with self._lock:
+                progress, self._progress = self._progress, []
+                tokens, self._tokens = self._tokens, Counter()
+            try:
+                if progress or tokens:
+                    with self.redis.pipeline(transaction=False) as pipe:
+                        for p in progress:
+                            pipe.hset(keys.agent(p.agent_id),
+                                      mapping={"last": p.last, "turns": p.turns})
+                            self.ledger.event_to(pipe, p.swarm_id, "tool", p.agent_id, ts=p.ts,
+                                                 tool=p.tool, text=p.last)
+                        for swarm_id, n in tokens.items():
+                            pipe.hincrby(keys.swarm_counters(swarm_id), "tokens", n)
+                        pipe.execute()
+            except redis.RedisError as exc:
+                log.debug("progress not recorded: %s", exc)
+                with self._lock:
+                    self._tokens.update(tokens)
+            for hook in self.flush_hooks:
+                hook()
+
+    # -- the thread ---------------------------------------------------------------------------
+
     def _loop(self) -> None:
         while True:
-            time.sleep(self.poll)
-            with self._lock:
-                children = list(self._children)
-            if not children:
-                continue
+            time.sleep(self.flush_every)
             try:
-                self.check(children)
+                self.flush()
+                now = time.monotonic()
+                if now < self._next_check:
+                    continue
+                self._next_check = now + self.poll
+                with self._lock:
+                    children = list(self._children)
+                if children:
+                    self.check(children)
             except redis.RedisError as exc:  # Redis restarting: try again next pass
                 log.warning("supervisor: %s", exc)
+            except Exception:  # the thread must outlive a bug in a hook
+                log.exception("supervisor pass failed")
 
     def check(self, children: list[Watched]) -> None:
         """One pass over ``children``: deadlines, cancel flags, and leases when due."""

@@ -32,13 +32,22 @@ def _git(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProc
 
 def git_root(path: Path) -> Path | None:
     """The top of the git work tree holding ``path``, or None."""
-    if not path.is_dir():
+    if not path.is_dir() or not _inside_git(path):
         return None
     try:
         out = _git(path, "rev-parse", "--show-toplevel")
     except (OSError, subprocess.TimeoutExpired):
         return None
     return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _inside_git(path: Path) -> bool:
+    """Whether ``path`` or a folder above it has a ``.git``: without one (and without
+    ``GIT_DIR``) it is no work tree, and no ``git`` process need be started to say so."""
+    if os.environ.get("GIT_DIR"):
+        return True
+    path = path.resolve()
+    return any((p / ".git").exists() for p in (path, *path.parents))
 
 
 def prepare(home: Path, swarm_id: str, agent_id: str, parent_workspace: str,
