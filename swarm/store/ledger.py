@@ -186,10 +186,7 @@ class Ledger:
 
     def agents(self, swarm_id: str) -> list[dict[str, str]]:
         ids = cast("list[str]", self.redis.zrange(keys.swarm_agents(swarm_id), 0, -1))
-        with self.redis.pipeline(transaction=False) as pipe:
-            for aid in ids:
-                pipe.hgetall(keys.agent(aid))
-            return [cast("dict[str, str]", row) for row in pipe.execute() if row]
+        return [row for row in self.agents_by_id(ids) if row]
 
     # -- agents and runs ---------------------------------------------------------------------
 
@@ -239,7 +236,7 @@ class Ledger:
                 pipe.hset(rkey, mapping=self._run_fields(run, now, item.traceparent))
                 pipe.expire(rkey, self.ttl)
                 self.event_to(pipe, swarm_id, "queued", run.agent, parent=parent["id"],
-                            depth=item.depth)
+                              depth=item.depth)
             if created:
                 pipe.hincrby(keys.swarm_counters(swarm_id), "children", created)
                 pipe.expire(keys.swarm_counters(swarm_id), self.ttl)

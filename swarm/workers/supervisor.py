@@ -48,8 +48,6 @@ class Watched:
     """Set on cancel, at the deadline, or when the lease is lost: kills a running command."""
     start: float = field(default_factory=time.monotonic)
     timed_out: bool = False
-    lost: bool = False
-    """Another worker took the run over (this one was too slow to renew its lease)."""
 
 
 @dataclass
@@ -195,6 +193,6 @@ class Supervisor:
             renewed = pipe.execute()
         for child, ok in zip(children, renewed, strict=True):
             if not ok:
+                # Another worker took the run over (this one was too slow to renew).
                 log.warning("run %s: lease lost to another worker; stopping", child.run_id)
-                child.lost = True
                 child.event.set()
