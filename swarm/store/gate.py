@@ -50,8 +50,11 @@ class RedisRateGate:
         now = time.monotonic()
         with _seen_lock:
             seen = _seen.get(self.key)
-        if seen is not None and now - seen[0] < FRESH:
-            return seen[1]
+            if seen is not None:
+                if now - seen[0] < FRESH:
+                    return seen[1]
+                # One thread reads; the siblings that ask meanwhile keep the last value.
+                _seen[self.key] = (now, seen[1])
         try:
             until = float(cast("str | None", self.redis.get(self.key)) or 0)
         except redis.RedisError:

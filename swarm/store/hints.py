@@ -55,8 +55,10 @@ class HintsStore:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.warning("memory hints: Redis unreachable (%s); reading %s", exc, self.path)
             value = None
-        if value is not None:
-            return value
+        return value if value is not None else self.file_text()
+
+    def file_text(self) -> str:
+        """The hints file's text, "" when there is none."""
         try:
             return self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -91,8 +93,17 @@ class SwarmHints:
             pipe.execute()
 
     def load(self) -> str:
-        shared = cast("list[str]", self.redis.lrange(keys.swarm_hints(self.swarm_id), 0, -1))
-        parts = [self.base.load().strip()]
+        # The user's hints and the swarm's in one round trip (every child reads both once).
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.get(keys.hints(self.base.scope))
+                pipe.lrange(keys.swarm_hints(self.swarm_id), 0, -1)
+                value, shared = pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("memory hints: Redis unreachable (%s); reading %s", exc, self.base.path)
+            value, shared = None, []
+        base = value if value is not None else self.base.file_text()
+        parts = [cast(str, base).strip()]
         if shared:
             parts.append("## Hints left by agents of this swarm\n\n" + "\n\n".join(shared))
         return "\n\n".join(p for p in parts if p)

@@ -224,10 +224,14 @@ class Ledger:
                 if item.new_agent:
                     created += 1
                     pipe.hsetnx(akey, "id", run.agent)
+                    # The parent's workspace and host ride along: the child's worker
+                    # needs them to place its workspace, without reading the parent.
                     pipe.hset(akey, mapping={
                         "swarm": swarm_id, "parent": parent["id"], "depth": item.depth,
                         "kind": "child", "workspace": "", "label": item.label,
-                        "created": now, "host": ""})
+                        "created": now, "host": "",
+                        "parent_workspace": parent.get("workspace", ""),
+                        "parent_host": parent.get("host", "")})
                     pipe.expire(akey, self.ttl)
                     pipe.zadd(keys.swarm_agents(swarm_id), {run.agent: now}, nx=True)
                 pipe.hset(akey, mapping={"run": run.id, "state": "queued"})

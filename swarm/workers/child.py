@@ -53,6 +53,9 @@ from swarm.workers.supervisor import Supervisor, Watched
 
 log = logging.getLogger(__name__)
 
+#: Seconds a worker trusts what it read of a swarm's settings (they never change).
+SETTINGS_TTL = 30.0
+
 #: Settings of the model endpoint: from the worker's environment when it has them.
 ENDPOINT = frozenset({"base_url", "model"})
 
@@ -190,28 +193,40 @@ class Control:
 
 
 class ModelClients:
-    """What the children of one worker process share to reach their models: one HTTP
-    connection pool per kind of endpoint settings, and each model's context length
-    (``/models`` is asked once per :data:`CONTEXT_TTL`, not once per child)."""
+    """What the children of one worker process share to reach their models: an HTTP
+    client per pool thread and kind of endpoint settings, and each model's context length
+    (``/models`` is asked once per :data:`CONTEXT_TTL`, not once per child).
+
+    A client per thread rather than one pool for the process: a child's requests run one
+    after another in its thread, so each thread keeps one warm connection, and httpcore's
+    pool scans every connection it holds on each request and each close (with 200
+    children in one pool that scan was over half the worker's CPU)."""
 
     CONTEXT_TTL = 300.0
 
     def __init__(self) -> None:
-        self._http: dict[tuple[bool, float, float], httpx.Client] = {}
+        self._local = threading.local()
         self._contexts: dict[tuple[str, str], tuple[float, int]] = {}
         self._lock = threading.Lock()
 
-    def client(self, settings: Settings) -> LLMClient:
+    def http(self, settings: Settings) -> httpx.Client:
+        """This thread's HTTP client for ``settings``' kind of endpoint."""
         base = settings.base_url.rstrip("/")
         key = (base.startswith("https:"), settings.connect_timeout, settings.read_timeout)
+        clients: dict[tuple[bool, float, float], httpx.Client] | None = getattr(
+            self._local, "clients", None)
+        if clients is None:
+            clients = self._local.clients = {}
+        http = clients.get(key)
+        if http is None:
+            http = clients[key] = http_client(base, settings.connect_timeout,
+                                              settings.read_timeout)
+        return http
+
+    def client(self, settings: Settings) -> LLMClient:
+        http = self.http(settings)
         with self._lock:
-            http = self._http.get(key)
-            if http is None:
-                # As many connections as children: a pool that runs out makes them queue.
-                http = self._http[key] = http_client(
-                    base, settings.connect_timeout, settings.read_timeout,
-                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-            known = self._contexts.get((base, settings.model))
+            known = self._contexts.get((settings.base_url.rstrip("/"), settings.model))
         fresh = known is not None and time.monotonic() - known[0] < self.CONTEXT_TTL
         return LLMClient.from_settings(settings, http=http,
                                        context_length=known[1] if known and fresh else None)
@@ -243,6 +258,8 @@ class ChildRunner:
         self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=False)
         self.supervisor = Supervisor(self.redis, self.settings.lease)
         self.models = ModelClients()
+        self._settings: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._settings_lock = threading.Lock()
 
     def run(self, run_id: str, *, resume: bool = False,
             send: Callable[..., None] | None = None, traceparent: str = "") -> dict[str, Any]:
@@ -258,7 +275,8 @@ class ChildRunner:
         if run.state in SETTLED:
             return {"run": run_id, "state": run.state}
         token = secrets.token_hex(8)
-        swarm_id = self.ledger.agent(run.agent).get("swarm", "") if run.agent else ""
+        record = self.ledger.agent(run.agent) if run.agent else {}
+        swarm_id = record.get("swarm", "")
         if not run.agent or not swarm_id:
             log.warning("run %s has no agent in the ledger; nothing to do", run_id)
             return {"run": run_id, "state": "missing"}
@@ -271,7 +289,7 @@ class ChildRunner:
         try:
             with telemetry.span("agent", parent=traceparent, agent_id=run.agent, run=run.id,
                                 resume=resume):
-                return self._work(run, resume, send, watched)
+                return self._work(run, record, resume, send, watched)
         except (SwarmStoreError, redis.RedisError):
             raise  # Redis went away: the lease runs out and a worker takes the run over
         except Exception as exc:
@@ -286,12 +304,13 @@ class ChildRunner:
         finally:
             self.supervisor.forget(watched)
 
-    def _work(self, run: Run, resume: bool, send: Callable[..., None] | None,
-              watched: Watched) -> dict[str, Any]:
-        record = self.ledger.agent(run.agent)
+    def _work(self, run: Run, record: dict[str, str], resume: bool,
+              send: Callable[..., None] | None, watched: Watched) -> dict[str, Any]:
+        """The run of the agent ``record`` (read before the claim: only fields the claim
+        does not change are used)."""
         swarm_id = record["swarm"]
         settings = self.settings.with_(**{
-            k: v for k, v in self.ledger.swarm_settings(swarm_id).items()
+            k: v for k, v in self.swarm_settings(swarm_id).items()
             # A worker configured with its own endpoint keeps it (a deployment's workers);
             # one without (local workers, the demo) uses the root's.
             if not (k in ENDPOINT and ENDPOINT & self.settings.explicit)})
@@ -411,13 +430,32 @@ class ChildRunner:
             log.exception("child %s crashed", run.agent)
             return "failed", {"error": f"internal error: {type(exc).__name__}: {exc}"}
 
+    def swarm_settings(self, swarm_id: str) -> dict[str, Any]:
+        """The swarm's settings (written once, when it was created), read at most every
+        :data:`SETTINGS_TTL` seconds per swarm: a fan-out's siblings share one read."""
+        now = time.monotonic()
+        with self._settings_lock:
+            known = self._settings.get(swarm_id)
+        if known is not None and now - known[0] < SETTINGS_TTL:
+            return known[1]
+        value = self.ledger.swarm_settings(swarm_id)
+        with self._settings_lock:
+            if len(self._settings) > 1000:
+                self._settings.clear()
+            self._settings[swarm_id] = (now, value)
+        return value
+
     def _workspace(self, record: dict[str, str], swarm_id: str) -> ws.Workspace:
         if record.get("workspace"):
             path = Path(record["workspace"])
             branch = f"swarm/{record['id']}" if (path / ".git").is_file() else ""
             path.mkdir(parents=True, exist_ok=True)
             return ws.Workspace(path, branch)
-        parent = self.ledger.agent(record["parent"])
+        if "parent_host" in record:
+            parent = {"workspace": record.get("parent_workspace", ""),
+                      "host": record["parent_host"]}
+        else:  # written by a coordinator from before the parent's fields rode along
+            parent = self.ledger.agent(record["parent"])
         workspace = ws.prepare(self.settings.home, swarm_id, record["id"],
                                parent.get("workspace", ""), parent.get("host") == self.host)
         self.ledger.update_agent(record["id"], workspace=str(workspace.path))

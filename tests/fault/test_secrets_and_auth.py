@@ -108,9 +108,10 @@ def test_planted_api_key_appears_nowhere(swarm: Swarm, model: ScriptedModelServe
     assert "/proc/self/environ" in told and "SWARM_API_KEY" in told
     assert SECRET not in told
 
-    # Redis: every key of every type, Celery task results included.
+    # Redis: every key of every type (agent tasks store no Celery result: the ledger has it).
     dump = dump_redis(swarm.url)
-    for seen in ("PEEKENV child", "celery-task-meta-", "swarm:session:", "swarm:events:",
+    assert "celery-task-meta-" not in dump
+    for seen in ("PEEKENV child", "swarm:session:", "swarm:events:",
                  f"{MARKER_NAME}={MARKER_VALUE}"):
         assert seen in dump, seen
     assert SECRET not in dump
