@@ -33,7 +33,9 @@ class BufferedEvents:
         self._url = ""
 
     def send(self, kind: str, hostname: str | None = None, **fields: Any) -> None:
-        """Buffer one event (``hostname``: who it is from; default: this process)."""
+        """Buffer one event. ``hostname`` names the sender (default: this process's Celery
+        name); it is taken when the dispatcher is built, by the first event after a start
+        or a failure, so every event of one process must give the same."""
         with self._lock:
             try:
                 if self._dispatcher is None or self._url != self.app.conf.broker_url:
@@ -58,10 +60,6 @@ class BufferedEvents:
             except Exception as exc:
                 log.debug("events not sent: %s", exc)
                 self._close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._close()
 
     def _close(self) -> None:
         if self._dispatcher is not None:
