@@ -116,17 +116,20 @@ class Agent:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def run(self, task: str) -> str:
+    def run(self, task: str, *, save_task: bool = True) -> str:
         """Add ``task`` as a user message and work until the model answers without tools.
 
         Raises :class:`TurnLimitReached` after ``max_turns`` model calls and
-        :class:`Interrupted` on Ctrl-C; the session is saved either way.
+        :class:`Interrupted` on Ctrl-C; the session is saved either way. ``save_task=False``
+        leaves the first save to the model's answer, for a caller that keeps the task
+        elsewhere (a child's run is in the ledger, and a takeover starts it again).
         """
         # An interrupted step (Ctrl-C during a save, say) may have left calls unanswered.
         self.session.messages = history.repair(self.messages)
         self.refresh_system_prompt()
         self.messages.append({"role": "user", "content": task})
-        self.save()
+        if save_task:
+            self.save()
         self.run_start = self.session.turns
         return self.resume()
 

@@ -112,6 +112,8 @@ class LLMClient:
         self._stream_rejected = False
         self._context_length: int | None = context_length
         self._listed: list[dict[str, Any]] | None = None
+        self._chat: tuple[httpx.URL, httpx.BaseTransport | None, list[tuple[str, str]],
+                          dict[str, Any]] | None = None
         self._owns_http = http is None
         self._http = http if http is not None else http_client(
             self.base_url, connect_timeout, read_timeout, transport=transport)
@@ -199,14 +201,16 @@ class LLMClient:
         if use_stream and self._stream_options:
             payload["stream_options"] = {"include_usage": True}
         headers = self._headers("text/event-stream" if use_stream else "application/json")
-        url = f"{self.base_url}/chat/completions"
         started = False
         try:
-            with self._http.stream("POST", url, json=payload, headers=headers) as response:
+            response = self._post(payload, headers)
+            try:
                 started = True
                 if 200 <= response.status_code < 300:
                     return self._read_answer(response, on_event)
                 body = self._error_body(response)
+            finally:
+                response.close()
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise self._request_error(exc, started) from exc
         if response.status_code == 400 and use_stream:
@@ -220,6 +224,34 @@ class LLMClient:
                 self._stream_rejected = True
                 return self._chat_once(messages, tools, on_event, temperature, False)
         raise self._http_error(response, body)
+
+    def _post(self, payload: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
+        """``POST /chat/completions`` with a streamed body, straight to the transport.
+
+        ``httpx.Client.stream`` merges URLs, headers and cookies and reads ``Set-Cookie``
+        on every call: a third of the CPU of a request to a local server, and a worker
+        makes thousands. The URL, the transport (a proxy from the environment, or the
+        pool) and the client's default headers are worked out once; no OpenAI-compatible
+        API needs cookies or redirects (a redirect is an error that names the new URL).
+        """
+        if self._chat is None:
+            url = httpx.URL(f"{self.base_url}/chat/completions")
+            pick = getattr(self._http, "_transport_for_url", None)
+            transport = pick(url) if pick is not None else None
+            self._chat = (url, transport, list(self._http.headers.multi_items()),
+                          {"timeout": self._http.timeout.as_dict()})
+        url, transport, defaults, extensions = self._chat
+        given = {k.lower() for k in headers}
+        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        request = httpx.Request(
+            "POST", url, content=body, extensions=extensions,
+            headers=[*(h for h in defaults if h[0].lower() not in given),
+                     ("Content-Type", "application/json"), *headers.items()])
+        if transport is None:  # an httpx without the lookup: the public way
+            return self._http.send(request, stream=True)
+        response = transport.handle_request(request)
+        response.request = request
+        return response
 
     def _read_answer(self, response: httpx.Response, on_event: OnEvent | None) -> ChatResult:
         # Decide by what came, not by what was asked: some servers ignore `stream`.

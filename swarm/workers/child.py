@@ -405,7 +405,9 @@ class ChildRunner:
                 message = run.message
                 if run.output_schema:
                     message += SCHEMA_PROMPT.format(schema=json.dumps(run.output_schema))
-                answer = agent.run(message)
+                # Unsaved until the model answers: a worker that dies first leaves the
+                # session at start_index, so the run starts again from its message.
+                answer = agent.run(message, save_task=False)
             if not run.output_schema:
                 return "done", {"answer": answer}
             value, problem = check_output(answer, run.output_schema)
