@@ -33,7 +33,7 @@ def submit_job(ledger: Ledger, app: Celery, task: str, workspace: Path,
                         socket.gethostname(), swarm_id, kind="job", state="queued")
     ledger.redis.hset(keys.swarm(swarm_id), "source", source)
     run = Run(id=job_run_id(swarm_id), agent=swarm_id, request="", call_id="", message=task,
-              state="queued")
+              state="queued", swarm=swarm_id)
     ledger.add_run(run)
     ledger.event(swarm_id, "queued", swarm_id, depth=0, parent="")
     app.send_task("swarm.agent.run", args=[run.id], task_id=run.id,

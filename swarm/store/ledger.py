@@ -56,24 +56,35 @@ redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[12], '*', 'run', ARGV[6])
 return 1
 """
 
-_CLAIM = """
-local state = redis.call('HGET', KEYS[1], 'state')
-local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
-local now = tonumber(ARGV[2])
-if state == ARGV[4] or (state == 'running' and lease < now) then
-  local until_ = now + tonumber(ARGV[3])
-  redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1],
-             'lease_until', tostring(until_))
-  redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-  redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
-  if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
-    redis.call('HSET', KEYS[2], 'started', ARGV[2])
+_CLAIM_FN = """
+local function claim()
+  local state = redis.call('HGET', KEYS[1], 'state')
+  local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
+  local now = tonumber(ARGV[2])
+  if state == ARGV[4] or (state == 'running' and lease < now) then
+    local until_ = now + tonumber(ARGV[3])
+    redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1],
+               'lease_until', tostring(until_))
+    redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+    redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
+    if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
+      redis.call('HSET', KEYS[2], 'started', ARGV[2])
+    end
+    redis.call('ZADD', KEYS[3], until_, ARGV[6])
+    if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
+    return 1
   end
-  redis.call('ZADD', KEYS[3], until_, ARGV[6])
-  if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
-  return 1
+  return 0
 end
-return 0
+"""
+
+# The claim, and in the same round trip what the worker reads next: the agent's record,
+# its session, whether it was cancelled while queued, what the swarm has spent.
+_START = _CLAIM_FN + """
+if redis.call('HEXISTS', KEYS[2], 'swarm') == 0 then return {-1} end
+if claim() == 0 then return {0} end
+return {1, redis.call('HGETALL', KEYS[2]), redis.call('HMGET', KEYS[5], 'meta', 'messages'),
+        redis.call('EXISTS', KEYS[6]), redis.call('HGET', KEYS[7], 'tokens') or ''}
 """
 
 _RENEW = """
@@ -114,6 +125,22 @@ class Run:
     attempts: int = 0
     traceparent: str = ""
     """The W3C trace context of the parent's ``agent`` call (OpenTelemetry), or ""."""
+    swarm: str = ""
+    """The swarm of the run's agent ("" in records written before runs carried it)."""
+
+
+@dataclass
+class Start:
+    """What :meth:`Ledger.start` found: whether the run was claimed and, if so, its agent's
+    record, its session's raw fields (None when it has none), whether the agent was
+    cancelled while it waited, and the tokens its swarm had spent."""
+
+    claimed: bool
+    agent: dict[str, str] = field(default_factory=dict)
+    session_meta: str | None = None
+    session_messages: str | None = None
+    cancelled: bool = False
+    spent: int = 0
 
 
 @dataclass
@@ -144,7 +171,7 @@ class Ledger:
         self.redis = redis_
         self.ttl = ttl
         self._settle = redis_.register_script(_SETTLE)
-        self._claim = redis_.register_script(_CLAIM)
+        self._start = redis_.register_script(_START)
         self._renew = redis_.register_script(_RENEW)
 
     # -- swarms ------------------------------------------------------------------------------
@@ -235,6 +262,7 @@ class Ledger:
                     pipe.expire(akey, self.ttl)
                     pipe.zadd(keys.swarm_agents(swarm_id), {run.agent: now}, nx=True)
                 pipe.hset(akey, mapping={"run": run.id, "state": "queued"})
+                run.swarm = swarm_id
                 rkey = keys.run(run.id)
                 pipe.hsetnx(rkey, "id", run.id)
                 pipe.hset(rkey, mapping=self._run_fields(run, now, item.traceparent))
@@ -255,6 +283,8 @@ class Ledger:
             "result": json.dumps(run.result) if run.result else ""}
         if traceparent:
             fields["traceparent"] = traceparent
+        if run.swarm:
+            fields["swarm"] = run.swarm
         return fields
 
     def existing_runs(self, run_ids: list[str]) -> set[str]:
@@ -289,6 +319,7 @@ class Ledger:
             start_index=int(row.get("start_index") or -1),
             attempts=int(row.get("attempts") or 0),
             traceparent=row.get("traceparent", ""),
+            swarm=row.get("swarm", ""),
         )
 
     def runs(self, run_ids: Iterable[str]) -> list[Run | None]:
@@ -304,14 +335,24 @@ class Ledger:
     def set_run(self, run_id: str, **fields: str | int | float) -> None:
         self.redis.hset(keys.run(run_id), mapping=dict(fields.items()))
 
-    def claim(self, run_id: str, agent_id: str, token: str, lease: float, host: str,
-              from_state: str = "queued", swarm_id: str = "") -> bool:
-        """Take a run from ``from_state`` (or from an expired lease) into ``running``; a
-        resumed parent counts as in flight again."""
-        return bool(self._claim(
-            keys=[keys.run(run_id), keys.agent(agent_id), keys.leases(),
-                  keys.swarm_inflight(swarm_id)],
-            args=[token, time.time(), lease, from_state, host, run_id]))
+    def start(self, run: Run, swarm_id: str, token: str, lease: float, host: str,
+              from_state: str = "queued") -> Start | None:
+        """Claim the run from ``from_state`` (or from an expired lease) into ``running`` (a
+        resumed parent counts as in flight again) and read what its worker needs next, in
+        one round trip; None (and nothing claimed) when its agent has no record of its
+        swarm."""
+        reply = self._start(
+            keys=[keys.run(run.id), keys.agent(run.agent), keys.leases(),
+                  keys.swarm_inflight(swarm_id), keys.session(run.agent),
+                  keys.cancel(run.agent), keys.swarm_counters(swarm_id)],
+            args=[token, time.time(), lease, from_state, host, run.id])
+        if reply[0] == -1:
+            return None
+        if reply[0] == 0:
+            return Start(False)
+        _, flat, (meta, messages), cancelled, tokens = reply
+        return Start(True, dict(zip(flat[::2], flat[1::2], strict=True)), meta, messages,
+                     bool(cancelled), int(tokens or 0))
 
     def renew(self, run_id: str, token: str, lease: float, *, client: Any = None,
               until: float | None = None) -> bool:

@@ -71,6 +71,12 @@ class RedisSessionStore:
             row = self.redis.hmget(keys.session(session_id), ["meta", "messages"])
         # decode_responses=True: every value is a str (redis-py types it as bytes | str)
         meta, messages = cast("tuple[str | None, str | None]", tuple(row))
+        return self.from_fields(session_id, meta, messages)
+
+    @staticmethod
+    def from_fields(session_id: str, meta: str | None,
+                    messages: str | None) -> LoadedSession | None:
+        """:meth:`load` of fields read elsewhere (a worker reads them with its claim)."""
         if meta is None:
             return None
         session = _decode(session_id, meta, messages)

@@ -46,7 +46,7 @@ from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, QueueApprover
 from swarm.store.gate import RedisRateGate
 from swarm.store.hints import HintsStore, SwarmHints
-from swarm.store.ledger import SETTLED, Ledger, Run
+from swarm.store.ledger import SETTLED, Ledger, Run, Start
 from swarm.store.sessions import RedisSessionStore
 from swarm.workers import workspace as ws
 from swarm.workers.supervisor import Supervisor, Watched
@@ -140,22 +140,20 @@ class Control:
     """
 
     def __init__(self, redis_: redis.Redis, swarm_id: str, watched: Watched,
-                 settings: Settings, supervisor: Supervisor) -> None:
+                 settings: Settings, supervisor: Supervisor, *, cancelled: bool,
+                 spent: int) -> None:
+        """``cancelled`` (while it waited in the queue: it stops before its first model
+        call) and ``spent`` (the swarm's tokens before this child or this resume started:
+        they count too) are read with the claim (:meth:`Ledger.start`)."""
         self.redis, self.swarm_id, self.watched = redis_, swarm_id, watched
         self.supervisor = supervisor
         self.limit = settings.child_timeout
         self.budget = settings.token_budget
         self.event = watched.event
         self.warned = False
-        with redis_.pipeline(transaction=False) as pipe:
-            # Cancelled while it waited in the queue: stop before the first model call.
-            pipe.exists(keys.cancel(watched.agent_id))
-            # What the swarm spent before this child (or this resume) started counts too.
-            pipe.hget(keys.swarm_counters(swarm_id), "tokens")
-            cancelled, spent = pipe.execute()
         if cancelled:
             self.event.set()
-        self.tokens = int(spent or 0) if self.budget else 0
+        self.tokens = spent if self.budget else 0
 
     @property
     def timed_out(self) -> bool:
@@ -275,21 +273,25 @@ class ChildRunner:
         if run.state in SETTLED:
             return {"run": run_id, "state": run.state}
         token = secrets.token_hex(8)
-        record = self.ledger.agent(run.agent) if run.agent else {}
-        swarm_id = record.get("swarm", "")
-        if not run.agent or not swarm_id:
+        swarm_id = run.swarm
+        if run.agent and not swarm_id:  # a record from before runs carried their swarm
+            swarm_id = self.ledger.agent(run.agent).get("swarm", "")
+        start = self.ledger.start(run, swarm_id, token, self.settings.lease, self.host,
+                                  "parked" if resume else "queued") \
+            if run.agent and swarm_id else None
+        if start is None:
             log.warning("run %s has no agent in the ledger; nothing to do", run_id)
             return {"run": run_id, "state": "missing"}
-        if not self.ledger.claim(run.id, run.agent, token, self.settings.lease, self.host,
-                                 "parked" if resume else "queued", swarm_id):
+        if not start.claimed:
             return {"run": run_id, "state": "skipped (another worker has it)"}
+        start.agent.setdefault("swarm", swarm_id)
         # The run's own limit (a swarm may set a shorter one) is applied in _work.
         watched = self.supervisor.watch(Watched(run.id, run.agent, token,
                                                 self.settings.child_timeout))
         try:
             with telemetry.span("agent", parent=traceparent, agent_id=run.agent, run=run.id,
                                 resume=resume):
-                return self._work(run, record, resume, send, watched)
+                return self._work(run, start, resume, send, watched)
         except (SwarmStoreError, redis.RedisError):
             raise  # Redis went away: the lease runs out and a worker takes the run over
         except Exception as exc:
@@ -304,10 +306,10 @@ class ChildRunner:
         finally:
             self.supervisor.forget(watched)
 
-    def _work(self, run: Run, record: dict[str, str], resume: bool,
+    def _work(self, run: Run, start: Start, resume: bool,
               send: Callable[..., None] | None, watched: Watched) -> dict[str, Any]:
-        """The run of the agent ``record`` (read before the claim: only fields the claim
-        does not change are used)."""
+        """The run claimed by ``start``, of the agent whose record it read."""
+        record = start.agent
         swarm_id = record["swarm"]
         settings = self.settings.with_(**{
             k: v for k, v in self.swarm_settings(swarm_id).items()
@@ -319,12 +321,15 @@ class ChildRunner:
             # half the CPU of a parsed stream (and one read instead of one per chunk).
             settings = dataclasses.replace(settings, stream=False)
         workspace = self._workspace(record, swarm_id)
-        session = self.sessions.load(run.agent) or new_session(workspace.path, run.agent)
+        session = self.sessions.from_fields(run.agent, start.session_meta,
+                                            start.session_messages) \
+            or new_session(workspace.path, run.agent)
         if session.parked and self._still_waiting(run, session.parked):
             return {"run": run.id, "state": "parked"}
         before = self._snapshot(workspace, run)
         watched.limit = settings.child_timeout
-        control = Control(self.redis, swarm_id, watched, settings, self.supervisor)
+        control = Control(self.redis, swarm_id, watched, settings, self.supervisor,
+                          cancelled=start.cancelled, spent=start.spent)
         model = self.models.client(settings)
         model.gate = RedisRateGate(self.redis, swarm_id)
         queue = ApprovalQueue(self.redis, swarm_id)
