@@ -340,7 +340,7 @@ class Coordinator:
             "swarm.agent.run", args=[run.id], task_id=run.id, shadow=shadow,
             argsrepr=repr((run.id,)), kwargsrepr="{}",
             headers={"traceparent": traceparent} if traceparent else None,
-            producer=producer, event_dispatcher=sent)
+            producer=producer, event_dispatcher=sent, ignore_result=True)
 
     # -- settle and fan-in ---------------------------------------------------------------------
 
@@ -429,4 +429,4 @@ class Coordinator:
         self.app.send_task(
             "swarm.agent.resume", args=[parent_run], task_id=derive_id("m", request_id),
             shadow=f"resume agent {parent['id']} depth {parent.get('depth', '?')}",
-            argsrepr=repr((parent_run,)), kwargsrepr="{}")
+            argsrepr=repr((parent_run,)), kwargsrepr="{}", ignore_result=True)
