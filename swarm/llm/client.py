@@ -34,6 +34,7 @@ from swarm.errors import (
 )
 from swarm.llm.assemble import MessageAssembler, from_completion
 from swarm.llm.sse import iter_events
+from swarm.llm.transport import PlainHTTPTransport
 from swarm.llm.types import ChatResult, Message, OnEvent
 
 if TYPE_CHECKING:
@@ -504,10 +505,12 @@ class LLMClient:
 
 
 def http_client(base_url: str, connect_timeout: float, read_timeout: float, *,
-                transport: httpx.BaseTransport | None = None,
-                limits: httpx.Limits | None = None) -> httpx.Client:
-    """The ``httpx.Client`` an :class:`LLMClient` for ``base_url`` uses (CA bundle only for
-    https). A worker shares one among its children, with ``limits`` to match."""
+                transport: httpx.BaseTransport | None = None) -> httpx.Client:
+    """The ``httpx.Client`` an :class:`LLMClient` for ``base_url`` uses: over
+    :class:`~swarm.llm.transport.PlainHTTPTransport` for ``http://`` (unless ``transport``
+    is given), with the CA bundle loaded only for ``https://``."""
+    if transport is None and base_url.startswith("http://"):
+        transport = PlainHTTPTransport()
     return httpx.Client(
         timeout=httpx.Timeout(
             connect=connect_timeout, read=read_timeout, write=read_timeout, pool=connect_timeout
@@ -515,7 +518,7 @@ def http_client(base_url: str, connect_timeout: float, read_timeout: float, *,
         transport=transport,
         verify=_ssl_context() if base_url.startswith("https:") else _plain_context(),
         headers={"User-Agent": "swarm"},
-        limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
     )
 
 
