@@ -26,7 +26,8 @@ QUEUE = "swarm"
 #: Longer than any healthy run: a shorter one makes Redis redeliver a live task.
 VISIBILITY_TIMEOUT = 12 * 3600
 
-app = Celery("swarm", include=["swarm.workers.tasks", "swarm.schedules.tasks"])
+app = Celery("swarm", include=["swarm.workers.tasks", "swarm.schedules.tasks"],
+             events="swarm.workers.events:Events")
 app.conf.update(
     task_default_queue=QUEUE,
     task_serializer="json",

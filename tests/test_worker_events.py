@@ -1,0 +1,89 @@
+"""Celery events as swarm sends them, read back by Celery's own EventReceiver (as Flower is)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import redis as redis_py
+
+from swarm.workers.app import app, configure
+from swarm.workers.events import BoundDispatcher, BufferedEvents
+
+
+class Tap:
+    """Celery's EventReceiver in a thread, keeping every event it is given."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.ready = threading.Event()
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10)
+
+    def close(self) -> None:
+        """Stop consuming (within one receive timeout) before the server may go away."""
+        self.stop = True
+        self.thread.join(5)
+        assert not self.thread.is_alive()
+
+    def _run(self) -> None:
+        with app.connection_for_read() as conn:
+            receiver = app.events.Receiver(conn, handlers={"*": self.events.append})
+            consume = receiver.itercapture(limit=None, timeout=0.2, wakeup=False)
+            next(consume)  # the consumer is declared: events sent from now on arrive
+            self.ready.set()
+            while not self.stop:
+                try:
+                    next(consume)
+                except (TimeoutError, OSError):
+                    continue
+
+    def wait_for(self, kind: str, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = [e for e in self.events if e.get("type") == kind]
+            if len(got) >= count:
+                return got
+            time.sleep(0.02)
+        raise AssertionError(f"{kind}: {len([e for e in self.events if e.get('type') == kind])}"
+                             f" of {count} events arrived: {self.events[-5:]}")
+
+
+def test_buffered_progress_events_reach_a_receiver(redis: redis_py.Redis,
+                                                   redis_server: str) -> None:
+    configure(redis_server)
+    tap = Tap()
+    try:
+        events = BufferedEvents(app)
+        for turn in range(3):
+            events.send("task-progress", hostname="w1@test", uuid="r1", agent="a1", turn=turn,
+                        last="run_cli: echo hi")
+        assert not tap.events  # buffered until the flush
+        events.flush()
+        got = tap.wait_for("task-progress", 3)
+        assert [e["turn"] for e in got] == [0, 1, 2]
+        assert {(e["uuid"], e["hostname"], e["last"]) for e in got} == \
+            {("r1", "w1@test", "run_cli: echo hi")}
+        assert isinstance(events._dispatcher, BoundDispatcher)
+    finally:
+        tap.close()
+
+
+def test_dispatcher_binds_its_exchange_once(redis: redis_py.Redis, redis_server: str) -> None:
+    configure(redis_server)
+    tap = Tap()
+    try:
+        with app.connection_for_write() as conn:
+            dispatcher = app.events.Dispatcher(conn, hostname="w2@test", enabled=True)
+            assert isinstance(dispatcher, BoundDispatcher) and not dispatcher.exchange.is_bound
+            dispatcher.send("task-received", uuid="r2", name="agent a2 depth 1: x")
+            bound = dispatcher.exchange
+            dispatcher.send("task-started", uuid="r2")
+            assert bound.is_bound and dispatcher.exchange is bound
+        assert tap.wait_for("task-started", 1)[0]["uuid"] == "r2"
+        assert tap.wait_for("task-received", 1)[0]["name"] == "agent a2 depth 1: x"
+    finally:
+        tap.close()
