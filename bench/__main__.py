@@ -65,6 +65,11 @@ def parser() -> argparse.ArgumentParser:
                    help="threads per worker process (default 256)")
     g.add_argument("--max-parallel", type=int, default=0,
                    help="SWARM_MAX_PARALLEL for the jobs (default max(64, N))")
+    g.add_argument("--repeats", type=int, default=3,
+                   help="jobs per N up to --repeat-max; the one of median wall is reported, "
+                   "with the range (default 3)")
+    g.add_argument("--repeat-max", type=int, default=200,
+                   help="larger N run once (default 200)")
     g = p.add_argument_group("processes")
     g.add_argument("--processes-n", type=int, default=50,
                    help="children of the process-per-child comparison (default 50)")
@@ -86,7 +91,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "latency": 0.05,
+SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 2,
+         "repeat_max": 1, "latency": 0.05,
          "turns": 2, "workers": 1, "concurrency": 16, "processes_n": 3, "memory_sizes": [5],
          "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4}
 

@@ -40,6 +40,8 @@ def test_bench_smoke_runs_every_part(tmp_path: Path) -> None:
     scaling = json.loads((tmp_path / "scaling-smoke.json").read_text())
     assert [j["n"] for j in scaling["jobs"]] == [1, 4]
     assert all(j["wall"] > 0 for j in scaling["jobs"])
+    # smoke: N=1 twice (the median job of the two reported), N=4 above --repeat-max, once
+    assert [len(j["walls"]) for j in scaling["jobs"]] == [2, 1]
     processes = json.loads((tmp_path / "processes-smoke.json").read_text())
     assert len(processes["ways"]) == 4
     for heading in ("1. spawn", "2. scaling", "3. the same job", "4. memory",
