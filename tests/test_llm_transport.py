@@ -207,6 +207,20 @@ def test_only_plain_http() -> None:
         client.get("https://127.0.0.1:1/")
 
 
+def test_http_client_leaves_proxied_endpoints_to_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    url = httpx.URL("http://10.1.2.3:8000/v1/chat/completions")
+    proxied = http_client("http://10.1.2.3:8000/v1", 1, 1)
+    assert not isinstance(proxied._transport_for_url(url), PlainHTTPTransport)
+    monkeypatch.setenv("NO_PROXY", "10.1.2.3")
+    direct = http_client("http://10.1.2.3:8000/v1", 1, 1)
+    assert isinstance(direct._transport_for_url(url), PlainHTTPTransport)
+    proxied.close()
+    direct.close()
+
+
 def test_http_client_uses_it_for_http_only() -> None:
     plain = http_client("http://127.0.0.1:1/v1", 1, 1)
     tls = http_client("https://example.invalid/v1", 1, 1)

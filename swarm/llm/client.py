@@ -16,9 +16,11 @@ import random
 import re
 import ssl
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -508,8 +510,9 @@ def http_client(base_url: str, connect_timeout: float, read_timeout: float, *,
                 transport: httpx.BaseTransport | None = None) -> httpx.Client:
     """The ``httpx.Client`` an :class:`LLMClient` for ``base_url`` uses: over
     :class:`~swarm.llm.transport.PlainHTTPTransport` for ``http://`` (unless ``transport``
-    is given), with the CA bundle loaded only for ``https://``."""
-    if transport is None and base_url.startswith("http://"):
+    is given, or a proxy from the environment applies), with the CA bundle loaded only for
+    ``https://``."""
+    if transport is None and base_url.startswith("http://") and not _env_proxy(base_url):
         transport = PlainHTTPTransport()
     return httpx.Client(
         timeout=httpx.Timeout(
@@ -520,6 +523,15 @@ def http_client(base_url: str, connect_timeout: float, read_timeout: float, *,
         headers={"User-Agent": "swarm"},
         limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
     )
+
+
+def _env_proxy(base_url: str) -> bool:
+    """Whether HTTP_PROXY / ALL_PROXY (and NO_PROXY) send ``base_url`` through a proxy:
+    httpx applies them only with its own transport."""
+    proxies = urllib.request.getproxies_environment()
+    if not (proxies.get("http") or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(urlsplit(base_url).hostname or "")
 
 
 @functools.cache

@@ -4,8 +4,9 @@ httpx's own transport (httpcore + h11) spends ~0.7 ms of CPU on a request to a l
 server; a worker running 200 children makes thousands, on the same cores as the model
 server. This one writes the request in one ``sendall`` and parses the status line and
 headers itself: ~0.2 ms. It is an ordinary ``httpx.BaseTransport``: the ``httpx.Client``
-around it still handles proxies (a proxy from the environment gets httpx's transport),
-redirect errors, content decoding and the body as a stream.
+around it still decodes content and hands out the body as a stream. It speaks to the
+endpoint directly, so :func:`swarm.llm.client.http_client` keeps httpx's own transport for
+an endpoint reached through a proxy from the environment (HTTP_PROXY, ALL_PROXY, NO_PROXY).
 
 Connections are kept alive and reused: an idle one is taken from a list, never scanned.
 A reused connection the server closed while it idled is retried once on a new one, as

@@ -284,7 +284,6 @@ class ChildRunner:
             return {"run": run_id, "state": "missing"}
         if not start.claimed:
             return {"run": run_id, "state": "skipped (another worker has it)"}
-        start.agent.setdefault("swarm", swarm_id)
         # The run's own limit (a swarm may set a shorter one) is applied in _work.
         watched = self.supervisor.watch(Watched(run.id, run.agent, token,
                                                 self.settings.child_timeout))
