@@ -9,10 +9,11 @@ endpoint directly, so :func:`swarm.llm.client.http_client` keeps httpx's own tra
 an endpoint reached through a proxy from the environment (HTTP_PROXY, ALL_PROXY, NO_PROXY).
 
 Connections are kept alive and reused: an idle one is taken from a list, never scanned.
-A reused connection the server closed while it idled is retried once on a new one, as
-httpcore does, when nothing of the answer had arrived. Failures raise httpx's
-exceptions (``ConnectError``, ``ReadTimeout``, ``RemoteProtocolError``...), so callers
-handle them as they would with the default transport.
+A request that finds its reused connection closed by the server (while it idled, before
+any of the answer arrived) goes on the next idle one, or a new one, as httpcore does.
+Failures raise httpx's exceptions (``ConnectError``, ``ReadTimeout``,
+``RemoteProtocolError``...), so callers handle them as they would with the default
+transport.
 """
 
 from __future__ import annotations
