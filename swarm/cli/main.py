@@ -19,11 +19,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 class Abort(click.ClickException):
-    """A user-facing failure with its own exit code."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+    """A user-facing failure (exit 1); subclasses set another ``exit_code``."""
 
 
 def agent_options(fn: F) -> F:

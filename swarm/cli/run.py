@@ -31,6 +31,18 @@ EXIT_CANCELLED = 4
 EXIT_INTERRUPTED = 130
 
 
+class TurnLimitExit(Abort):
+    exit_code = EXIT_TURN_LIMIT
+
+
+class CancelledExit(Abort):
+    exit_code = EXIT_CANCELLED
+
+
+class InterruptedExit(Abort):
+    exit_code = EXIT_INTERRUPTED
+
+
 def check_model_configured(settings: Settings) -> None:
     if settings.base_url == Settings().base_url and not settings.api_key:
         raise Abort(
@@ -115,14 +127,14 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
                           else root.run(local.agent, task, local.sessions))
             state = "done"
         except TurnLimitReached as exc:
-            raise Abort(str(exc), EXIT_TURN_LIMIT) from None
+            raise TurnLimitExit(str(exc)) from None
         except Cancelled as exc:
             state = "cancelled"
-            raise Abort(f"{exc}; the session is saved", EXIT_CANCELLED) from None
+            raise CancelledExit(f"{exc}; the session is saved") from None
         except (Interrupted, KeyboardInterrupt):
             state = "cancelled"
-            raise Abort("interrupted; the session is saved" + root.on_interrupt(),
-                        EXIT_INTERRUPTED) from None
+            raise InterruptedExit(
+                "interrupted; the session is saved" + root.on_interrupt()) from None
         finally:
             for tree in trees:
                 tree.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 
 import click
 from rich.console import Console
@@ -95,7 +96,7 @@ def status(swarm_id: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(snapshot.to_json(prices), indent=2, ensure_ascii=False))
         return
-    color = click.get_text_stream("stdout").isatty()
+    color = sys.stdout.isatty()
     click.echo(snapshot.summary(prices))
     click.echo(f"  {snapshot.info.get('workspace', '')}  task: "
                f"{first_line(snapshot.info.get('task', ''), 80)}")
