@@ -1,4 +1,4 @@
-"""Benchmarks for swarm (timing lives here, not in test assertions; DESIGN.md section 7).
+"""Benchmarks for swarm: timing is measured here, never asserted in a test (shared CI cores).
 
 - ``python -m bench``: the whole set (spawn, scaling, processes, memory, workers, redis);
   ``--smoke`` for a tiny run, ``--only NAME`` for one part, ``--help`` for the sizes.

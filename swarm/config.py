@@ -1,6 +1,8 @@
-"""Settings: every knob, its environment variable and its default, in one place.
+"""Settings: every ``SWARM_*`` environment variable swarm reads is a knob of :data:`KNOBS`.
 
-Precedence for each value: CLI flag > ``SWARM_*`` > ``OPENAI_*`` > ``EVA_*`` > default.
+Most knobs are fields of :class:`Settings`; precedence for each: CLI flag > ``SWARM_*`` >
+``OPENAI_*`` > ``EVA_*`` > default. The others are read by one command or module itself
+(their knob says which), and a few are swarm's own plumbing between its processes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ class Knob:
 
     env: tuple[str, ...]
     help: str
+    read_by: str = ""
+    """Empty for a :class:`Settings` field; else what reads the variable itself."""
+    internal: bool = False
+    """Set by swarm for its own processes, or by the tests; not a user setting."""
 
 
 KNOBS: dict[str, Knob] = {
@@ -75,6 +81,41 @@ KNOBS: dict[str, Knob] = {
     "sandbox": Knob(("SWARM_SANDBOX",),
                     "run commands in bubblewrap: auto (when installed), bwrap, none"),
     "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",), "let sandboxed commands use the network"),
+    "wait_notice": Knob(("SWARM_WAIT_NOTICE",),
+                        "seconds between 'waiting for MODEL at URL' lines while the model is "
+                        "silent and stderr is not a terminal; 0 = no waiting notices"),
+    # Not Settings fields: read by the command or module named in read_by.
+    "workers": Knob(("SWARM_WORKERS",), "local worker processes to start for children "
+                    "(default: 1 on the embedded server, else 0)",
+                    read_by="swarm run/attach --workers"),
+    "worker_concurrency": Knob(("SWARM_WORKER_CONCURRENCY",),
+                               "children one worker process runs at once (threads)",
+                               read_by="swarm worker --concurrency"),
+    "queues": Knob(("SWARM_QUEUES",), "comma-separated Celery queues a worker takes tasks from",
+                   read_by="swarm worker --queues"),
+    "price_input": Knob(("SWARM_PRICE_INPUT",),
+                        "US dollars per million prompt tokens, for cost estimates",
+                        read_by="swarm run/status/top/report (swarm.report.snapshot.Prices)"),
+    "price_output": Knob(("SWARM_PRICE_OUTPUT",),
+                         "US dollars per million completion tokens, for cost estimates",
+                         read_by="swarm run/status/top/report (swarm.report.snapshot.Prices)"),
+    "serve_host": Knob(("SWARM_SERVE_HOST",), "address the HTTP API listens on",
+                       read_by="swarm serve --host"),
+    "serve_port": Knob(("SWARM_SERVE_PORT",), "port of the HTTP API", read_by="swarm serve --port"),
+    "serve_root": Knob(("SWARM_SERVE_ROOT",),
+                       "folder API jobs' workspaces must lie in (default SWARM_HOME/jobs)",
+                       read_by="swarm serve --root"),
+    "serve_token": Knob(("SWARM_SERVE_TOKEN",),
+                        "one API bearer token from the environment, beside `swarm token` ones",
+                        read_by="swarm serve"),
+    "parent_pid": Knob(("SWARM_PARENT_PID",),
+                       "the process whose local coordinator and workers stop when it is gone",
+                       read_by="swarm.workers.local", internal=True),
+    "secrets_fd": Knob(("SWARM_SECRETS_FD",),
+                       "pipe a re-executed worker reads its secret variables from",
+                       read_by="swarm.secrets", internal=True),
+    "fault": Knob(("SWARM_FAULT",), "fault-injection point where the process dies (tests)",
+                  read_by="swarm.faults", internal=True),
 }
 
 
@@ -116,6 +157,7 @@ class Settings:
     reclaim_idle: int = 15
     sandbox: str = "none"
     sandbox_network: bool = True
+    wait_notice: float = 10.0
     explicit: frozenset[str] = frozenset()
     """The settings given by a flag, an environment variable or :meth:`with_` (not defaults)."""
 
@@ -129,6 +171,8 @@ class Settings:
         values: dict[str, Any] = {}
         types = {f.name: f.type for f in fields(cls)}
         for name, knob in KNOBS.items():
+            if knob.read_by:
+                continue
             raw = next((env[k] for k in knob.env if env.get(k, "") != ""), None)
             if raw is not None:
                 values[name] = _parse(name, str(types[name]), raw, knob.env[0])

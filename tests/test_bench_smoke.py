@@ -1,8 +1,9 @@
 """The benchmarks keep working: ``python -m bench --smoke`` (a tiny size of each part).
 
 It starts several clusters, `swarm run` processes and Valkey servers and takes about a
-minute, so it runs only when ``SWARM_BENCH_SMOKE=1``. No timing is asserted (DESIGN.md
-section 7): only that every part ran, wrote its JSON and printed its table.
+minute, so it runs only when ``SWARM_BENCH_SMOKE=1``. No timing is asserted (timing is
+the benchmarks' job, see bench/README.md): only that every part ran, wrote its JSON and
+printed its table.
 """
 
 from __future__ import annotations

@@ -51,3 +51,14 @@ def test_the_api_key_never_shows() -> None:
 def test_bad_values_say_what_is_wrong(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Settings.from_env(env)
+
+
+def test_knobs_read_elsewhere_leave_settings_alone() -> None:
+    """SWARM_WORKERS, SWARM_SERVE_PORT, ... have knobs for their docs, but the commands that
+    read them parse them: Settings neither reads them nor fails on them."""
+    env = {"SWARM_WORKERS": "many", "SWARM_SERVE_PORT": "x", "SWARM_PRICE_INPUT": "free",
+           "SWARM_FAULT": "somewhere"}
+    assert Settings.from_env(env) == Settings.from_env({})
+    assert Settings.from_env(env).explicit == frozenset()
+    with pytest.raises(ConfigError, match="unknown setting 'workers'"):
+        Settings.from_env({}, workers=2)

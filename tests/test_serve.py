@@ -16,7 +16,7 @@ import time
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -27,12 +27,14 @@ from click.testing import CliRunner
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 
+from swarm.agent.protocols import ApprovalRequest
 from swarm.cli import main
 from swarm.config import Settings
 from swarm.serve.app import Service, create_app
 from swarm.serve.auth import Authenticator, hash_token
 from swarm.serve.models import MAX_TASK
 from swarm.store import keys
+from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import connect
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
@@ -247,6 +249,105 @@ def test_unknown_ids_get_404(api: TestClient) -> None:
     assert api.get("/v1/approvals", headers=AUTH).json() == []
 
 
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
+                                          "text/plain", "application/jsonx"])
+def test_a_body_not_sent_as_json_gets_415_saying_what_to_send(
+        api: TestClient, redis: redis_lib.Redis, content_type: str | None) -> None:
+    """``curl -d`` without ``-H 'Content-Type: application/json'``: a 415 that says so."""
+    headers = {**AUTH, **({"Content-Type": content_type} if content_type else {})}
+    for path, body in [("/v1/jobs", {"task": "hello", "approve": "all"}),
+                       ("/v1/approvals/p1", {"decision": "approve"})]:
+        response = api.post(path, headers=headers, content=json.dumps(body).encode())
+        assert response.status_code == 415, (path, response.text)
+        detail = response.json()["detail"]
+        assert "Content-Type: application/json" in detail
+        assert (content_type or "no Content-Type") in detail
+    # The token is checked first; JSON with a charset or a +json type is JSON.
+    no_token = api.post("/v1/jobs", content=b'{"task": "x"}')
+    assert no_token.status_code == 401
+    assert nothing_queued(redis)
+    for json_type in ("application/json; charset=utf-8", "application/vnd.swarm+json"):
+        sent = api.post("/v1/jobs", headers={**AUTH, "Content-Type": json_type},
+                        content=b'{"task": "hello"}')
+        assert sent.status_code == 201, (json_type, sent.text)
+    assert "415" in api.get("/openapi.json", headers=AUTH).json()["paths"]["/v1/jobs"]["post"][
+        "responses"]
+
+
+def ask_in_thread(redis: redis_lib.Redis, swarm_id: str, timeout: float,
+                  cancelled: Any = lambda: False) -> tuple[threading.Thread, list[Any]]:
+    """A child asking for approval (as a worker's does), in a thread; its result is put in
+    the returned list."""
+    got: list[Any] = []
+    request = ApprovalRequest("run_cli", {"command": "rm -r build"}, "rm -r build",
+                              agent_id="a1")
+    thread = threading.Thread(target=lambda: got.append(
+        ApprovalQueue(redis, swarm_id).ask(request, timeout, cancelled)), daemon=True)
+    thread.start()
+    return thread, got
+
+
+def wait_pending(api: TestClient) -> dict[str, Any]:
+    deadline = time.monotonic() + 10
+    while not (pending := api.get("/v1/approvals", headers=AUTH).json()):
+        assert time.monotonic() < deadline, "the request never showed"
+        time.sleep(0.02)
+    (approval,) = pending
+    return cast("dict[str, Any]", approval)
+
+
+def test_a_second_answer_gets_409_and_an_unknown_id_404(api: TestClient,
+                                                        redis: redis_lib.Redis) -> None:
+    thread, got = ask_in_thread(redis, "s409", timeout=30)
+    approval = wait_pending(api)
+    first = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH,
+                     json={"decision": "approve"})
+    assert first.status_code == 200, first.text
+    thread.join(timeout=10)
+    assert got == [("approve", "answered by a person")]
+    for job in (None, "s409"):  # whether the request was found by its job or not
+        again = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH,
+                         params={"job": job} if job else None, json={"decision": "deny"})
+        assert again.status_code == 409, again.text
+        assert "answered already (approve)" in again.json()["detail"]
+    unknown = api.post("/v1/approvals/p000000000000", headers=AUTH, json={"decision": "deny"})
+    assert unknown.status_code == 404 and "GET /v1/approvals" in unknown.json()["detail"]
+
+
+def test_an_answer_from_swarm_approve_or_after_the_timeout_gets_409(
+        api: TestClient, redis: redis_lib.Redis, redis_server: str) -> None:
+    thread, got = ask_in_thread(redis, "s409cli", timeout=30)
+    approval = wait_pending(api)
+    cli = CliRunner().invoke(main, ["approve", approval["id"], "--swarm", "s409cli", "--deny"],
+                             env={"SWARM_REDIS_URL": redis_server})
+    assert cli.exit_code == 0, cli.output
+    thread.join(timeout=10)
+    assert got == [("deny", "answered by a person")]
+    late = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH, json={"decision": "approve"})
+    assert late.status_code == 409 and "answered already (deny)" in late.json()["detail"]
+
+    thread, got = ask_in_thread(redis, "s409late", timeout=0.3)
+    approval = wait_pending(api)
+    thread.join(timeout=10)
+    assert got and got[0][0] == "deny" and "no one answered" in got[0][1]
+    late = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH, json={"decision": "approve"})
+    assert late.status_code == 409 and "no one answered in time" in late.json()["detail"]
+
+
+def test_an_answer_just_before_the_child_gives_up_wins(redis: redis_lib.Redis) -> None:
+    """The person who answered gets their 200 and the child their answer, not a denial."""
+    queue = ApprovalQueue(redis, "s409race")
+
+    def answer_then_give_up() -> bool:  # the answer lands as the child stops waiting
+        (pending,) = queue.pending()
+        assert queue.answer(pending.id, "always")
+        return True
+
+    thread, got = ask_in_thread(redis, "s409race", timeout=30, cancelled=answer_then_give_up)
+    thread.join(timeout=10)
+    assert got == [("always", "answered by a person")]
+
+
 # -- jobs that run ------------------------------------------------------------------------
 
 
@@ -403,7 +504,8 @@ def test_approvals_are_listed_and_answered(cluster: tuple[str, Path],
         assert answer.json() == {"id": approval["id"], "job": job, "decision": "approve"}
         twice = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH,
                          json={"decision": "deny"})
-        assert twice.status_code in (404, 409)
+        assert twice.status_code == 409, twice.text
+        assert "answered already" in twice.json()["detail"]
         final = wait_state(api.get, job, ("done", "failed", "cancelled"))
         assert final["state"] == "done" and final["answer"] == "saw: approved-run", final
 

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from swarm.agent.tools import (
 )
 from swarm.errors import Interrupted, Parked, ToolError, TurnLimitReached
 from swarm.llm.types import ChatResult, Message, StreamEvent
+from swarm.text import plural
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,11 @@ FORCE_AT = 0.92
 
 class Observer:
     """What the loop reports as it works. Override what you display; the rest is a no-op."""
+
+    def model_call(self, model: Model) -> AbstractContextManager[None]:
+        """Wraps one call of ``model``, from the request until the answer is whole or the
+        call failed (a view may show that it waits); :meth:`on_event` sees the pieces."""
+        return nullcontext()
 
     def on_event(self, event: StreamEvent) -> None:
         """A piece of the answer as it streams (thinking, text, a tool name)."""
@@ -148,7 +155,7 @@ class Agent:
             done = self.session.turns - start
             if limit and done >= limit:
                 raise TurnLimitReached(
-                    f"stopped after {done} model calls (--max-turns {limit}). "
+                    f"stopped after {plural(done, 'model call')} (--max-turns {limit}). "
                     "The session is saved: run again to continue, or raise --max-turns."
                 )
             answer = self.step()
@@ -222,7 +229,8 @@ class Agent:
         """Ask the model for the next message."""
         try:
             with telemetry.span("model call", model=self.model.model,
-                                agent=self.config.agent_id, messages=len(self.messages)):
+                                agent=self.config.agent_id, messages=len(self.messages)), \
+                    self.observer.model_call(self.model):
                 result = self.model.chat(self.messages, tools, on_event=self.observer.on_event)
         except KeyboardInterrupt:
             raise Interrupted("interrupted by the user") from None

@@ -54,7 +54,7 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
         raise Abort(f"workspace {workspace} does not exist")
     interrupt_on_term()
     _enable_history(settings.home / "chat_history")
-    view = TerminalView(stream_answer=True)
+    view = TerminalView.for_settings(settings, stream_answer=True)
     roots: list[RootSwarm] = []
     approver = TerminalApprover()
 

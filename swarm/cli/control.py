@@ -9,6 +9,7 @@ from swarm.coordinator.cancel import cancel as cancel_subtree
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import open_store
 from swarm.store.ledger import Ledger
+from swarm.text import plural
 
 CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -27,7 +28,8 @@ def cancel(agent_id: str | None) -> None:
         if not target or not ledger.agent(target):
             raise Abort(f"no agent or swarm {target!r}; `swarm status` lists them")
         active = cancel_subtree(ledger, target)
-    click.echo(f"cancelling {target}: {len(active)} agent(s) still active were flagged; "
+    were = "was" if len(active) == 1 else "were"
+    click.echo(f"cancelling {target}: {plural(len(active), 'agent')} still active {were} flagged; "
                "they stop within seconds", err=True)
 
 

@@ -11,6 +11,7 @@ from swarm.cli.status import load_snapshot, prices_from_env
 from swarm.report.html import render_html
 from swarm.report.snapshot import SnapshotReader
 from swarm.store.connection import open_store
+from swarm.text import plural
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,5 +38,5 @@ def report(swarm_id: str | None, output: Path | None) -> None:
         path.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise Abort(f"cannot write the report to {path}: {exc.strerror or exc}") from None
-    click.echo(f"wrote {path} ({len(snapshot.agents)} agents, "
+    click.echo(f"wrote {path} ({plural(len(snapshot.agents), 'agent')}, "
                f"{len(snapshot.failures())} failed): open it in a browser")

@@ -19,7 +19,7 @@ from swarm.cli.main import (
     interrupt_on_term,
     settings_from,
 )
-from swarm.cli.render import TerminalView
+from swarm.cli.render import TerminalView, same_destination
 from swarm.config import Settings
 from swarm.coordinator.root import RootSwarm
 from swarm.errors import Cancelled, Interrupted, TurnLimitReached
@@ -81,7 +81,17 @@ def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: st
     settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
     check_model_configured(settings)
     interrupt_on_term()
-    click.echo(run_job(settings, workspace, " ".join(task), workers=workers, new=new))
+    view = answer_view(settings)
+    answer = run_job(settings, workspace, " ".join(task), workers=workers, new=new, view=view)
+    if not view.shown(answer):
+        click.echo(answer)
+
+
+def answer_view(settings: Settings) -> TerminalView:
+    """The answer streams to stdout when stdout and stderr go to one place (a terminal,
+    ``2>&1``): printed again at the end, it would show twice."""
+    return TerminalView.for_settings(
+        settings, stream_answer=same_destination(sys.stdout, sys.stderr))
 
 
 def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | None = None,
@@ -90,7 +100,7 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
     ``attach`` (a swarm id), take over that swarm's root instead and finish it."""
     if not workspace.is_dir():
         raise Abort(f"workspace {workspace} does not exist; create it or pass -C to another")
-    view = view or TerminalView()
+    view = view or TerminalView.for_settings(settings)
     roots: list[RootSwarm] = []
     trees: list[LiveTree] = []
 
@@ -168,5 +178,8 @@ def attach(swarm_id: str | None, yes: bool | None, workers: int | None) -> None:
     if info.get("state") not in ("running", "detached", "cancelled", "failed"):
         raise Abort(f"swarm {swarm_id} is {info.get('state')}; nothing to collect "
                     "(`swarm logs` shows its conversation)")
-    click.echo(run_job(settings, Path(info["workspace"]), "", workers=workers,
-                       attach=swarm_id))
+    view = answer_view(settings)
+    answer = run_job(settings, Path(info["workspace"]), "", workers=workers, attach=swarm_id,
+                     view=view)
+    if not view.shown(answer):
+        click.echo(answer)

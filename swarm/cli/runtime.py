@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import signal
 import socket
 import sys
@@ -9,7 +11,7 @@ from types import FrameType
 
 import click
 
-from swarm.cli.main import handle_errors, settings_from
+from swarm.cli.main import Abort, handle_errors, settings_from
 from swarm.store import keys
 from swarm.store.connection import open_store
 
@@ -86,9 +88,22 @@ def coordinator(name: str | None) -> None:
             store.redis.delete(keys.heartbeat("coordinator", service.name))
 
 
+def is_loopback(address: str) -> bool:
+    """Whether a server bound to ``address`` can be reached from this machine only."""
+    host = address.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name, or "" (every interface)
+        return False
+
+
 @click.command(context_settings=CTX)
 @click.option("--port", type=int, default=5555, show_default=True, envvar="FLOWER_PORT")
-@click.option("--address", default="127.0.0.1", show_default=True, envvar="FLOWER_ADDRESS")
+@click.option("--address", default="127.0.0.1", show_default=True, envvar="FLOWER_ADDRESS",
+              help="Address to listen on; any but a loopback one needs a login (--basic-auth, "
+                   "or Flower's OAuth through FLOWER_AUTH). [env: FLOWER_ADDRESS]")
 @click.option("--basic-auth", envvar="FLOWER_BASIC_AUTH", default=None,
               help="user:password (comma-separate several). [env: FLOWER_BASIC_AUTH]")
 @handle_errors
@@ -96,6 +111,15 @@ def flower(port: int, address: str, basic_auth: str | None) -> None:
     """Watch the swarm in Flower (tasks are named after their agents; args are ids only)."""
     from swarm.workers.app import configure
 
+    if not basic_auth and not os.environ.get("FLOWER_AUTH"):
+        if not is_loopback(address):
+            raise Abort(f"Flower on {address or 'every interface'} would show the swarm to "
+                        "anyone who reaches it, with no login: pass --basic-auth user:password "
+                        "(or set FLOWER_BASIC_AUTH), or listen on 127.0.0.1")
+        host = f"[{address}]" if ":" in address and not address.startswith("[") else address
+        click.echo(f"warning: Flower on http://{host}:{port} has no login; anyone with an "
+                   "account on this machine can use it (--basic-auth user:password adds one)",
+                   err=True)
     settings = settings_from()
     with open_store(settings) as store:
         app = configure(store.url)

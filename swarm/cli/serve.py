@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from swarm.cli.main import Abort, handle_errors, settings_from
 from swarm.config import Settings
 from swarm.store.connection import Store, open_store
+from swarm.text import plural
 from swarm.workers.local import LocalCluster, alive, wait_for
+
+if TYPE_CHECKING:
+    import uvicorn
 
 CTX = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -33,7 +41,7 @@ def local_runtime(store: Store, settings: Settings, workers: int | None) -> Iter
         except BaseException:
             cluster.stop()
             raise
-        click.echo(f"started a local coordinator and {workers} worker(s) (logs in "
+        click.echo(f"started a local coordinator and {plural(workers, 'worker')} (logs in "
                    f"{settings.home / 'logs'})", err=True)
     else:
         missing = [k for k in ("coordinator", "worker") if not alive(store.redis, k)]
@@ -46,6 +54,49 @@ def local_runtime(store: Store, settings: Settings, workers: int | None) -> Iter
     finally:
         if cluster is not None:
             cluster.stop()
+
+
+class GracefulStop:
+    """Signal handling around all of ``swarm serve``, so its cleanup always runs (the local
+    coordinator and workers stop, the embedded server is released).
+
+    uvicorn stops gracefully on SIGINT and SIGTERM, then raises the signal again under the
+    handler it found: SIGTERM's default action then killed the process before any
+    ``finally``, and the embedded Valkey was left running. Under this handler SIGHUP (a
+    closed terminal) stops uvicorn gracefully too, the raised-again signal has no effect,
+    and signals during the (bounded) cleanup are ignored; before uvicorn runs they
+    interrupt like Ctrl-C.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.server: uvicorn.Server | None = None
+        self.done = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():  # else no signals here
+            self._previous = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def run(self, server: uvicorn.Server) -> None:
+        """Serve until a signal (or an error) stops ``server``."""
+        self.server = server
+        try:
+            server.run()
+        finally:
+            self.done = True
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.server is None:
+            raise KeyboardInterrupt
+        if not self.done:
+            self.server.handle_exit(signum, frame)
 
 
 workers_option = click.option(
@@ -91,7 +142,7 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
 
     settings = settings_from()
     token = os.environ.get("SWARM_SERVE_TOKEN", "")
-    with open_store(settings) as store:
+    with GracefulStop() as stop, open_store(settings) as store:
         auth = Authenticator(store.redis, token)
         if not auth.configured():
             raise Abort("no API token yet: set SWARM_SERVE_TOKEN, or run `swarm token create` "
@@ -104,7 +155,7 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
             config = uvicorn.Config(create_app(service), host=host, port=port,
                                     log_level=log_level, timeout_graceful_shutdown=3,
                                     server_header=False)
-            uvicorn.Server(config).run()
+            stop.run(uvicorn.Server(config))
 
 
 @click.group(context_settings=CTX)

@@ -12,6 +12,7 @@ from swarm.cli.main import Abort, handle_errors, settings_from
 from swarm.store import keys
 from swarm.store.connection import open_store
 from swarm.store.sessions import RedisSessionStore
+from swarm.text import plural
 
 
 def _ago(ts: float) -> str:
@@ -47,7 +48,8 @@ def sessions(ctx: click.Context, as_json: bool) -> None:
         return
     for s, size in rows:
         mark = "*" if s.id == here else " "
-        click.echo(f"{mark} {s.workspace}  {len(s.messages)} messages, {size / 1024:.1f} KiB, "
+        click.echo(f"{mark} {s.workspace}  {plural(len(s.messages), 'message')}, "
+                   f"{size / 1024:.1f} KiB, "
                    f"{s.usage.get('total_tokens', 0)} tokens, {_ago(s.updated)}")
 
 
@@ -67,4 +69,4 @@ def clear(here: bool, yes: bool) -> None:
             n = int(repo.delete(keys.session_id_for(str(Path.cwd().resolve()))))
         else:
             n = repo.clear()
-    click.echo(f"deleted {n} session(s)", err=True)
+    click.echo(f"deleted {plural(n, 'session')}", err=True)

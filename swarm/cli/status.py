@@ -20,6 +20,7 @@ from swarm.report.snapshot import (
     fmt_tokens,
 )
 from swarm.store.connection import open_store
+from swarm.text import plural
 from swarm.workers.local import alive
 
 STATE_COLOR = {"running": "yellow", "parked": "blue", "done": "green", "failed": "red",
@@ -57,7 +58,8 @@ def agent_line(agent: AgentView, now: float, color: bool = False) -> str:
     id, label and what it did last (or its error)."""
     doing = agent.doing()
     return (f"{_state(agent.state, color)} d{agent.depth}  "
-            f"{fmt_duration(agent.elapsed(now)):>7}  {agent.turns or '-':>3} turns  "
+            f"{fmt_duration(agent.elapsed(now)):>7}  {agent.turns or '-':>3} "
+            f"{'turn ' if agent.turns == 1 else 'turns'}  "
             f"{fmt_tokens(agent.tokens) if agent.tokens else '-':>6} tok  "
             f"{'  ' * agent.level}{agent.id}  {agent.label[:50]}"
             + (f"  | {doing[:100]}" if doing else ""))
@@ -100,7 +102,8 @@ def status(swarm_id: str | None, as_json: bool) -> None:
     click.echo(snapshot.summary(prices))
     click.echo(f"  {snapshot.info.get('workspace', '')}  task: "
                f"{first_line(snapshot.info.get('task', ''), 80)}")
-    click.echo(f"  {len(workers)} worker(s), {len(coordinators)} coordinator(s) alive; "
+    click.echo(f"  {plural(len(workers), 'worker')}, "
+               f"{plural(len(coordinators), 'coordinator')} alive; "
                "Flower: `swarm flower` (http://127.0.0.1:5555); `swarm logs AGENT_ID` shows "
                "a conversation")
     for line in tree_lines(snapshot, color):

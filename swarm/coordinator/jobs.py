@@ -38,7 +38,8 @@ def submit_job(ledger: Ledger, app: Celery, task: str, workspace: Path,
     ledger.event(swarm_id, "queued", swarm_id, depth=0, parent="")
     app.send_task("swarm.agent.run", args=[run.id], task_id=run.id,
                   shadow=f"job {swarm_id}: {' '.join(task.split()[:8])}"[:200],
-                  argsrepr=repr((run.id,)), kwargsrepr="{}", ignore_result=True)
+                  argsrepr=repr((run.id,)), kwargsrepr="{}", ignore_result=True,
+                  root_id=run.id)
     return swarm_id
 
 

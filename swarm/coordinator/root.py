@@ -25,6 +25,7 @@ from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import Store
 from swarm.store.ledger import Ledger, new_swarm_id
 from swarm.store.sessions import RedisSessionStore
+from swarm.text import plural
 from swarm.workers.local import LocalCluster, alive, wait_for
 
 #: What the children inherit from the root's settings (never secrets).
@@ -202,6 +203,8 @@ def describe(event: dict[str, Any]) -> str:
     if kind == "settled":
         return f"[{who}] {event.get('state', '')}"
     if kind in ("spawn", "dispatched", "joined"):
-        return f"[{who}] {kind} {event.get('children', '')} children"
+        count = str(event.get("children", ""))
+        children = plural(int(count), "child", "children") if count.isdigit() else "children"
+        return f"[{who}] {kind} {children}"
     return f"[{who}] {kind}"
 

@@ -20,6 +20,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, cast
 
 import redis
@@ -30,6 +31,7 @@ from kombu.exceptions import OperationalError
 
 from swarm import faults
 from swarm.config import Settings
+from swarm.coordinator.jobs import job_run_id
 from swarm.store import keys
 from swarm.store.ledger import SETTLED, Ledger, NewRun, Run, derive_id, label_of
 from swarm.store.sessions import RedisSessionStore
@@ -62,6 +64,13 @@ def check_call(call: dict[str, Any]) -> str:
         except SchemaError as exc:
             return f"output_schema is not a valid JSON Schema: {exc.message}"
     return ""
+
+
+def root_task_id(swarm_id: str) -> str:
+    """The Celery ``root_id`` of every task of a swarm: the task of its root. A job's root
+    runs as that task; a root in a terminal runs as no task, and its swarm is still grouped
+    under the same id in Flower (its depth-1 children name it as their ``parent_id`` too)."""
+    return job_run_id(swarm_id)
 
 
 def result_text(run: Run | None, call_id: str) -> str:
@@ -160,7 +169,8 @@ class Coordinator:
             log.warning("run %s: lease expired; handing it to another worker", run_id)
             record = self.ledger.agent(run.agent)
             self.ledger.event(record.get("swarm", ""), "takeover", run.agent)
-            self.send_runs([NewRun.of(run, record)])
+            self.send_runs([NewRun.of(run, record)], record.get("swarm", ""),
+                           self.parent_tasks([run], [record]))
             count += 1
         return count
 
@@ -295,7 +305,8 @@ class Coordinator:
                 for n in later:
                     pipe.hset(keys.agent(n.run.agent), "state", "waiting")
             pipe.execute()
-        self.send_runs(now)
+        parent_task = parent.get("run") or root_task_id(swarm_id)
+        self.send_runs(now, swarm_id, {n.run.id: parent_task for n in now})
 
     def enqueue(self, run_ids: list[str], swarm_id: str) -> None:
         """Mark runs in flight and send their tasks (runs taken off the waiting list, or
@@ -312,12 +323,27 @@ class Coordinator:
                     pipe.hset(keys.agent(run.agent), "state", "queued")
             pipe.execute()
         self.send_runs([NewRun.of(run, record) for run, record in zip(runs, records,
-                                                                        strict=True)])
+                                                                        strict=True)],
+                       swarm_id, self.parent_tasks(runs, records))
 
-    def send_runs(self, runs: list[NewRun]) -> None:
-        """Send ``swarm.agent.run`` for each run, on one producer."""
+    def parent_tasks(self, runs: list[Run], records: list[dict[str, str]]) -> dict[str, str]:
+        """The task of each run's parent agent by run id: the parent's current run (it is
+        parked on the run's request), or none for a root in a terminal."""
+        parents = sorted({r.get("parent", "") for r in records} - {""})
+        with self.redis.pipeline(transaction=False) as pipe:
+            for parent_id in parents:
+                pipe.hget(keys.agent(parent_id), "run")
+            tasks = dict(zip(parents, pipe.execute(), strict=True))
+        return {run.id: str(tasks.get(record.get("parent", "")) or "")
+                for run, record in zip(runs, records, strict=True)}
+
+    def send_runs(self, runs: list[NewRun], swarm_id: str,
+                  parent_tasks: Mapping[str, str]) -> None:
+        """Send ``swarm.agent.run`` for each run, on one producer, as a child of its parent
+        agent's task (``parent_tasks`` by run id; the root's task where there is none)."""
         if not runs:
             return
+        root = root_task_id(swarm_id) if swarm_id else None
         # Their task-sent events (for Flower) go after the batch, as one message: sent one
         # by one they were half of the coordinator's CPU per run.
         sent = SentEvents(self.events)
@@ -325,14 +351,18 @@ class Coordinator:
             with self.app.producer_or_acquire() as producer:
                 for i, new in enumerate(runs):
                     self.send_run(new.run, new.depth, new.label, new.traceparent, producer,
-                                  sent)
+                                  sent, parent_id=parent_tasks.get(new.run.id) or root,
+                                  root_id=root)
                     if i == 0:
                         faults.point("coordinator-after-first-dispatch")
         finally:
             sent.flush()
 
     def send_run(self, run: Run, depth: int | str, label: str, traceparent: str,
-                 producer: Any = None, sent: SentEvents | None = None) -> None:
+                 producer: Any = None, sent: SentEvents | None = None, *,
+                 parent_id: str | None = None, root_id: str | None = None) -> None:
+        """Send one run's task; ``parent_id`` and ``root_id`` go in Celery's headers of the
+        same names (and its task events), so Flower links the task to its parent and root."""
         shadow = f"agent {run.agent} depth {depth}: {label}"[:200]
         if sent is not None:
             sent.name(run.id, shadow)
@@ -340,6 +370,7 @@ class Coordinator:
             "swarm.agent.run", args=[run.id], task_id=run.id, shadow=shadow,
             argsrepr=repr((run.id,)), kwargsrepr="{}",
             headers={"traceparent": traceparent} if traceparent else None,
+            parent_id=parent_id, root_id=root_id,
             producer=producer, event_dispatcher=sent, ignore_result=True)
 
     # -- settle and fan-in ---------------------------------------------------------------------
@@ -426,7 +457,9 @@ class Coordinator:
                 pipe.execute()
             return
         parent_run = parent.get("run", "")
+        # In Flower the resume is a child of the run it carries on.
         self.app.send_task(
             "swarm.agent.resume", args=[parent_run], task_id=derive_id("m", request_id),
             shadow=f"resume agent {parent['id']} depth {parent.get('depth', '?')}",
-            argsrepr=repr((parent_run,)), kwargsrepr="{}", ignore_result=True)
+            argsrepr=repr((parent_run,)), kwargsrepr="{}", ignore_result=True,
+            parent_id=parent_run or None, root_id=root_task_id(swarm_id))

@@ -548,7 +548,8 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def _summary(body: str) -> str:
-    """The error message inside an OpenAI-style error body, else the body's start."""
+    """The error message inside an OpenAI-style error body, else the body's start, without
+    a final period (the messages built on it add their own)."""
     try:
         data = json.loads(body)
     except _UNREADABLE:
@@ -557,9 +558,9 @@ def _summary(body: str) -> str:
         error = data.get("error", data)
         message = error.get("message") if isinstance(error, dict) else error
         if message:
-            return str(message)[:500]
-    text = " ".join(body.split())
-    return text[:300] or "(empty body)"
+            return str(message)[:500].rstrip().rstrip(".") or "(empty message)"
+    text = " ".join(body.split())[:300].rstrip(".")
+    return text or "(empty body)"
 
 
 def _retry_after(value: str | None, cap: float) -> float | None:

@@ -19,6 +19,7 @@ from swarm.report.snapshot import (
     fmt_duration,
     fmt_tokens,
 )
+from swarm.text import plural
 
 #: Characters of a task, answer or error kept in a bar's hover text.
 TIP_CHARS = 600
@@ -103,7 +104,7 @@ def _cut(text: str, n: int = TIP_CHARS) -> str:
 
 def _tip(agent: AgentView, now: float) -> str:
     lines = [f"{agent.id} ({agent.state}, depth {agent.depth}) "
-             f"{fmt_duration(agent.elapsed(now))}, {agent.turns} turns, "
+             f"{fmt_duration(agent.elapsed(now))}, {plural(agent.turns, 'turn')}, "
              f"{fmt_tokens(agent.tokens)} tokens",
              "task: " + _cut(agent.task or agent.label)]
     if agent.error:

@@ -22,6 +22,7 @@ from typing import Any, cast
 import redis
 
 from swarm.store import keys
+from swarm.text import plural
 
 SETTLED = ("done", "failed", "cancelled", "timed_out", "refused")
 """Final states of an agent's latest run (as in :mod:`swarm.store.ledger`)."""
@@ -305,7 +306,7 @@ def visible_rows(tree: list[AgentView], limit: int) -> list[Row]:
     if len(rows) > limit:
         hidden = sum(1 for r in rows[limit - 1:] if r.agent is not None)
         rows = [*rows[:limit - 1],
-                Row(None, 0, f"... {hidden} more agents not shown; `swarm status` "
+                Row(None, 0, f"... {plural(hidden, 'more agent')} not shown; `swarm status` "
                              "lists every agent")]
     return rows
 
@@ -382,7 +383,7 @@ class Snapshot:
         """``swarm s1 running · 51 agents: 12 running, 37 done, 2 failed · 1.2M tokens · ...``"""
         usage = self.usage()
         parts = [f"swarm {self.swarm_id} {self.state}",
-                 f"{len(self.agents)} agents: {count_text(self.counts())}",
+                 f"{plural(len(self.agents), 'agent')}: {count_text(self.counts())}",
                  f"{fmt_tokens(usage.get('total_tokens', 0))} tokens"]
         cost = prices.cost(usage)
         if cost is not None:

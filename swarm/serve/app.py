@@ -46,7 +46,7 @@ from swarm.serve.models import (
     JobRequest,
 )
 from swarm.store import keys
-from swarm.store.approvals import ApprovalQueue
+from swarm.store.approvals import CANCELLED, TIMED_OUT, ApprovalQueue, outcome
 from swarm.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,8 @@ class Service:
         return sorted(out, key=lambda a: a.created)
 
     def find_approval(self, approval_id: str, job: str | None) -> str:
-        """The job holding the pending approval ``approval_id``; 404 when none does."""
+        """The job holding the pending approval ``approval_id``; else 409 when it was
+        answered (or timed out), 404 when it is unknown."""
         if job is not None:
             if self.redis.hexists(keys.approvals(job), approval_id):
                 return job
@@ -139,8 +140,19 @@ class Service:
             for approval in self.pending(None):
                 if approval.id == approval_id:
                     return approval.job
-        raise HTTPException(404, f"no pending approval {approval_id!r} (answered, timed out, "
-                                 "or unknown); GET /v1/approvals lists the pending ones")
+        self.refuse_if_closed(approval_id)
+        raise HTTPException(404, f"no approval {approval_id!r} is pending"
+                                 + (f" in job {job!r}" if job is not None else "")
+                                 + "; GET /v1/approvals lists the pending ones")
+
+    def refuse_if_closed(self, approval_id: str) -> None:
+        """409 when the approval ``approval_id`` was answered already or timed out."""
+        how = outcome(self.redis, approval_id)
+        if how is None:
+            return
+        why = {TIMED_OUT: "no one answered in time, so it was denied",
+               CANCELLED: "its agent was cancelled"}.get(how, f"it was answered already ({how})")
+        raise HTTPException(409, f"approval {approval_id!r} is not pending: {why}")
 
 
 class BodyLimit:
@@ -198,8 +210,21 @@ def known_query(request: Request) -> None:
     if unknown:
         names = ", ".join(map(repr, unknown))[:500]
         takes = ", ".join(sorted(allowed)) or "none"
-        raise HTTPException(422, f"unknown query parameter(s) {names}; this endpoint takes: "
-                                 f"{takes}")
+        noun = "parameter" if len(unknown) == 1 else "parameters"
+        raise HTTPException(422, f"unknown query {noun} {names}; this endpoint takes: {takes}")
+
+
+def json_body(request: Request) -> None:
+    """Refuse a body not sent as JSON with 415 (without this, a missing Content-Type ends in
+    a 422 that does not say what to fix)."""
+    given = request.headers.get("content-type", "")
+    media = given.partition(";")[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/")
+                                       and media.endswith("+json")):
+        return
+    got = f"got Content-Type {given[:100]!r}" if given else "got no Content-Type"
+    raise HTTPException(415, "send the body as JSON with the header "
+                             f"`Content-Type: application/json` ({got})")
 
 
 def create_app(service: Service) -> FastAPI:
@@ -221,7 +246,8 @@ def create_app(service: Service) -> FastAPI:
                     responses=_errors(400, 401, 422, 503))
 
     @api.post("/jobs", status_code=201, response_model=JobCreated,
-              responses=_errors(403, 409, 413), summary="Submit a job")
+              responses=_errors(403, 409, 413, 415), dependencies=[Depends(json_body)],
+              summary="Submit a job")
     def create_job(body: JobRequest) -> JobCreated:
         """Queue a root agent for ``task`` on the workers; returns its id at once."""
         try:
@@ -272,15 +298,14 @@ def create_app(service: Service) -> FastAPI:
         return service.pending(job)
 
     @api.post("/approvals/{approval_id}", response_model=ApprovalDone,
-              responses=_errors(404, 409, 413), summary="Answer an approval")
+              responses=_errors(404, 409, 413, 415), dependencies=[Depends(json_body)],
+              summary="Answer an approval")
     def answer_approval(approval_id: ApprovalId, body: ApprovalAnswer,
                         job: JobFilter = None) -> ApprovalDone:
         """Approve or deny a pending tool call (``always``: the tool for the whole job)."""
         job_id = service.find_approval(approval_id, job)
-        if not service.redis.set(keys.approval_answered(approval_id), body.decision, nx=True,
-                                 ex=keys.APPROVAL_ANSWERED_TTL):
-            raise HTTPException(409, f"approval {approval_id!r} was answered already")
         if not ApprovalQueue(service.redis, job_id).answer(approval_id, body.decision):
+            service.refuse_if_closed(approval_id)
             raise HTTPException(404, f"approval {approval_id!r} is no longer pending")
         return ApprovalDone(id=approval_id, job=job_id, decision=body.decision)
 

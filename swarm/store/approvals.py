@@ -4,6 +4,9 @@ A child that must ask (its policy says so) adds a request to the swarm's hash an
 on its own answer list; the root terminal (or ``swarm approve`` from another one) shows
 pending requests and pushes ``approve`` / ``deny`` / ``always`` (approve this tool for the
 whole swarm). Silence is not consent: no answer within the timeout denies.
+
+Each request is closed once: the first answer (or the timeout, or a cancel) sets its
+"answered" marker, so a second answer is told it came too late (:func:`outcome`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,15 @@ from swarm.agent.protocols import ApprovalRequest, Decision
 from swarm.store import keys
 
 DECISIONS: tuple[Decision, ...] = ("approve", "deny", "always")
+#: How a request no person answered was closed: its child gave up waiting.
+TIMED_OUT, CANCELLED = "timed out", "cancelled"
+
+
+def outcome(redis_: redis.Redis, approval_id: str) -> str | None:
+    """How a request that is no longer pending was closed: the decision it was answered
+    with, :data:`TIMED_OUT` or :data:`CANCELLED`; None when it is pending or unknown."""
+    got = redis_.get(keys.approval_answered(approval_id))
+    return None if got is None else str(got)
 
 
 @dataclass(frozen=True)
@@ -64,17 +76,20 @@ class ApprovalQueue:
         try:
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0:
-                    return "deny", f"no one answered within {timeout:.0f} s"
-                if cancelled():
-                    return "deny", "the agent was cancelled"
+                gave_up = TIMED_OUT if left <= 0 else CANCELLED if cancelled() else ""
+                if gave_up and self._close(approval_id, gave_up):
+                    return "deny", (f"no one answered within {timeout:.0f} s"
+                                    if gave_up == TIMED_OUT else "the agent was cancelled")
+                # Still waiting, or a person answered just before: the answer is on its way.
                 got = self.redis.blpop([keys.approval_answer(approval_id)],
-                                       timeout=max(0.1, min(1.0, left)))
+                                       timeout=1.0 if gave_up else max(0.1, min(1.0, left)))
                 if got is not None:
                     decision = cast("tuple[str, str]", got)[1]
                     if decision in DECISIONS:
                         return decision, "answered by a person"
                     return "deny", f"unknown answer {decision!r}"
+                if gave_up:
+                    return "deny", "the person's answer did not arrive"
         finally:
             self.redis.hdel(keys.approvals(self.swarm_id), approval_id)
 
@@ -86,9 +101,10 @@ class ApprovalQueue:
         return sorted(out, key=lambda p: p.created)
 
     def answer(self, approval_id: str, decision: Decision) -> bool:
-        """Answer a pending request; False when it is not (or no longer) pending."""
+        """Answer a pending request; False when it is not (or no longer) pending, or was
+        answered already (:func:`outcome` then tells how)."""
         raw = self.redis.hget(keys.approvals(self.swarm_id), approval_id)
-        if raw is None:
+        if raw is None or not self._close(approval_id, decision):
             return False
         if decision == "always":
             tool = json.loads(cast(str, raw))["tool"]
@@ -99,6 +115,11 @@ class ApprovalQueue:
             pipe.expire(keys.approval_answer(approval_id), 3600)
             pipe.execute()
         return True
+
+    def _close(self, approval_id: str, how: str) -> bool:
+        """Mark the request closed (answered ``how``); False when it was closed already."""
+        return bool(self.redis.set(keys.approval_answered(approval_id), how, nx=True,
+                                   ex=keys.APPROVAL_ANSWERED_TTL))
 
 
 class QueueApprover:

@@ -187,7 +187,8 @@ def serve_tokens() -> str:
 
 
 def approval_answered(approval_id: str) -> str:
-    """String set (NX) by the first answer to an approval request over the API."""
+    """String set (NX) when an approval request closes: by its first answer (from any
+    terminal or the API), or by the child giving up (timeout, cancel)."""
     return f"{PREFIX}approval:{approval_id}:answered"
 
 

@@ -13,9 +13,11 @@ import re
 import shlex
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from swarm.testing.server import Item, Reply, ToolCall, message_text
+from swarm.text import plural
 
 Step = Item | Callable[[dict[str, Any]], Item]
 
@@ -81,13 +83,26 @@ def demo_task(paths: Sequence[str]) -> str:
             f"and add them up.\nFILES={json.dumps(list(paths))}")
 
 
-def demo_responder() -> ByTask:
-    """The scripted model of ``swarm demo``: fan out one child per file, then add up."""
+@dataclass
+class DemoTally:
+    """What the root of ``swarm demo`` found when it added the children's counts up."""
+
+    files: int = 0
+    counted: int = 0
+    uncounted: int = 0
+    """Children that are done but whose answer is not a count (say, an unreadable file)."""
+    unfinished: dict[str, int] = field(default_factory=dict)
+    """Children that did not finish, by state (failed, refused, cancelled, timed_out)."""
+
+
+def demo_responder(tally: DemoTally | None = None) -> ByTask:
+    """The scripted model of ``swarm demo``: fan out one child per file, then add up
+    (and record what it found in ``tally``)."""
 
     def fan_out(request: dict[str, Any]) -> Reply:
         paths = json.loads(task_of(request).split("FILES=", 1)[1])
         return Reply(
-            content=f"I will hand each of the {len(paths)} files to a child agent.",
+            content=f"I will hand each of the {plural(len(paths), 'file')} to a child agent.",
             tool_calls=[ToolCall("agent", {
                 "message": f"{DEMO_CHILD}: count the lines and words of the file {p} with wc "
                            "and answer with the two numbers.",
@@ -99,26 +114,55 @@ def demo_responder() -> ByTask:
         return Reply(tool_calls=[ToolCall("run_cli", {"command": command})])
 
     def report(request: dict[str, Any]) -> Reply:
-        numbers = tool_results(request)[0].split()
-        if len(numbers) < 2:
-            return Reply(content=f"could not count: {tool_results(request)[0][:200]}")
-        return Reply(content=f"lines={numbers[0]} words={numbers[1]}")
+        output = tool_results(request)[0]
+        match = re.fullmatch(r"\s*(\d+)\s+(\d+)\s*\[exit code: 0\]\s*", output)
+        if match is None:
+            return Reply(content=f"could not count: {' '.join(output.split())[:200]}")
+        return Reply(content=f"lines={match[1]} words={match[2]}")
 
     def add_up(request: dict[str, Any]) -> Reply:
         paths = json.loads(task_of(request).split("FILES=", 1)[1])
-        rows, lines, words, failed = [], 0, 0, 0
+        found = DemoTally(files=len(paths))
+        rows, lines, words = [], 0, 0
         for path, text in zip(paths, tool_results(request), strict=False):
-            result = json.loads(text)
-            match = re.search(r"lines=(\d+) words=(\d+)", str(result.get("answer", "")))
-            if result.get("state") != "done" or not match:
-                failed += 1
-                rows.append(f"  {path}: {result.get('state')} {result.get('error', '')}")
+            result = _object(text)
+            state = str(result.get("state") or "unknown")
+            who = f"agent {result.get('agent_id', '?')}"
+            if state != "done":
+                found.unfinished[state] = found.unfinished.get(state, 0) + 1
+                rows.append(f"  {path}: {state}: {result.get('error') or 'no reason given'} "
+                            f"({who})")
                 continue
+            answer = " ".join(str(result.get("answer") or "").split())
+            match = re.search(r"lines=(\d+) words=(\d+)", answer)
+            if match is None:
+                found.uncounted += 1
+                rows.append(f"  {path}: done, but its answer is not a count: {answer[:200]!r} "
+                            f"({who})")
+                continue
+            found.counted += 1
             lines, words = lines + int(match[1]), words + int(match[2])
-            rows.append(f"  {path}: {match[1]} lines, {match[2]} words "
-                        f"(agent {result.get('agent_id')})")
-        head = f"{len(paths)} files, {lines} lines, {words} words in all"
-        tail = f"; {failed} child(ren) failed" if failed else ""
-        return Reply(content=head + tail + ":\n" + "\n".join(rows))
+            rows.append(f"  {path}: {plural(int(match[1]), 'line')}, "
+                        f"{plural(int(match[2]), 'word')} ({who})")
+        totals = f"{plural(lines, 'line')}, {plural(words, 'word')}"
+        head = (f"{plural(found.files, 'file')}, {totals} in all" if found.counted == found.files
+                else f"{plural(found.files, 'file')}, {found.counted} counted: {totals}")
+        notes = [f"{plural(found.uncounted, 'child', 'children')} done without a count"
+                 ] if found.uncounted else []
+        notes += [f"{plural(n, 'child', 'children')} {state}"
+                  for state, n in found.unfinished.items()]
+        if tally is not None:
+            tally.files, tally.counted = found.files, found.counted
+            tally.uncounted, tally.unfinished = found.uncounted, found.unfinished
+        return Reply(content="; ".join([head, *notes]) + ":\n" + "\n".join(rows))
 
     return ByTask({DEMO_ROOT: [fan_out, add_up], DEMO_CHILD: [count, report]})
+
+
+def _object(text: str) -> dict[str, Any]:
+    """A tool result as a JSON object (an empty one when it is not)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -10,7 +10,8 @@ Each chat request takes the next scripted item; when none is left the
 ``responder`` answers. Safety reviews (a request without tools whose messages
 hold ``<command>...</command>``) never touch the script: ``reviewer`` answers them.
 
-Run by hand: ``python -m swarm.testing.server --port 8000 --latency 0.2``.
+Run by hand: ``python -m swarm.testing.server --port 8099`` (``-h`` says what it answers);
+a task ``fan out 3: `pwd` `` makes it call the ``agent`` tool (see :func:`demo_responder`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
+
+from swarm.text import plural
 
 ContextStyle = Literal["vllm", "llamacpp", "openrouter", "none"]
 IdStyle = Literal["openai", "llamacpp"]
@@ -93,6 +96,8 @@ class Slow:
 
     seconds: float
     reply: Reply | None = None
+    after_thinking: bool = False
+    """When streaming, send the reply's thinking first and wait before the rest."""
 
 
 Item = Reply | Fault | CutStream | Garbage | Slow
@@ -131,18 +136,98 @@ def default_reviewer(command: str) -> str:
     return "ALLOW"
 
 
+MAX_FAN_OUT = 200
+"""The most children one ``fan out N`` task asks for (the swarm's own limits still apply)."""
+FAN_OUT_COMMAND = "pwd"
+"""What the children of a ``fan out N`` task without a command run."""
+_FAN_OUT = re.compile(r"\bfan[ -]?out\b\W*(?:to\W+)?(\d+)", re.I)
+HELLO = ("Hello from the scripted model. Put a command in `backticks` and I will run it; "
+         "'fan out 3: `pwd`' hands it to 3 child agents and sums up their answers.")
+
+
 def demo_responder(request: dict[str, Any]) -> Reply:
-    """Run a command given in backticks with ``run_cli``; report a tool result; else chat."""
+    """What the scripted model answers when nothing is scripted; it looks only at the
+    request, so any number of conversations (a swarm) may talk to it at once:
+
+    - ``fan out N: `COMMAND` `` (a user message): ``N`` calls of the ``agent`` tool, each
+      child told to run COMMAND (default ``pwd``) and report its output;
+    - the results of ``agent`` calls: a summary, one line per child;
+    - a command in backticks (or a fenced block): a ``run_cli`` call; its result: the output;
+    - anything else: a greeting that says the above.
+    """
     messages = request.get("messages") or []
     last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
     text = message_text(last)
     if last.get("role") == "tool":
-        return Reply("Done. Output:\n" + text[:500])
+        return fan_in_reply(messages) or Reply("Done. Output:\n" + text[:500])
     if last.get("role") == "user":
+        fan_out = fan_out_reply(text, request)
+        if fan_out is not None:
+            return fan_out
         match = _FENCED.search(text) or _BACKTICKED.search(text)
         if match and match.group(1).strip():
             return Reply(tool_calls=[ToolCall("run_cli", {"command": match.group(1).strip()})])
-    return Reply("Hello from the scripted model. Put a command in `backticks` and I will run it.")
+    return Reply(HELLO)
+
+
+def fan_out_reply(text: str, request: dict[str, Any]) -> Reply | None:
+    """The ``agent`` calls a ``fan out N`` message asks for; None when ``text`` is not one.
+
+    The form is looked for outside backticks, so a child told to run ``echo fan out 2``
+    does not fan out itself."""
+    match = _FAN_OUT.search(_BACKTICKED.sub("", _FENCED.sub("", text)))
+    if match is None:
+        return None
+    count = int(match[1])
+    if not 1 <= count <= MAX_FAN_OUT:
+        return Reply(f"I fan out to 1 to {MAX_FAN_OUT} children, not {count}.")
+    offered = {str((t.get("function") or {}).get("name")) for t in request.get("tools") or []
+               if isinstance(t, dict)}
+    if "agent" not in offered:
+        return Reply("I cannot fan out here: this request does not offer the `agent` tool.")
+    found = _FENCED.search(text) or _BACKTICKED.search(text)
+    command = found.group(1).strip() if found and found.group(1).strip() else FAN_OUT_COMMAND
+    quoted = f"```sh\n{command}\n```" if "`" in command or "\n" in command else f"`{command}`"
+    return Reply(
+        content=f"Handing {quoted} to {plural(count, 'child agent')}.",
+        tool_calls=[ToolCall("agent", {"message": f"child {i} of {count}: run {quoted} and "
+                                                  "report its output"})
+                    for i in range(1, count + 1)])
+
+
+def fan_in_reply(messages: list[dict[str, Any]]) -> Reply | None:
+    """A summary of the children's results when the last tool messages answer ``agent``
+    calls (one line per child: id, state, its answer or error); else None."""
+    start = len(messages)
+    while start and isinstance(messages[start - 1], dict) \
+            and messages[start - 1].get("role") == "tool":
+        start -= 1
+    asked = messages[start - 1] if start else {}
+    calls = (asked.get("tool_calls") if isinstance(asked, dict) else None) or []
+    if start == len(messages) or not calls or any(
+            not isinstance(c, dict) or (c.get("function") or {}).get("name") != "agent"
+            for c in calls):
+        return None
+    states: dict[str, int] = {}
+    rows = []
+    for message in messages[start:]:
+        text = message_text(message)
+        try:
+            result = json.loads(text)
+        except ValueError:
+            result = None
+        if not isinstance(result, dict):
+            result = {"state": "unknown", "answer": text}
+        state = str(result.get("state") or "unknown")
+        states[state] = states.get(state, 0) + 1
+        if state == "done":
+            said = json.dumps(result["output"]) if "output" in result else result.get("answer")
+        else:
+            said = result.get("error") or result.get("answer")
+        said = " ".join(str(said or "").split())
+        rows.append(f"- {result.get('agent_id') or '-'} {state}: {said[:300]}")
+    tally = ", ".join(f"{n} {state}" for state, n in states.items())
+    return Reply(f"{plural(len(rows), 'child', 'children')}: {tally}.\n" + "\n".join(rows))
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -181,7 +266,8 @@ def parse_script(items: Iterable[dict[str, Any]]) -> list[Item]:
         elif "slow" in raw:
             out.append(Slow(float(raw["slow"])))
         else:
-            calls = [ToolCall(c["name"], c.get("arguments", {})) for c in raw.get("tool_calls", [])]
+            calls = [ToolCall(c["name"], c.get("arguments", {}), c.get("id"))
+                     for c in raw.get("tool_calls", [])]
             out.append(Reply(raw.get("content"), calls, raw.get("reasoning"), raw.get("usage")))
     return out
 
@@ -552,11 +638,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(Reply(owner.reviewer(command)), request, stream)
             return
         item = owner._take(request)
+        pause = 0.0
         if isinstance(item, Slow):
-            time.sleep(item.seconds)
+            if item.after_thinking and stream:
+                pause = item.seconds
+            else:
+                time.sleep(item.seconds)
             item = item.reply or owner.responder(request)
         if isinstance(item, Reply):
-            self._reply(item, request, stream)
+            self._reply(item, request, stream, pause)
         elif isinstance(item, Fault):
             self._fault(item)
         elif isinstance(item, CutStream):
@@ -582,10 +672,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._headers_buffer.append(data)
         self.flush_headers()
 
-    def _reply(self, reply: Reply, request: dict[str, Any], stream: bool) -> None:
+    def _reply(self, reply: Reply, request: dict[str, Any], stream: bool,
+               pause: float = 0.0) -> None:
         if stream:
-            events = [json.dumps(c) for c in self.owner.stream_chunks(reply, request, self._size)]
-            self._send_events([*events, "[DONE]"])
+            chunks = self.owner.stream_chunks(reply, request, self._size)
+            events = [json.dumps(c) for c in chunks]
+            # The pause comes after the role chunk and the thinking.
+            at = 1 + sum(1 for c in chunks if c["choices"] and self.owner.reasoning_key
+                         in c["choices"][0]["delta"]) if pause else 0
+            self._send_events([*events, "[DONE]"], pause=(at, pause))
         else:
             self._send_json(200, self.owner.completion(reply, request, self._size))
 
@@ -623,13 +718,18 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send_json(200, "<html><body>502 Bad Gateway</body></html>")
 
-    def _send_events(self, datas: list[str], end: bool = True) -> None:
+    def _send_events(self, datas: list[str], end: bool = True,
+                     pause: tuple[int, float] = (0, 0.0)) -> None:
+        """Send ``datas`` as SSE events; ``pause`` is (index, seconds): wait before that
+        event."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for data in datas:
+        for index, data in enumerate(datas):
+            if pause[1] and index == pause[0]:
+                time.sleep(pause[1])
             payload = f"data: {data}\n\n".encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
         if end:
@@ -642,23 +742,44 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
 
 
+FORMS = """\
+what it answers (without --script, or once the script has run out):
+  fan out N: `COMMAND`     calls the agent tool N times (1-200); each child runs COMMAND
+                           (default: pwd) and answers with its output, then the root sums
+                           the children's answers up, one line each. "fan out 3", "fan out
+                           to 5 children: `ls -la`" and "Fan-out 2 `wc -l /etc/hosts`" work.
+  a `command` in backticks calls run_cli with it, then answers with its output
+  anything else            a greeting that says the above
+  safety reviews           ALLOW for read-only commands (ls, cat, pwd, wc, ...), else DENY
+It keeps no state: several copies answer one swarm alike (the root's and the workers').
+
+try it (on the embedded default, nothing else to start):
+  python -m swarm.testing.server --port 8099 &
+  SWARM_BASE_URL=http://127.0.0.1:8099/v1 swarm run --yes 'fan out 3: `ls -la`'
+
+--script FILE: a JSON list of answers, taken in order by the chat requests (reviews take
+none), whichever conversation sends them; then the answers above:
+  {"content": "..."}  {"tool_calls": [{"name": "agent", "arguments": {"message": "..."}}]}
+  {"fault": 429, "retry_after": 1}  {"cut": 3}  {"garbage": true}  {"slow": 2}
+examples/ in the swarm repository has scripts to start from.
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Serve the scripted model by hand (for demos)."""
+    """Serve the scripted model by hand (demos, trying a deployment)."""
     parser = argparse.ArgumentParser(
         prog="python -m swarm.testing.server",
-        description="A scripted OpenAI-compatible model server. Without --script, it runs "
-        "commands given in `backticks` with run_cli, reports tool results, and answers safety "
-        "reviews ALLOW for read-only commands, DENY otherwise. Point swarm at it with "
-        "SWARM_BASE_URL=http://HOST:PORT/v1.",
+        description="A scripted OpenAI-compatible model server, not an LLM. Point swarm at it\n"
+        "with SWARM_BASE_URL=http://HOST:PORT/v1 (any SWARM_MODEL and SWARM_API_KEY).",
+        epilog=FORMS, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on; 0.0.0.0 for other machines (default: "
+                        "%(default)s)")
+    parser.add_argument("--port", type=int, default=8099, help="(default: %(default)s)")
     parser.add_argument("--latency", type=float, default=0.0, help="seconds before each answer")
-    parser.add_argument("--script", type=Path, help='JSON list of answers, used in order: '
-                        '{"content": "..."}, {"tool_calls": [{"name": "run_cli", "arguments": '
-                        '{"command": "ls"}}]}, {"fault": 429, "retry_after": 1}, {"cut": 3}, '
-                        '{"garbage": true}, {"slow": 2}; when they run out, the demo '
-                        'behaviour above answers')
+    parser.add_argument("--script", type=Path, metavar="FILE",
+                        help="JSON list of answers, used in order (see below)")
     parser.add_argument("--model", action="append", help="model id to list (repeatable)")
     parser.add_argument("--context-style", default="vllm",
                         choices=["vllm", "llamacpp", "openrouter", "none"],
@@ -673,11 +794,24 @@ def main(argv: list[str] | None = None) -> None:
         latency=args.latency, require_key=args.api_key, host=args.host, port=args.port,
     )
     if args.script:
-        server.script(*parse_script(json.loads(args.script.read_text())))
-    with server:
+        try:
+            items = json.loads(args.script.read_text())
+            if not isinstance(items, list):
+                raise ValueError("not a JSON list")
+            server.script(*parse_script(items))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--script {args.script}: {exc}")
+    try:
+        server.start()
+    except OSError as exc:
+        parser.error(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+                     "pick another --port")
+    try:
         print(f"scripted model serving on {server.base_url} (Ctrl-C stops)", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
+    finally:
+        server.stop()
 
 
 if __name__ == "__main__":

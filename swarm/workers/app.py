@@ -1,6 +1,6 @@
 """The Celery app: broker and result backend are the same Redis as the ledger.
 
-Settings that matter for agent-length tasks (DESIGN.md section 6): late acks,
+Settings that matter for tasks as long as an agent's (minutes to hours): late acks,
 redelivery when a pool child dies, one task prefetched per slot, events on for
 Flower, and a broker visibility timeout longer than any run — our own lease in
 the ledger takes over the children of a dead worker, not kombu's redelivery.
