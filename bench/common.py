@@ -40,11 +40,11 @@ from click.testing import CliRunner
 
 from bench.spawn import MODEL, RESULTS, Stamp, TimedModelServer, machine_info, median, p95
 from swarm.cli import main as swarm_cli
+from swarm.runtime.local import STOP_GRACE, alive
 from swarm.store.connection import connect
 from swarm.store.server import EmbeddedServer
 from swarm.testing.scripts import task_of, turn_of
 from swarm.testing.server import Reply, ToolCall
-from swarm.workers.local import STOP_GRACE, alive
 
 __all__ = ["MODEL", "RESULTS", "Cluster", "JobScript", "Sampler", "Stamp", "TimedModelServer",
            "machine_info", "median", "neutral_env", "p95", "run_process", "run_root"]
@@ -310,7 +310,7 @@ class WorkerSpec:
 class Cluster:
     """A fresh SWARM_HOME with its embedded server, a coordinator and worker processes.
 
-    Like :class:`swarm.workers.local.LocalCluster`, with workers that may differ (concurrency,
+    Like :class:`swarm.runtime.local.LocalCluster`, with workers that may differ (concurrency,
     host name). Every process runs in its own session and is killed with its group."""
 
     workers: list[WorkerSpec]

@@ -33,10 +33,10 @@ from bench.common import (
     run_root,
 )
 from bench.common import redis_info as info
+from swarm.broker.app import app as celery_app
 from swarm.store import keys
 from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
-from swarm.workers.app import app as celery_app
 
 IDLE_SECONDS = 3.0
 LATENCY = 0.05

@@ -61,6 +61,7 @@ from celery.contrib.testing.worker import start_worker
 from click.testing import CliRunner
 
 from swarm.cli import main as swarm_cli
+from swarm.runtime.local import LocalCluster, wait_for
 from swarm.store import keys
 from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
@@ -74,7 +75,6 @@ from swarm.testing.server import (
     _HTTPServer,
     review_command,
 )
-from swarm.workers.local import LocalCluster, wait_for
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "scripted-model"

@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from swarm.errors import ConfigError
-from swarm.store import keys
+
+#: A session lock lives this long unless its holder renews it (default of SWARM_LOCK_TTL).
+LOCK_TTL = 30
+#: An idle session is forgotten after this long (default of ``SWARM_SESSION_TTL``).
+SESSION_TTL = 30 * 24 * 3600
 
 POLICIES = ("always", "never", "once", "review")
 
@@ -110,7 +114,7 @@ KNOBS: dict[str, Knob] = {
                         read_by="swarm serve"),
     "parent_pid": Knob(("SWARM_PARENT_PID",),
                        "the process whose local coordinator and workers stop when it is gone",
-                       read_by="swarm.workers.local", internal=True),
+                       read_by="swarm.runtime.local", internal=True),
     "secrets_fd": Knob(("SWARM_SECRETS_FD",),
                        "pipe a re-executed worker reads its secret variables from",
                        read_by="swarm.secrets", internal=True),
@@ -145,8 +149,8 @@ class Settings:
     stream: bool = True
     approval: dict[str, str] = field(default_factory=lambda: {"run_cli": "review"})
     yes: bool = False
-    lock_ttl: int = keys.LOCK_TTL
-    session_ttl: int = keys.SESSION_TTL
+    lock_ttl: int = LOCK_TTL
+    session_ttl: int = SESSION_TTL
     max_depth: int = 3
     max_children: int = 200
     max_parallel: int = 64

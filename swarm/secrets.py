@@ -4,7 +4,7 @@ A command an agent runs is a child of its worker, and can read the worker's init
 environment from ``/proc/$PPID/environ``. :func:`hide_from_proc` re-executes the process
 without the secret variables, handing them over through an inherited pipe; they are then
 set in ``os.environ`` in memory only (which ``/proc/<pid>/environ`` does not show), and
-commands never get them (see ``swarm.agent.shell.SECRET_VARS``).
+commands never get them (:data:`SECRET_VARS`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import json
 import os
 import sys
 
-from swarm.agent.shell import SECRET_VARS
+SECRET_VARS = ("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY", "SWARM_REDIS_URL")
+"""Environment variables a command never sees (a Redis URL may carry a password)."""
 
 FD_VAR = "SWARM_SECRETS_FD"
 

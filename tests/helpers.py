@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from swarm.agent.approval import ApprovalGate, approve_all
-from swarm.agent.build import new_session, prompt_builder
 from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
-from swarm.agent.protocols import ApprovalRequest, Decision, SessionStore
+from swarm.agent.protocols import SessionStore
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
+from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.llm.client import LLMClient
+from swarm.runtime.build import new_session, prompt_builder
 from swarm.testing.server import ScriptedModelServer
 
 

@@ -10,7 +10,7 @@ import redis as redis_lib
 
 from swarm.agent import compaction
 from swarm.agent.approval import deny_all
-from swarm.agent.history import problems
+from swarm.domain.history import problems
 from swarm.errors import TurnLimitReached
 from swarm.store.sessions import RedisSessionStore
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall

@@ -7,8 +7,8 @@ import io
 import pytest
 
 from swarm.agent.approval import ApprovalGate, TerminalApprover
-from swarm.agent.protocols import ApprovalRequest, Decision
 from swarm.config import Settings, parse_policies
+from swarm.domain.approval import ApprovalRequest, Decision
 
 
 class Recorder:

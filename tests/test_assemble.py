@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from swarm.domain.messages import StreamEvent
 from swarm.errors import ModelResponseError
 from swarm.llm.assemble import MessageAssembler, from_completion
-from swarm.llm.types import StreamEvent
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:

@@ -342,8 +342,8 @@ def test_children_start_with_the_users_hints(cluster: tuple[str, Path], client: 
 
 def test_a_job_runs_its_root_on_the_workers(cluster: tuple[str, Path], client: redis_lib.Redis,
                                             model: ScriptedModelServer, tmp_path: Path) -> None:
-    from swarm.coordinator.jobs import job_state, submit_job
-    from swarm.workers.app import configure
+    from swarm.broker.app import configure
+    from swarm.runtime.jobs import job_state, submit_job
 
     model.responder = ByTask({"JOBROOT": [agent_calls("JOBKID a", "JOBKID b"), summarise],
                               "JOBKID": [Reply(content="kid")]})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from swarm.agent import compaction
-from swarm.agent.history import problems, repair
-from swarm.llm.types import Message
+from swarm.domain.history import problems, repair
+from swarm.domain.messages import Message
 
 
 def call(cid: str, command: str) -> dict[str, object]:

@@ -18,16 +18,16 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from swarm.broker.app import configure
 from swarm.cli import main
 from swarm.cli.runtime import is_loopback
-from swarm.coordinator.jobs import job_run_id, submit_job
 from swarm.coordinator.service import root_task_id
+from swarm.runtime.jobs import job_run_id, submit_job
 from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
-from swarm.workers.app import configure
 
 LOGIN = ("watcher", "flower-test-pw-3c1e")
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from swarm.config import Secret, Settings
+from swarm.domain.messages import StreamEvent
 from swarm.errors import (
     ConfigError,
     ModelConnectionError,
@@ -25,7 +26,6 @@ from swarm.errors import (
     ModelResponseError,
 )
 from swarm.llm.client import LLMClient
-from swarm.llm.types import StreamEvent
 from swarm.testing.server import (
     CutStream,
     Fault,

@@ -13,11 +13,11 @@ import pytest
 from swarm.agent.tools import Call
 from swarm.cli.render import SHOWN_LINES, TerminalView
 from swarm.config import Secret
-from swarm.coordinator.root import describe
 from swarm.errors import ModelHTTPError, TurnLimitReached
 from swarm.llm.client import LLMClient
 from swarm.report.html import render_html
 from swarm.report.snapshot import AgentView, Prices, Snapshot
+from swarm.runtime.root import describe
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 from swarm.text import plural
 from tests.helpers import make_agent

@@ -18,8 +18,9 @@ import redis as redis_lib
 from celery import Celery
 from click.testing import CliRunner
 
+from swarm.broker.app import QUEUE
 from swarm.cli import main
-from swarm.coordinator.jobs import job_state
+from swarm.runtime.jobs import job_state
 from swarm.schedules.spec import Schedule, ScheduleError, load_folder, parse_cron
 from swarm.schedules.store import ScheduleStore, configure_redbeat, fire
 from swarm.store import keys
@@ -28,7 +29,6 @@ from swarm.store.ledger import Ledger
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask
 from swarm.testing.server import Reply, ScriptedModelServer
-from swarm.workers.app import QUEUE
 
 PLANTED = "sk-planted-schedule-31f0"
 

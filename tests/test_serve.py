@@ -27,9 +27,10 @@ from click.testing import CliRunner
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 
-from swarm.agent.protocols import ApprovalRequest
+from swarm.broker.app import QUEUE
 from swarm.cli import main
 from swarm.config import Settings
+from swarm.domain.approval import ApprovalRequest
 from swarm.serve.app import Service, create_app
 from swarm.serve.auth import Authenticator, hash_token
 from swarm.serve.models import MAX_TASK
@@ -39,7 +40,6 @@ from swarm.store.connection import connect
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
-from swarm.workers.app import QUEUE
 
 with warnings.catch_warnings():  # Starlette's TestClient warns about httpx on import
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -6,7 +6,7 @@ import time
 
 import redis as redis_py
 
-from swarm.agent.protocols import Session
+from swarm.domain.session import Session
 from swarm.store import keys
 from swarm.store.ledger import Ledger, NewRun, Run
 from swarm.store.sessions import RedisSessionStore

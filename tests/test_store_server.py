@@ -331,8 +331,8 @@ def test_client_survives_a_dropped_connection(redis: redis_py.Redis) -> None:
 
 def test_celery_app_follows_a_new_url(tmp_path: Path) -> None:
     """configure() pointed at another Redis sends there, not over the old pool."""
+    from swarm.broker.app import configure
     from swarm.store.connection import connect
-    from swarm.workers.app import configure
 
     first, second = EmbeddedServer(tmp_path / "a"), EmbeddedServer(tmp_path / "b")
     try:

@@ -7,8 +7,8 @@ import time
 
 import redis as redis_py
 
-from swarm.agent.history import INTERRUPTED
-from swarm.agent.protocols import Session
+from swarm.domain.history import INTERRUPTED
+from swarm.domain.session import Session
 from swarm.store import keys
 from swarm.store.sessions import RedisSessionStore
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import redis as redis_py
 
-from swarm.workers.app import app, configure
-from swarm.workers.events import BoundDispatcher, BufferedEvents
+from swarm.broker.app import app, configure
+from swarm.broker.events import BoundDispatcher, BufferedEvents
 
 
 class Tap:

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
-from swarm.agent.protocols import ApprovalRequest, Decision, Model
+from swarm.agent.protocols import Model
+from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.errors import SwarmError
 
 log = logging.getLogger(__name__)

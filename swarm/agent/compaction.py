@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
-from swarm.agent.history import repair
-from swarm.llm.types import Message
+from swarm.domain.history import repair
+from swarm.domain.messages import Message
 
 EMERGENCY = """[EMERGENCY: your context is nearly full. Your memory will be wiped soon.]
 Do these now, in order, before anything else:

@@ -16,19 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swarm import telemetry
-from swarm.agent import compaction, history
+from swarm.agent import compaction
 from swarm.agent.approval import ApprovalGate
 from swarm.agent.folder import AgentFolder, TypedTool
-from swarm.agent.protocols import (
-    ApprovalRequest,
-    Environment,
-    HintStore,
-    Model,
-    Session,
-    SessionStore,
-    SpawnCall,
-    Spawner,
-)
+from swarm.agent.protocols import Environment, HintStore, Model, SessionStore, Spawner
 from swarm.agent.shell import clamp_timeout
 from swarm.agent.tools import (
     AGENT,
@@ -39,8 +30,12 @@ from swarm.agent.tools import (
     parse_call,
     tool_name,
 )
+from swarm.domain import history
+from swarm.domain.approval import ApprovalRequest
+from swarm.domain.messages import ChatResult, Message, StreamEvent
+from swarm.domain.session import Session
+from swarm.domain.spawn import SpawnCall
 from swarm.errors import Interrupted, Parked, ToolError, TurnLimitReached
-from swarm.llm.types import ChatResult, Message, StreamEvent
 from swarm.text import plural
 
 log = logging.getLogger(__name__)

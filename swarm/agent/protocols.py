@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from swarm.llm.types import ChatResult, Message, OnEvent
+from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.domain.messages import ChatResult, Message, OnEvent
+from swarm.domain.session import Session
+from swarm.domain.spawn import SpawnCall
 
 
 class Model(Protocol):
@@ -72,43 +75,10 @@ class Environment(Protocol):
         ...
 
 
-Decision = Literal["approve", "deny", "always"]
-"""``always`` approves and remembers the approval for this tool for the rest of the session."""
-
-
-@dataclass(frozen=True)
-class ApprovalRequest:
-    """What an approver is asked: may ``tool`` run with ``arguments``?"""
-
-    tool: str
-    arguments: dict[str, Any]
-    summary: str
-    """One line for a person, e.g. the command."""
-    reason: str = ""
-    """Why a person is asked (the policy, or what the reviewer said)."""
-    agent_id: str = ""
-
-
 class Approver(Protocol):
     """Decides on an approval request; a terminal asks a person, a worker asks a queue."""
 
     def __call__(self, request: ApprovalRequest) -> Decision: ...
-
-
-@dataclass
-class Session:
-    """One conversation, keyed by its workspace. Saved after every step."""
-
-    id: str
-    workspace: str
-    messages: list[Message]
-    usage: dict[str, int]
-    created: float
-    updated: float
-    turns: int = 0
-    parked: str = ""
-    """Set while the agent waits for its children: the id of its spawn request. The last
-    assistant message's calls are answered when they settle, so no repair at load."""
 
 
 class SessionStore(Protocol):
@@ -133,18 +103,6 @@ class HintStore(Protocol):
     def load(self) -> str: ...
 
     def save(self, text: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class SpawnCall:
-    """One ``agent`` call the model made, checked against the tool's schema."""
-
-    call_id: str
-    message: str
-    agent_id: str = ""
-    output_schema: dict[str, Any] | None = None
-    traceparent: str = ""
-    """The W3C trace context of this call, when telemetry is on (see swarm.telemetry)."""
 
 
 class Spawner(Protocol):

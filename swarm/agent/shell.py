@@ -20,9 +20,7 @@ from pathlib import Path
 from swarm import procs
 from swarm.agent.protocols import CommandResult
 from swarm.errors import ConfigError, ToolError
-
-SECRET_VARS = ("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY", "SWARM_REDIS_URL")
-"""Environment variables a command never sees (a Redis URL may carry a password)."""
+from swarm.secrets import SECRET_VARS
 
 QUIET_VARS = {"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb", "GIT_TERMINAL_PROMPT": "0"}
 """Set for every command so nothing pages or waits for a prompt."""

@@ -8,19 +8,14 @@ from pathlib import Path
 import click
 
 from swarm.agent.approval import TerminalApprover
-from swarm.agent.build import local_agent
 from swarm.agent.loop import Agent
-from swarm.agent.protocols import Session, Spawner
-from swarm.cli.main import (
-    Abort,
-    agent_options,
-    handle_errors,
-    interrupt_on_term,
-    settings_from,
-)
+from swarm.agent.protocols import Spawner
+from swarm.cli.options import Abort, agent_options, handle_errors, interrupt_on_term, settings_from
 from swarm.cli.render import TerminalView
-from swarm.coordinator.root import RootSwarm
+from swarm.domain.session import Session
 from swarm.errors import Interrupted, ModelError, RuntimeUnavailable, TurnLimitReached
+from swarm.runtime.build import local_agent
+from swarm.runtime.root import RootSwarm
 from swarm.store.connection import Store
 from swarm.store.sessions import RedisSessionStore
 

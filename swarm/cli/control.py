@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from swarm.cli.main import Abort, handle_errors, settings_from
-from swarm.coordinator.cancel import cancel as cancel_subtree
+from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.store.approvals import ApprovalQueue
+from swarm.store.cancel import cancel as cancel_subtree
 from swarm.store.connection import open_store
 from swarm.store.ledger import Ledger
 from swarm.text import plural

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from swarm.cli.main import Abort, handle_errors, interrupt_on_term, settings_from
+from swarm.cli.options import Abort, handle_errors, interrupt_on_term, settings_from
 from swarm.cli.run import run_job
 from swarm.store.connection import mask_url
 from swarm.text import plural

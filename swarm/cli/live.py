@@ -111,7 +111,7 @@ class LiveTree:
         self._loaded_at = 0.0
 
     def _plain(self, event: dict[str, str]) -> None:
-        from swarm.coordinator.root import describe
+        from swarm.runtime.root import describe
 
         self.console.file.write(describe(event) + "\n")
         self.console.file.flush()

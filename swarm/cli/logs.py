@@ -8,7 +8,7 @@ from typing import Any, cast
 import click
 import redis
 
-from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.report.snapshot import content_text
 from swarm.store import keys
 from swarm.store.connection import open_store

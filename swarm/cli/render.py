@@ -18,7 +18,7 @@ from swarm.agent.loop import Observer
 from swarm.agent.protocols import Model
 from swarm.agent.tools import Call
 from swarm.cli.waiting import Waiting
-from swarm.llm.types import ChatResult, StreamEvent
+from swarm.domain.messages import ChatResult, StreamEvent
 from swarm.text import plural
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class TerminalView(Observer):
 
     def on_swarm_event(self, event: dict[str, str]) -> None:
         """A child's progress, one dim line each."""
-        from swarm.coordinator.root import describe
+        from swarm.runtime.root import describe
 
         self._end_line()
         self.err.write(self._c(DIM, describe(event)) + "\n")

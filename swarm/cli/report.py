@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.cli.status import load_snapshot, prices_from_env
 from swarm.report.html import render_html
 from swarm.report.snapshot import SnapshotReader

@@ -9,20 +9,16 @@ import click
 
 from swarm import telemetry
 from swarm.agent.approval import TerminalApprover
-from swarm.agent.build import local_agent
-from swarm.agent.protocols import ApprovalRequest, Decision, Session, Spawner
+from swarm.agent.protocols import Spawner
 from swarm.cli.live import LiveTree
-from swarm.cli.main import (
-    Abort,
-    agent_options,
-    handle_errors,
-    interrupt_on_term,
-    settings_from,
-)
+from swarm.cli.options import Abort, agent_options, handle_errors, interrupt_on_term, settings_from
 from swarm.cli.render import TerminalView, same_destination
 from swarm.config import Settings
-from swarm.coordinator.root import RootSwarm
+from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.domain.session import Session
 from swarm.errors import Cancelled, Interrupted, TurnLimitReached
+from swarm.runtime.build import local_agent
+from swarm.runtime.root import RootSwarm
 from swarm.store.connection import Store, open_store
 from swarm.store.ledger import Ledger
 

@@ -11,7 +11,7 @@ from types import FrameType
 
 import click
 
-from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.store import keys
 from swarm.store.connection import open_store
 
@@ -37,9 +37,9 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     Start one on every machine that should work for the swarm; each needs the model
     settings (SWARM_BASE_URL, SWARM_API_KEY, ...) in its own environment.
     """
+    from swarm.broker.app import configure
+    from swarm.runtime.local import exit_with_parent
     from swarm.secrets import hide_from_proc
-    from swarm.workers.app import configure
-    from swarm.workers.local import exit_with_parent
 
     # Agents' commands are this process's children: keep the API key and the Redis URL
     # out of what they can read in /proc/$PPID/environ.
@@ -65,9 +65,9 @@ def coordinator(name: str | None) -> None:
     """
     import logging
 
+    from swarm.broker.app import configure
     from swarm.coordinator.service import Coordinator
-    from swarm.workers.app import configure
-    from swarm.workers.local import exit_with_parent
+    from swarm.runtime.local import exit_with_parent
 
     logging.getLogger("swarm").setLevel(logging.INFO)
     settings = settings_from()
@@ -109,7 +109,7 @@ def is_loopback(address: str) -> bool:
 @handle_errors
 def flower(port: int, address: str, basic_auth: str | None) -> None:
     """Watch the swarm in Flower (tasks are named after their agents; args are ids only)."""
-    from swarm.workers.app import configure
+    from swarm.broker.app import configure
 
     if not basic_auth and not os.environ.get("FLOWER_AUTH"):
         if not is_loopback(address):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.cli.serve import local_runtime, workers_option
 from swarm.store.connection import Store, open_store
 
@@ -28,8 +28,8 @@ APPROVE_HELP = ("all (default): every tool call of the job is approved, nobody i
 
 def schedules(store: Store) -> ScheduleStore:
     """The schedules on ``store`` (imports Celery and redbeat only when needed)."""
+    from swarm.broker.app import configure
     from swarm.schedules.store import ScheduleStore, configure_redbeat
-    from swarm.workers.app import configure
 
     return ScheduleStore(store.redis, configure_redbeat(configure(store.url), store.url))
 

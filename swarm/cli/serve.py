@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.config import Settings
+from swarm.runtime.local import LocalCluster, alive, wait_for
 from swarm.store.connection import Store, open_store
 from swarm.text import plural
-from swarm.workers.local import LocalCluster, alive, wait_for
 
 if TYPE_CHECKING:
     import uvicorn
@@ -135,10 +135,10 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
     """
     import uvicorn
 
+    from swarm.broker.app import configure
     from swarm.serve.app import Service, create_app
     from swarm.serve.auth import Authenticator
     from swarm.serve.jobs import jobs_root
-    from swarm.workers.app import configure
 
     settings = settings_from()
     token = os.environ.get("SWARM_SERVE_TOKEN", "")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.store import keys
 from swarm.store.connection import open_store
 from swarm.store.sessions import RedisSessionStore

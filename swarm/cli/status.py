@@ -9,7 +9,7 @@ import sys
 import click
 from rich.console import Console
 
-from swarm.cli.main import Abort, handle_errors, settings_from
+from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.report.snapshot import (
     AgentView,
     Prices,
@@ -19,9 +19,9 @@ from swarm.report.snapshot import (
     fmt_duration,
     fmt_tokens,
 )
+from swarm.runtime.local import alive
 from swarm.store.connection import open_store
 from swarm.text import plural
-from swarm.workers.local import alive
 
 STATE_COLOR = {"running": "yellow", "parked": "blue", "done": "green", "failed": "red",
                "timed_out": "red", "cancelled": "magenta", "refused": "red"}

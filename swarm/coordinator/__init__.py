@@ -1,1 +1,1 @@
-"""The coordinator: spawn requests -> ledger -> Celery tasks; limits; fan-in; resume."""
+"""The coordinator process: spawn requests -> ledger -> Celery tasks; limits; fan-in; resume."""

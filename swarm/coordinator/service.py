@@ -30,12 +30,12 @@ from jsonschema.exceptions import SchemaError
 from kombu.exceptions import OperationalError
 
 from swarm import faults
+from swarm.broker.events import BufferedEvents, SentEvents
 from swarm.config import Settings
-from swarm.coordinator.jobs import job_run_id
+from swarm.runtime.jobs import job_run_id
 from swarm.store import keys
 from swarm.store.ledger import SETTLED, Ledger, NewRun, Run, derive_id, label_of
 from swarm.store.sessions import RedisSessionStore
-from swarm.workers.events import BufferedEvents, SentEvents
 
 log = logging.getLogger(__name__)
 

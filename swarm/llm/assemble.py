@@ -16,8 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from swarm.domain.messages import ChatResult, Message, OnEvent, StreamEvent, Usage
 from swarm.errors import ModelResponseError
-from swarm.llm.types import ChatResult, Message, OnEvent, StreamEvent, Usage
 
 REASONING_KEYS = ("reasoning_content", "reasoning")
 """Delta fields that carry thinking text: DeepSeek/llama.cpp use the first, vLLM/OpenRouter the

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from swarm.config import Secret
+from swarm.domain.messages import ChatResult, Message, OnEvent
 from swarm.errors import (
     ConfigError,
     ModelConnectionError,
@@ -37,7 +38,6 @@ from swarm.errors import (
 from swarm.llm.assemble import MessageAssembler, from_completion
 from swarm.llm.sse import iter_events
 from swarm.llm.transport import PlainHTTPTransport
-from swarm.llm.types import ChatResult, Message, OnEvent
 
 if TYPE_CHECKING:
     from swarm.config import Settings

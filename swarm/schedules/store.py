@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 from redbeat.schedulers import RedBeatConfig, RedBeatSchedulerEntry
 
-from swarm.coordinator.jobs import submit_job
+from swarm.runtime.jobs import submit_job
 from swarm.schedules.spec import Schedule, ScheduleError, folder_source, load_folder, parse_cron
 from swarm.serve.jobs import jobs_root, new_job_folder
 from swarm.store import keys

@@ -7,10 +7,10 @@ import functools
 import redis
 from celery import Task
 
+from swarm.broker.app import app
 from swarm.config import Settings
 from swarm.schedules.store import TASK, fire
 from swarm.store.connection import connect
-from swarm.workers.app import app
 
 
 @functools.cache

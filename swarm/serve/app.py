@@ -28,9 +28,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from swarm import __version__
 from swarm.config import Settings
-from swarm.coordinator.cancel import cancel
-from swarm.coordinator.jobs import job_state, submit_job
 from swarm.errors import StoreError
+from swarm.runtime.jobs import job_state, submit_job
 from swarm.serve.auth import Authenticator
 from swarm.serve.jobs import WorkspaceError, inherited_settings, inside_root, new_job_folder
 from swarm.serve.models import (
@@ -47,6 +46,7 @@ from swarm.serve.models import (
 )
 from swarm.store import keys
 from swarm.store.approvals import CANCELLED, TIMED_OUT, ApprovalQueue, outcome
+from swarm.store.cancel import cancel
 from swarm.store.ledger import Ledger
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.config import Settings
-from swarm.coordinator.root import INHERITED
+from swarm.runtime.root import INHERITED
 
 
 def inherited_settings(settings: Settings) -> dict[str, Any]:

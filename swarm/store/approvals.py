@@ -20,7 +20,7 @@ from typing import cast
 
 import redis
 
-from swarm.agent.protocols import ApprovalRequest, Decision
+from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.store import keys
 
 DECISIONS: tuple[Decision, ...] = ("approve", "deny", "always")

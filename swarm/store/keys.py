@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 
-PREFIX = "swarm:"
+# A session lock lives LOCK_TTL unless its holder renews it (every ttl/3); an idle session
+# is forgotten after SESSION_TTL. They are the defaults of settings, so config owns them.
+from swarm.config import LOCK_TTL as LOCK_TTL
+from swarm.config import SESSION_TTL as SESSION_TTL
 
-#: A session lock lives this long unless its holder renews it (it renews every ttl/3).
-LOCK_TTL = 30
-#: An idle session is forgotten after this long (default of ``SWARM_SESSION_TTL``).
-SESSION_TTL = 30 * 24 * 3600
+PREFIX = "swarm:"
 
 
 def session_id_for(workspace: str) -> str:

@@ -15,8 +15,8 @@ from typing import Any, cast
 
 import redis
 
-from swarm.agent import history
-from swarm.agent.protocols import Session
+from swarm.domain import history
+from swarm.domain.session import Session
 from swarm.errors import StoreError
 from swarm.store import keys
 from swarm.store.connection import store_errors

@@ -7,9 +7,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from swarm.runtime.local import LocalCluster, wait_for
 from swarm.store.connection import connect
 from swarm.store.server import EmbeddedServer
-from swarm.workers.local import LocalCluster, wait_for
 
 
 @contextmanager

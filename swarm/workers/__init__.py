@@ -1,1 +1,2 @@
-"""Celery workers: the app, thin tasks that take ids, and the child runner."""
+"""The worker process: thin Celery tasks that take ids, the child runner, its supervisor
+and workspaces."""

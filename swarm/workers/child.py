@@ -25,12 +25,11 @@ import redis
 from jsonschema import Draft202012Validator
 
 from swarm import faults, telemetry
-from swarm.agent.build import assemble, new_session
-from swarm.agent.history import repair
 from swarm.agent.loop import Agent, Observer
 from swarm.agent.tools import Call
 from swarm.config import Settings
-from swarm.coordinator.spawner import RedisSpawner
+from swarm.domain.history import repair
+from swarm.domain.messages import ChatResult
 from swarm.errors import (
     AgentStopped,
     BudgetExceeded,
@@ -41,7 +40,8 @@ from swarm.errors import (
 )
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.llm.client import LLMClient, http_client
-from swarm.llm.types import ChatResult
+from swarm.runtime.build import assemble, new_session
+from swarm.runtime.spawner import RedisSpawner
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, QueueApprover
 from swarm.store.gate import RedisRateGate

@@ -9,11 +9,11 @@ from typing import Any
 
 from celery import Task
 
+from swarm.broker.app import app
+from swarm.broker.events import BufferedEvents
 from swarm.config import Settings
 from swarm.store.connection import connect
-from swarm.workers.app import app
 from swarm.workers.child import ChildRunner
-from swarm.workers.events import BufferedEvents
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from swarm.cli import main
+from swarm.runtime.local import LocalCluster, wait_for
 from swarm.store.connection import connect
 from swarm.store.server import EmbeddedServer
 from swarm.testing.scripts import task_of, tool_results
 from swarm.testing.server import Item, Reply, ScriptedModelServer, ToolCall
-from swarm.workers.local import LocalCluster, wait_for
 
 #: A planted API key: the root and the workers have it; it must never show up anywhere.
 SECRET = "sk-planted-fault-9c41e7d2b8"

@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from swarm.cli import main
+from swarm.runtime.local import wait_for
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import connect
@@ -30,7 +31,6 @@ from swarm.store.ledger import Ledger
 from swarm.store.server import EmbeddedServer
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, ToolCall
-from swarm.workers.local import wait_for
 
 pytestmark = pytest.mark.slow
 

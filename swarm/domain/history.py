@@ -8,7 +8,7 @@ answers no call. These helpers keep histories valid across crashes and compactio
 
 from __future__ import annotations
 
-from swarm.llm.types import Message
+from swarm.domain.messages import Message
 
 INTERRUPTED = (
     "[interrupted: swarm stopped before this call finished, so its result was lost. "

@@ -15,18 +15,19 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from swarm.agent.loop import Agent
-from swarm.agent.protocols import ApprovalRequest, Decision, Session
 from swarm.config import Settings
-from swarm.coordinator.cancel import cancel
-from swarm.coordinator.spawner import RedisSpawner
+from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.domain.session import Session
 from swarm.errors import Cancelled, Parked
+from swarm.runtime.local import LocalCluster, alive, wait_for
+from swarm.runtime.spawner import RedisSpawner
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
+from swarm.store.cancel import cancel
 from swarm.store.connection import Store
 from swarm.store.ledger import Ledger, new_swarm_id
 from swarm.store.sessions import RedisSessionStore
 from swarm.text import plural
-from swarm.workers.local import LocalCluster, alive, wait_for
 
 #: What the children inherit from the root's settings (never secrets).
 INHERITED = ("model", "base_url", "yes", "max_turns", "approval", "max_depth", "max_children",

@@ -18,7 +18,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
-from swarm.workers import transport
+from swarm.broker import transport
 
 transport.install()
 
@@ -27,7 +27,7 @@ QUEUE = "swarm"
 VISIBILITY_TIMEOUT = 12 * 3600
 
 app = Celery("swarm", include=["swarm.workers.tasks", "swarm.schedules.tasks"],
-             events="swarm.workers.events:Events")
+             events="swarm.broker.events:Events")
 app.conf.update(
     task_default_queue=QUEUE,
     task_serializer="json",

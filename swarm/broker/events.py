@@ -44,7 +44,7 @@ class BoundDispatcher(EventDispatcher):  # type: ignore[misc]
 class Events(CeleryEvents):  # type: ignore[misc]
     """``app.events`` with :class:`BoundDispatcher` (``Celery(events=...)``)."""
 
-    dispatcher_cls = "swarm.workers.events:BoundDispatcher"
+    dispatcher_cls = "swarm.broker.events:BoundDispatcher"
 
 
 class BufferedEvents:

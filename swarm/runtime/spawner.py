@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 
-from swarm.agent.protocols import SpawnCall
+from swarm.domain.spawn import SpawnCall
 from swarm.store.ledger import Ledger, derive_id
 
 

@@ -19,22 +19,17 @@ from pathlib import Path
 
 import redis
 
-from swarm.agent import history
 from swarm.agent.approval import ApprovalGate, LLMReviewer
 from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
 from swarm.agent.probe import probe_environment, tool_versions
 from swarm.agent.prompts import PromptParts, system_prompt
-from swarm.agent.protocols import (
-    ApprovalRequest,
-    Decision,
-    HintStore,
-    Session,
-    SessionStore,
-    Spawner,
-)
+from swarm.agent.protocols import HintStore, SessionStore, Spawner
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
+from swarm.domain import history
+from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.domain.session import Session
 from swarm.errors import LockError
 from swarm.llm.client import LLMClient
 from swarm.store import keys

@@ -1,0 +1,2 @@
+"""Celery on the swarm's Redis, shared by the coordinator (which sends tasks) and the
+workers (which run them): the app and its settings, Flower events, the kombu transport."""

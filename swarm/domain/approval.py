@@ -1,0 +1,22 @@
+"""What an agent asks before a tool runs, and the answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Decision = Literal["approve", "deny", "always"]
+"""``always`` approves and remembers the approval for this tool for the rest of the session."""
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """What an approver is asked: may ``tool`` run with ``arguments``?"""
+
+    tool: str
+    arguments: dict[str, Any]
+    summary: str
+    """One line for a person, e.g. the command."""
+    reason: str = ""
+    """Why a person is asked (the policy, or what the reviewer said)."""
+    agent_id: str = ""
