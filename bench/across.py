@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 job = measure_job(cluster, model, n, turns, latency, max(64, n), pids)
                 ledger = Ledger(client)
                 swarm_id = ledger.latest_swarm() or ""
-                hosts = collections.Counter(a.get("host", "?") for a in ledger.agents(swarm_id)
-                                            if a.get("kind") == "child")
+                hosts = collections.Counter((a.host or "?") for a in ledger.agents(swarm_id)
+                                            if a.kind == "child")
                 client.close()
                 job.update(config=config, workers=len(specs),
                            threads_per_worker=specs[0].concurrency,

@@ -125,11 +125,11 @@ def key_census(client: Any) -> dict[str, dict[str, Any]]:
 
 def children_bytes(client: Any, swarm_id: str) -> dict[str, float]:
     """Memory of the keys of one swarm's children, by kind."""
-    agents = [a for a in Ledger(client).agents(swarm_id) if a.get("kind") == "child"]
-    names = {"session": [keys.session(a["id"]) for a in agents],
-             "ledger agent": [keys.agent(a["id"]) for a in agents],
-             "ledger run": [keys.run(a["run"]) for a in agents if a.get("run")],
-             "celery result": [f"celery-task-meta-{a['run']}" for a in agents if a.get("run")]}
+    agents = [a for a in Ledger(client).agents(swarm_id) if a.kind == "child"]
+    names = {"session": [keys.session(a.id) for a in agents],
+             "ledger agent": [keys.agent(a.id) for a in agents],
+             "ledger run": [keys.run(a.run) for a in agents if a.run],
+             "celery result": [f"celery-task-meta-{a.run}" for a in agents if a.run]}
     out: dict[str, float] = {"children": len(agents)}
     for kind, ks in names.items():
         with client.pipeline(transaction=False) as pipe:

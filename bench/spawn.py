@@ -67,14 +67,8 @@ from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
 from swarm.store.server import EmbeddedServer
 from swarm.testing.scripts import ByTask, task_of, turn_of
-from swarm.testing.server import (
-    Reply,
-    ScriptedModelServer,
-    ToolCall,
-    _Handler,
-    _HTTPServer,
-    review_command,
-)
+from swarm.testing.handler import Handler, HTTPServer
+from swarm.testing.server import Reply, ScriptedModelServer, ToolCall, review_command
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "scripted-model"
@@ -84,7 +78,7 @@ JOB_TIMEOUT = 120.0
 # -- the scripted model, with timestamps ----------------------------------------------------
 
 
-class _TimedHandler(_Handler):
+class _TimedHandler(Handler):
     """The scripted server's handler, stamping arrival (before the latency sleep) and the
     moment the whole answer was written to the socket."""
 
@@ -124,7 +118,7 @@ class Stamp:
     sent_wall: float
 
 
-class _BenchHTTPServer(_HTTPServer):
+class _BenchHTTPServer(HTTPServer):
     # socketserver's default listen backlog is 5: when dozens of children connect at once the
     # kernel drops SYNs and the client retries after 1 s, which showed up as spawn overhead.
     request_queue_size = 1024
@@ -409,13 +403,13 @@ def breakdown(env: Env, job: Job, root: dict[int, Stamp], first: dict[int, Stamp
     settled: list[float] = []
     request_created = None
     for agent in ledger.agents(swarm_id):
-        if agent.get("kind") != "child":
+        if agent.kind != "child":
             continue
-        run = client.hgetall(keys.run(agent["run"]))
+        run = client.hgetall(keys.run(agent.run))
         i = int(pattern.search(run["message"]).group(1))  # type: ignore[union-attr]
         if request_created is None:
             request_created = float(client.hget(keys.request(run["request"]), "created"))
-        celery_events = env.tap.get(agent["run"])
+        celery_events = env.tap.get(agent.run)
         sent, started = celery_events.get("task-sent"), celery_events.get("task-started")
         received = celery_events.get("task-received")
         parts["root"].append(request_created - root[0].sent_wall)
@@ -426,7 +420,7 @@ def breakdown(env: Env, job: Job, root: dict[int, Stamp], first: dict[int, Stamp
             parts["pool"].append(started - received)
             parts["child_setup"].append(first[i].arrived_wall - started)
         settled.append(float(run["settled"]))
-        parts["_queued_to_sent"].append((sent or math.nan) - queued.get(agent["id"], math.nan))
+        parts["_queued_to_sent"].append((sent or math.nan) - queued.get(agent.id, math.nan))
     job.spawn_parts = {k: [x for x in v if not math.isnan(x)] for k, v in parts.items()}
     last_settled = max(settled)
     job.fanin_parts = {"child_settle": last_settled - final.sent_wall,

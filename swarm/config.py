@@ -24,10 +24,18 @@ POLICIES = ("always", "never", "once", "review")
 
 
 class Secret(str):
-    """A string that never shows itself in a repr, a log line or a traceback."""
+    """A string that never shows itself in a repr, a log line (``%s``, ``%r``), an f-string
+    or a traceback: all show ``***``. :meth:`reveal` gives the value, for the one place
+    that sends it (the ``Authorization`` header)."""
 
     def __repr__(self) -> str:
         return "Secret('***')" if self else "Secret('')"
+
+    def __str__(self) -> str:
+        return "***" if self else ""
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
     def reveal(self) -> str:
         return str.__str__(self)
@@ -99,10 +107,10 @@ KNOBS: dict[str, Knob] = {
                    read_by="swarm worker --queues"),
     "price_input": Knob(("SWARM_PRICE_INPUT",),
                         "US dollars per million prompt tokens, for cost estimates",
-                        read_by="swarm run/status/top/report (swarm.report.snapshot.Prices)"),
+                        read_by="swarm run/status/top/report (swarm.report.display.Prices)"),
     "price_output": Knob(("SWARM_PRICE_OUTPUT",),
                          "US dollars per million completion tokens, for cost estimates",
-                         read_by="swarm run/status/top/report (swarm.report.snapshot.Prices)"),
+                         read_by="swarm run/status/top/report (swarm.report.display.Prices)"),
     "serve_host": Knob(("SWARM_SERVE_HOST",), "address the HTTP API listens on",
                        read_by="swarm serve --host"),
     "serve_port": Knob(("SWARM_SERVE_PORT",), "port of the HTTP API", read_by="swarm serve --port"),
@@ -190,9 +198,12 @@ class Settings:
         return settings
 
     def with_(self, **changes: Any) -> Settings:
-        """A copy with ``changes`` applied (``None`` values are ignored)."""
+        """A copy with ``changes`` applied (``None`` values are ignored), validated like
+        :meth:`from_env`'s: a swarm's settings from the ledger or a test's are no exception."""
         given = {k: _coerce(k, v) for k, v in changes.items() if v is not None}
-        return replace(self, **given, explicit=self.explicit | frozenset(given))
+        settings = replace(self, **given, explicit=self.explicit | frozenset(given))
+        settings.validate()
+        return settings
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for values that cannot work."""

@@ -1,21 +1,41 @@
-"""Builders shared by the agent tests."""
+"""Builders shared by the agent tests, and :func:`wait_until` for every test that waits."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from swarm.agent.approval import ApprovalGate, approve_all
 from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
-from swarm.agent.protocols import SessionStore
+from swarm.agent.protocols import Approver, SessionStore
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
-from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.llm.client import LLMClient
 from swarm.runtime.build import new_session, prompt_builder
 from swarm.testing.server import ScriptedModelServer
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], what: str, *, timeout: float = 30.0,
+               every: float = 0.02) -> T:
+    """Call ``check`` until it returns something true and return that; fail the test,
+    naming ``what`` was awaited, after ``timeout`` seconds.
+
+    A wait on a condition, never on a duration: it returns as soon as the condition holds,
+    and a slow machine only makes it wait longer, never makes it pass or fail differently.
+    ``check`` may itself assert (a process that must stay alive, say) to fail sooner.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(every)
 
 
 def client_for(server: ScriptedModelServer, **overrides: Any) -> LLMClient:
@@ -39,7 +59,7 @@ def make_agent(
     server: ScriptedModelServer,
     workspace: Path,
     *,
-    approver: Callable[[ApprovalRequest], Decision] = approve_all,
+    approver: Approver = approve_all,
     policy: str = "never",
     store: SessionStore | None = None,
     hints: Any = None,

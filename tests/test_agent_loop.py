@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_lib
 
 from swarm.agent import compaction
-from swarm.agent.approval import deny_all
+from swarm.agent.approval import approve_all, deny_all
+from swarm.agent.loop import INTERRUPTED_BY_USER, Agent, Observer
+from swarm.config import Settings
 from swarm.domain.history import problems
-from swarm.errors import TurnLimitReached
+from swarm.domain.messages import ChatResult, Message, OnEvent, StreamEvent
+from swarm.domain.spawn import SpawnCall
+from swarm.errors import Interrupted, LockError, TurnLimitReached
+from swarm.llm.client import LLMClient
+from swarm.runtime.build import build_agent, new_session
 from swarm.store.sessions import RedisSessionStore
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
-from tests.helpers import MemoryHints, make_agent
+from tests.helpers import MemoryHints, client_for, make_agent
 
 
 def tool_messages(request: dict[str, object]) -> list[dict[str, object]]:
@@ -201,3 +209,147 @@ def test_a_429_closes_the_shared_rate_gate(model_server: ScriptedModelServer,
     started = time.monotonic()
     other.wait()
     assert time.monotonic() - started >= 0.4
+
+
+# -- Ctrl-C: every call of the step is answered, the session is whole and saved -------------
+
+#: A command that sends the agent's process a real SIGINT (Ctrl-C) while it runs.
+CTRL_C = "kill -INT $PPID; sleep 30"
+
+
+def expect_interrupted(run: Callable[[], object]) -> None:
+    """``run()`` must raise Interrupted; a KeyboardInterrupt getting out fails the test
+    (instead of stopping the whole session)."""
+    try:
+        run()
+    except Interrupted as exc:
+        assert str(exc) == "interrupted by the user"
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C got out of the loop as KeyboardInterrupt, not Interrupted")
+    else:
+        pytest.fail("the run was not interrupted")
+
+
+class RecordingSpawner:
+    def __init__(self) -> None:
+        self.submitted: list[str] = []
+
+    def request_id(self, turn: int, calls: list[SpawnCall]) -> str:
+        return f"q{turn}"
+
+    def submit(self, request_id: str, turn: int, calls: list[SpawnCall],
+               results: dict[str, str]) -> None:
+        self.submitted.append(request_id)
+
+
+def test_ctrl_c_in_a_command_answers_the_rest_as_interrupted(
+        model_server: ScriptedModelServer, tmp_path: Path, redis: redis_lib.Redis) -> None:
+    model_server.script(
+        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo first"}, id="a"),
+                          ToolCall("run_cli", {"command": CTRL_C}, id="b"),
+                          ToolCall("run_cli", {"command": "touch never"}, id="c")]),
+        Reply(content="carrying on"),
+    )
+    store = RedisSessionStore(redis)
+    agent = make_agent(model_server, tmp_path, store=store)
+    expect_interrupted(lambda: agent.run("three commands"))
+    assert not (tmp_path / "never").exists()
+    saved = store.load(agent.session.id)
+    assert saved is not None and problems(saved.messages) == []
+    results = {m["tool_call_id"]: m["content"] for m in saved.messages if m["role"] == "tool"}
+    assert "first" in results["a"]
+    assert results["b"] == results["c"] == INTERRUPTED_BY_USER
+    assert agent.run("go on") == "carrying on"  # the next run's history is whole
+
+
+def test_ctrl_c_beside_agent_calls_answers_them_all_and_does_not_park(
+        model_server: ScriptedModelServer, tmp_path: Path, redis: redis_lib.Redis) -> None:
+    model_server.script(Reply(tool_calls=[
+        ToolCall("agent", {"message": "child work"}, id="kid"),
+        ToolCall("run_cli", {"command": "echo ran"}, id="a"),
+        ToolCall("run_cli", {"command": CTRL_C}, id="b"),
+    ]))
+    store = RedisSessionStore(redis)
+    spawner = RecordingSpawner()
+    agent = make_agent(model_server, tmp_path, store=store)
+    agent.spawner = spawner
+    expect_interrupted(lambda: agent.run("fan out"))
+    assert spawner.submitted == []
+    saved = store.load(agent.session.id)
+    assert saved is not None and not saved.parked and problems(saved.messages) == []
+    results = [(m["tool_call_id"], m["content"]) for m in saved.messages if m["role"] == "tool"]
+    assert [call for call, _ in results] == ["kid", "a", "b"]  # in the calls' order
+    assert results[0][1] == results[2][1] == INTERRUPTED_BY_USER
+    assert "ran" in results[1][1]
+
+
+class CtrlCWhileStreaming(Observer):
+    def on_event(self, event: StreamEvent) -> None:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_during_the_model_call_raises_interrupted(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    model_server.script(Reply(content="an answer that never arrives whole"))
+    agent = make_agent(model_server, tmp_path, observer=CtrlCWhileStreaming())
+    expect_interrupted(lambda: agent.run("hello"))
+    assert agent.messages[-1] == {"role": "user", "content": "hello"}
+
+
+# -- build_agent: any Model, and the seams given to the constructor ------------------------
+
+class CountingModel:
+    """A Model that is not an LLMClient: build_agent takes the protocol."""
+
+    def __init__(self, inner: LLMClient) -> None:
+        self.inner, self.model, self.calls = inner, inner.model, 0
+
+    def context_length(self) -> int:
+        return self.inner.context_length()
+
+    def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *,
+             on_event: OnEvent | None = None, temperature: float | None = None,
+             stream: bool | None = None) -> ChatResult:
+        self.calls += 1
+        return self.inner.chat(messages, tools, on_event=on_event, temperature=temperature,
+                               stream=stream)
+
+
+def test_build_agent_takes_any_model_and_its_seams(model_server: ScriptedModelServer,
+                                                   tmp_path: Path) -> None:
+    model_server.script(Reply(tool_calls=[ToolCall("run_cli", {"command": "true"})]),
+                        Reply(content="done"))
+    settings = Settings(base_url=model_server.base_url, model=model_server.models[0], yes=True)
+    model = CountingModel(client_for(model_server))
+    steps: list[int] = []
+    saves: list[int] = []
+
+    def before_step(agent: Agent) -> None:
+        steps.append(len(agent.messages))
+        if len(steps) == 2:
+            agent.messages.append({"role": "user", "content": "NOTE from before_step"})
+
+    agent = build_agent(settings, tmp_path, model, new_session(tmp_path), store=None,
+                        hints=MemoryHints(), approver=approve_all, before_step=before_step,
+                        guard=lambda: saves.append(1))
+    assert agent.run("go") == "done"
+    assert model.calls == 2 and len(steps) == 2
+    assert model_server.requests[1]["messages"][-1]["content"] == "NOTE from before_step"
+    assert len(saves) >= 3  # the task, the model's two messages, the tool result
+
+
+def test_a_guard_that_raises_stops_the_agent_before_it_saves(
+        model_server: ScriptedModelServer, tmp_path: Path, redis: redis_lib.Redis) -> None:
+    model_server.script(Reply(content="never saved"))
+    settings = Settings(base_url=model_server.base_url, model=model_server.models[0])
+    store = RedisSessionStore(redis)
+
+    def lost() -> None:
+        raise LockError("lost the lock")
+
+    agent = build_agent(settings, tmp_path, client_for(model_server), new_session(tmp_path),
+                        store=store, hints=MemoryHints(), approver=approve_all, guard=lost)
+    with pytest.raises(LockError):
+        agent.run("go")
+    assert store.load(agent.session.id) is None
+    assert model_server.requests == []  # it stopped at the first save, the task's

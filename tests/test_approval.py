@@ -1,22 +1,26 @@
-"""Policies always/never/once/review, the reviewer, and the terminal approver."""
+"""Policies always/never/once/review, the reviewer, the terminal approver, and why a
+denial was made reaching the model."""
 
 from __future__ import annotations
 
 import io
 
 import pytest
+import redis as redis_lib
 
-from swarm.agent.approval import ApprovalGate, TerminalApprover
+from swarm.agent.approval import ApprovalGate, TerminalApprover, deny_all
+from swarm.agent.protocols import Approver
 from swarm.config import Settings, parse_policies
-from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.domain.approval import Answer, ApprovalRequest, Decision
+from swarm.store.approvals import ApprovalQueue, QueueApprover
 
 
 class Recorder:
-    def __init__(self, *answers: Decision) -> None:
-        self.answers = list(answers)
+    def __init__(self, *answers: Decision | Answer) -> None:
+        self.answers = [a if isinstance(a, Answer) else Answer(a) for a in answers]
         self.asked: list[ApprovalRequest] = []
 
-    def __call__(self, request: ApprovalRequest) -> Decision:
+    def __call__(self, request: ApprovalRequest, /) -> Answer:
         self.asked.append(request)
         return self.answers.pop(0)
 
@@ -25,7 +29,7 @@ def req(tool: str = "run_cli", summary: str = "rm -rf build") -> ApprovalRequest
     return ApprovalRequest(tool, {"command": summary}, summary)
 
 
-def gate(policy: str, approver: Recorder, reviewer: object = None, yes: bool = False
+def gate(policy: str, approver: Approver, reviewer: object = None, yes: bool = False
          ) -> ApprovalGate:
     return ApprovalGate(lambda tool: policy, approver, reviewer, yes=yes)  # type: ignore[arg-type]
 
@@ -68,6 +72,24 @@ def test_always_answer_remembers_for_the_session() -> None:
     assert len(ask.asked) == 1
 
 
+def test_a_denial_says_why_it_was_denied() -> None:
+    g = gate("always", Recorder(Answer("deny", "no one answered within 5 s"), "deny"))
+    assert g.check(req()).reason == "no one answered within 5 s"
+    assert g.check(req()).reason == "denied by the user"  # an answer without a reason
+
+
+def test_a_child_is_told_no_one_answered_its_approval(redis: redis_lib.Redis) -> None:
+    """The queue's reason (its timeout) reaches the verdict through the Approver protocol."""
+    approver = QueueApprover(ApprovalQueue(redis, "s-why"), timeout=0)
+    verdict = gate("always", approver).check(req())
+    assert not verdict.allowed
+    assert verdict.reason == "no one answered within 0 s"
+
+
+def test_nobody_to_ask_denies_and_says_so() -> None:
+    assert gate("always", deny_all).check(req()).reason == "there is no one to ask"
+
+
 def test_yes_skips_every_policy() -> None:
     ask = Recorder()
     assert gate("always", ask, yes=True).check(req()).allowed
@@ -80,7 +102,7 @@ def test_yes_skips_every_policy() -> None:
 ])
 def test_terminal_approver_answers(typed: str, decision: str) -> None:
     err = io.StringIO()
-    assert TerminalApprover(io.StringIO(typed), err)(req()) == decision
+    assert TerminalApprover(io.StringIO(typed), err)(req()).decision == decision
     assert "rm -rf build" in err.getvalue()
 
 
@@ -88,7 +110,8 @@ def test_terminal_approver_closed_stdin_denies() -> None:
     stdin = io.StringIO("y\n")
     stdin.close()
     err = io.StringIO()
-    assert TerminalApprover(stdin, err)(req()) == "deny"
+    assert TerminalApprover(stdin, err)(req()) == Answer("deny", "no one answered "
+                                                         "(stdin is closed)")
     assert "denied" in err.getvalue()
 
 

@@ -1,11 +1,19 @@
-"""Settings: precedence flag > SWARM_* > OPENAI_* > EVA_* > default, and bad values."""
+"""Settings: precedence flag > SWARM_* > OPENAI_* > EVA_* > default, bad values, and the
+API key that never shows."""
 
 from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from swarm.config import Settings
 from swarm.errors import ConfigError
+from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 
 
 def test_precedence_of_sources() -> None:
@@ -34,10 +42,56 @@ def test_explicit_lists_what_was_given_not_defaults() -> None:
     assert Settings.from_env({}).explicit == frozenset()
 
 
-def test_the_api_key_never_shows() -> None:
-    s = Settings.from_env({"SWARM_API_KEY": "sk-very-secret"})
-    assert "sk-very-secret" not in repr(s)
-    assert "sk-very-secret" not in str(s)
+KEY = "sk-very-secret-4242"
+
+
+def test_the_api_key_never_shows(caplog: pytest.LogCaptureFixture) -> None:
+    """Not in a repr, nor in a log line however it is formatted, nor in an f-string."""
+    s = Settings.from_env({"SWARM_API_KEY": KEY})
+    key = s.api_key
+    caplog.set_level(logging.DEBUG)
+    log = logging.getLogger("swarm.test")
+    log.info("%s", key)
+    log.debug("key %r, settings %s, %r", key, s, s)
+    log.warning("%-30s|%s", key, [key])
+    log.error(key)
+    # every way of formatting a string, on purpose
+    formatted = ["%s" % key, "{}".format(key)]  # noqa: UP031, UP032
+    shown = [repr(s), str(s), str(key), f"{key}", f"{key:>40}", *formatted,
+             caplog.text, *(r.getMessage() for r in caplog.records)]
+    assert [text for text in shown if KEY in text] == []
+    assert "***" in caplog.records[0].getMessage()
+    assert key.reveal() == KEY  # the one way to the value, for the Authorization header
+
+
+def test_swarm_run_vv_never_prints_the_api_key(model_server: ScriptedModelServer,
+                                               redis_server: str, tmp_path: Path) -> None:
+    """A real ``swarm -vv run`` (debug logging to stderr) with the key the model requires:
+    the run works, so the key was sent, and neither stdout nor stderr shows it."""
+    model_server.require_key = KEY
+    model_server.script(Reply(tool_calls=[ToolCall("run_cli", {"command": "echo ran"})]),
+                        Reply(content="all done"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    env.update(SWARM_BASE_URL=model_server.base_url, SWARM_MODEL=model_server.models[0],
+               SWARM_API_KEY=KEY, SWARM_REDIS_URL=redis_server, SWARM_HOME=str(tmp_path / "h"),
+               SWARM_WORKERS="0")
+    done = subprocess.run([sys.executable, "-m", "swarm", "-vv", "run", "-y", "-C", str(tmp_path),
+                           "say", "done"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "all done\n"
+    assert "DEBUG" in done.stderr  # -vv did log
+    assert KEY not in done.stdout and KEY not in done.stderr
+
+
+def test_with_validates_like_from_env() -> None:
+    base = Settings.from_env({})
+    with pytest.raises(ConfigError, match="SWARM_COMPACT_AT"):
+        base.with_(compact_at=2.0)
+    with pytest.raises(ConfigError, match="SWARM_MAX_PARALLEL must be a positive number"):
+        base.with_(max_parallel=0)
+    with pytest.raises(ConfigError, match="approval policy 'sometimes'"):
+        base.with_(approval={"run_cli": "sometimes"})
+    assert base.with_(max_parallel=3).max_parallel == 3
 
 
 @pytest.mark.parametrize(("env", "message"), [

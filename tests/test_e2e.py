@@ -15,6 +15,7 @@ import pytest
 
 from swarm.store.server import EmbeddedServer
 from swarm.testing.server import Reply, ScriptedModelServer, Slow, ToolCall
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -69,10 +70,8 @@ def test_sigint_during_a_command_kills_it_and_saves_the_session(
     proc = subprocess.Popen([sys.executable, "-m", "swarm", "run", "--yes", "sleep"], env=env,
                             cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not (work / "pid").exists() or not (work / "pid").read_text().strip():
-        assert time.monotonic() < deadline, "the command never started"
-        time.sleep(0.05)
+    wait_until(lambda: (work / "pid").exists() and (work / "pid").read_text().strip(),
+               "the command to start")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
@@ -124,9 +123,8 @@ def test_chat_ctrl_c_returns_to_the_prompt_and_ctrl_d_exits(
         term.expect(b"> ")
         os.write(fd, b"slow question\r")
         term.expect(b"slow question")
-        deadline = time.monotonic() + 10
-        while not model_server.requests and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # Ctrl-C while the model is answering (slowly), not before the question left.
+        wait_until(lambda: model_server.requests, "the question to reach the model")
         os.write(fd, b"\x03")  # Ctrl-C
         term.expect(b"(interrupted)")
         term.expect(b"> ")

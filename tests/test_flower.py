@@ -1,21 +1,23 @@
-"""``swarm flower``: no login is refused off loopback and warned about on it; and through
+"""``swarm flower``: no login is refused off loopback and warned about on it; through
 Flower's real HTTP API, every agent task names its parent agent's task (``parent_id``) and
-its swarm's root task (``root_id``)."""
+its swarm's root task (``root_id``); and nothing Flower serves shows the API key or the
+Redis password of the swarm it watches."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 import pytest
+import redis
 from click.testing import CliRunner
 
 from swarm.broker.app import configure
@@ -23,13 +25,19 @@ from swarm.cli import main
 from swarm.cli.runtime import is_loopback
 from swarm.coordinator.service import root_task_id
 from swarm.runtime.jobs import job_run_id, submit_job
+from swarm.runtime.local import LocalCluster, wait_for
 from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
-from swarm.testing.cluster import local_swarm
+from swarm.store.server import EmbeddedServer
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+from tests import helpers
 
 LOGIN = ("watcher", "flower-test-pw-3c1e")
+#: Planted in the workers' environment and the root's: Flower must never show it.
+API_KEY = "sk-planted-flower-5e0b17"
+#: The password of the swarm's Redis, in every process's SWARM_REDIS_URL: never shown either.
+REDIS_PASSWORD = "pw-flower-redis-91d4c"
 
 
 def free_port() -> int:
@@ -48,26 +56,26 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def wait_until(check: Callable[[], Any], what: str, proc: subprocess.Popen[bytes],
                timeout: float = 60.0) -> Any:
-    """Poll ``check`` until it returns something true (HTTP errors count as not yet)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(httpx.HTTPError):
-            value = check()
-            if value:
-                return value
+    """Poll ``check`` until it returns something true (HTTP errors count as not yet), as
+    long as Flower runs."""
+    def attempt() -> Any:
         assert proc.poll() is None, f"flower exited with code {proc.returncode}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+        with contextlib.suppress(httpx.HTTPError):
+            return check()
+        return None
+
+    return helpers.wait_until(attempt, what, timeout=timeout, every=0.2)
 
 
 @contextlib.contextmanager
-def flower(redis_url: str, *args: str, stderr: IO[bytes] | None = None
+def flower(redis_url: str, *args: str, stderr: IO[bytes] | None = None, **env: str
            ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``swarm flower`` on a free loopback port; yields its URL and process."""
+    """``swarm flower`` on a free loopback port (``env`` set in its environment); yields
+    its URL and process."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "swarm", "flower", "--port", str(port), *args],
-        env=clean_env(SWARM_REDIS_URL=redis_url), stdin=subprocess.DEVNULL,
+        env=clean_env(SWARM_REDIS_URL=redis_url, **env), stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=stderr or subprocess.DEVNULL)
     try:
         yield f"http://127.0.0.1:{port}", proc
@@ -132,9 +140,26 @@ def test_flower_on_loopback_without_a_login_warns_and_serves(redis_server: str,
 
 @pytest.fixture(scope="module")
 def swarm_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A coordinator and a worker on a Redis with a password (:data:`REDIS_PASSWORD`, in
+    the URL yielded), the worker holding the planted :data:`API_KEY`."""
     home = tmp_path_factory.mktemp("flower-home")
-    with local_swarm(home) as url:
-        yield url, home
+    server = EmbeddedServer(home)
+    plain = server.ensure()
+    url = plain.replace("redis://", f"redis://:{REDIS_PASSWORD}@", 1)
+    try:
+        with connect(plain) as admin:
+            admin.config_set("requirepass", REDIS_PASSWORD)
+        cluster = LocalCluster(url, home, workers=1, concurrency=16,
+                               env={"SWARM_API_KEY": API_KEY}).start()
+        try:
+            wait_for(connect(url), 30, cluster.procs)
+            yield url, home
+        finally:
+            cluster.stop()
+    finally:
+        with contextlib.suppress(redis.RedisError), connect(url) as admin:
+            admin.config_set("requirepass", "")  # so the server stops by SHUTDOWN, at once
+        server.stop()
 
 
 def agent_calls(*messages: str) -> Reply:
@@ -179,10 +204,10 @@ def test_flower_links_each_task_to_its_parent_and_root(swarm_home: tuple[str, Pa
         swarm_id = ledger.latest_swarm()
         assert swarm_id is not None
         agents = ledger.agents(swarm_id)
-        [child_agent] = [a for a in agents if a["depth"] == "1"]
-        grands = [a["run"] for a in agents if a["depth"] == "2"]
+        [child_agent] = [a for a in agents if a.depth == 1]
+        grands = [a.run for a in agents if a.depth == 2]
         assert len(grands) == 2, agents
-        root, child = root_task_id(swarm_id), child_agent["run"]
+        root, child = root_task_id(swarm_id), child_agent.run
         assert root == job_run_id(swarm_id)
 
         def info(task_id: str) -> dict[str, Any]:
@@ -222,10 +247,80 @@ def test_flower_links_each_task_to_its_parent_and_root(swarm_home: tuple[str, Pa
         job_root = job_run_id(job)
 
         def job_child() -> str:
-            return next((a["run"] for a in ledger.agents(job) if a.get("depth") == "1"), "")
+            return next((a.run for a in ledger.agents(job) if a.depth == 1), "")
 
         job_kid = wait_until(job_child, "the job's child in the ledger", proc)
         infos = wait_until(lambda: settled(job_root, job_kid), "the job's tasks", proc)
         assert infos[job_root]["root_id"] == job_root
         assert (infos[job_kid]["parent_id"], infos[job_kid]["root_id"]) == (job_root, job_root)
         assert job_kid in infos[job_root]["children"]
+
+
+# -- no secret in Flower ------------------------------------------------------------------
+
+
+def run_env(url: str, home: Path, model: ScriptedModelServer, **extra: str
+            ) -> dict[str, str | None]:
+    """The environment of a `swarm run` whose root is this process, on the module's swarm."""
+    env: dict[str, str | None] = {
+        k: None for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    env.update(SWARM_BASE_URL=model.base_url, SWARM_REDIS_URL=url, SWARM_HOME=str(home),
+               **extra)
+    return env
+
+
+@pytest.mark.slow
+def test_flower_lists_tasks_without_secrets(swarm_home: tuple[str, Path],
+                                            tmp_path: Path) -> None:
+    url, home = swarm_home
+    # The model wants the planted key: the root and the worker did hold and use it.
+    model = ScriptedModelServer(require_key=API_KEY, responder=ByTask({
+        "FLOWERSECRET": [agent_calls("WATCHED one", "WATCHED two"), echo],
+        "WATCHED": [Reply(content="seen")]}))
+    with (model, flower(url, "--basic-auth", ":".join(LOGIN), SWARM_API_KEY=API_KEY)
+          as (web_url, proc), httpx.Client(base_url=web_url, auth=LOGIN, timeout=10) as web):
+        workers = wait_until(lambda: [name for name, up in web.get(
+            "/api/workers", params={"status": "true"}).json().items() if up],
+            "flower to see the worker's events", proc)
+        result = CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C",
+                                           str(tmp_path), "FLOWERSECRET start"],
+                                    env=run_env(url, home, model, SWARM_API_KEY=API_KEY))
+        assert result.exit_code == 0, result.output
+        assert result.stdout.count("seen") == 2, result.stdout
+
+        def watched() -> dict[str, dict[str, Any]] | None:
+            """Every task Flower lists, once both children's runs are listed as done."""
+            tasks: dict[str, dict[str, Any]] = web.get("/api/tasks").json()
+            runs = [t for t in tasks.values() if "depth 1: WATCHED" in str(t["name"])
+                    and t["state"] == "SUCCESS"]
+            return tasks if len(runs) == 2 else None
+
+        tasks = wait_until(watched, "both children's runs done in flower", proc)
+        # Named after their agents (Celery's shadow name), with ids alone as arguments.
+        runs = [t for t in tasks.values() if "depth 1: WATCHED" in str(t["name"])]
+        assert all(re.fullmatch(r"\('r[0-9a-f]{15}',\)", t["args"]) for t in runs), runs
+        assert all(t["kwargs"] == "{}" for t in runs), runs
+
+        # Everything Flower serves about these tasks and workers: its API (task list,
+        # each task's info and stored result, the workers with their stats and Celery
+        # configuration, the queues) and its pages, as the watcher sees them.
+        table = ("/tasks/datatable?draw=1&start=0&length=1000&search[value]="
+                 "&order[0][column]=0&order[0][dir]=asc&columns[0][data]=name")
+        pages = ["/api/tasks", "/api/workers?refresh=true", "/api/queues/length",
+                 "/api/task/types", "/metrics", "/", "/workers", "/tasks", "/broker", table]
+        for task_id in tasks:
+            pages += [f"/api/task/info/{task_id}", f"/api/task/result/{task_id}",
+                      f"/task/{task_id}"]
+        pages += [f"/worker/{name}" for name in workers]
+        shown = {page: web.get(page) for page in pages}
+        assert {p: r.status_code for p, r in shown.items() if r.status_code != 200} == {}
+        text = {page: reply.text for page, reply in shown.items()}
+        # The pages do hold what was watched: the agents' tasks and the worker.
+        assert "WATCHED one" in text["/api/tasks"] and "WATCHED one" in text[table]
+        assert all(name in text["/api/workers?refresh=true"] for name in workers)
+        # Some show the Redis URL itself (the workers' broker, Flower's broker page):
+        # with its password masked.
+        address = url.rpartition("@")[2]
+        assert address in text["/broker"] and address in text["/api/workers?refresh=true"]
+        for secret in (API_KEY, REDIS_PASSWORD):
+            assert [page for page, body in text.items() if secret in body] == []

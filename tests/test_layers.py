@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "swarm"
 
 #: Bottom first: a unit may import its own layer or any below it, never one above.
 LAYERS: list[set[str]] = [
-    {"__init__", "errors", "faults", "procs", "text", "secrets", "domain"},
+    {"__init__", "errors", "faults", "procs", "text", "secrets", "domain", "cache", "patches"},
     {"config", "telemetry"},
     {"store", "llm"},
     {"agent"},

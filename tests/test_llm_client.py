@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -310,21 +311,241 @@ def test_mid_stream_details_over_mock_transport(sleeps: list[float]) -> None:
     assert len(sleeps) == 1
 
 
+class Relay:
+    """A TCP relay in front of the scripted server that counts the connections it carries:
+    how many were opened, and the most open at once."""
+
+    def __init__(self, target: ScriptedModelServer) -> None:
+        self.target = ("127.0.0.1", int(target.base_url.split(":")[2].split("/")[0]))
+        self.opened = 0
+        self.open = 0
+        self.most_open = 0
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.opened += 1
+                self.open += 1
+                self.most_open = max(self.most_open, self.open)
+            upstream = socket.create_connection(self.target)
+            done = threading.Event()
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b, done), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, done: threading.Event) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            if not done.is_set():
+                done.set()
+                with self.lock:
+                    self.open -= 1
+
+    def close(self) -> None:
+        self.listener.close()
+
+
 def test_concurrent_calls_share_one_client(model_server: ScriptedModelServer,
-                                           client: LLMClient) -> None:
-    model_server.latency = 0.05
+                                           sleeps: list[float]) -> None:
+    """Calls from many threads at once go through one client's connection pool: a second
+    round of concurrent calls opens no new connection."""
+    model_server.latency = 0.2
+    relay = Relay(model_server)
     results: list[str] = []
 
-    def call(i: int) -> None:
+    def call(i: int, start: threading.Barrier) -> None:
+        start.wait(10)
         results.append(client.chat([{"role": "user", "content": f"run `echo {i}`"}],
                                    [RUN_CLI]).tool_calls[0]["function"]["arguments"])
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(json.loads(r)["command"] for r in results) == [f"echo {i}" for i in range(8)]
+    def round_of(n: int) -> None:
+        start = threading.Barrier(n)
+        threads = [threading.Thread(target=call, args=(i, start)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    with LLMClient(relay.base_url, "scripted-model", sleep=sleeps.append) as client:
+        round_of(8)
+        assert relay.most_open > 1  # the calls did overlap
+        opened = relay.opened
+        round_of(8)
+        assert relay.opened == opened  # and the second round reused the first's connections
+    relay.close()
+    assert sorted(json.loads(r)["command"] for r in results) == \
+        sorted(f"echo {i}" for i in [*range(8), *range(8)])
+    assert sleeps == []
+
+
+# -- what the HTTP transport does (httpx's own) ---------------------------------------------
+
+
+class RawServer:
+    """Serves HTTP/1.1 connections one request at a time from a list of answers (each
+    writes its bytes and says whether to keep the connection); records every request."""
+
+    def __init__(self, *answers: Callable[[socket.socket], bool]) -> None:
+        self.answers = list(answers)
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.closed = threading.Semaphore(0)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        try:
+            while self.answers:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                self.requests.append(head + b"\r\n\r\n" + buf[:length])
+                buf = buf[length:]
+                if not self.answers.pop(0)(conn):
+                    return
+        finally:
+            conn.close()
+            self.closed.release()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def completion_bytes(content: str) -> bytes:
+    body = json.dumps({"choices": [{"message": {"role": "assistant", "content": content},
+                                    "finish_reason": "stop"}]}).encode()
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def answer(content: str, keep: bool = True) -> Callable[[socket.socket], bool]:
+    def write(conn: socket.socket) -> bool:
+        conn.sendall(completion_bytes(content))
+        return keep
+    return write
+
+
+def hang_up(conn: socket.socket) -> bool:
+    """Read the request, answer nothing, close."""
+    return False
+
+
+def test_a_connection_the_server_closed_while_idle_costs_no_retry(sleeps: list[float]) -> None:
+    server = RawServer(answer("one", keep=False), answer("two"))
+    with LLMClient(f"http://127.0.0.1:{server.port}/v1", "m", Secret(KEY),
+                   sleep=sleeps.append) as c:
+        assert c.chat(USER, stream=False).content == "one"
+        assert server.closed.acquire(timeout=10)  # the client still holds it as idle
+        assert c.chat(USER, stream=False).content == "two"
+    assert server.connections == 2 and len(server.requests) == 2 and sleeps == []
+    server.close()
+
+
+def test_a_request_the_server_received_is_not_sent_again_unasked(sleeps: list[float]) -> None:
+    """A server that hangs up after reading a request may have run it (a model call is
+    billed): only the client's own retry, after its backoff, may send it again."""
+    server = RawServer(answer("one"), hang_up, answer("three"))
+    with LLMClient(f"http://127.0.0.1:{server.port}/v1", "m", Secret(KEY), retries=2,
+                   sleep=sleeps.append) as c:
+        assert c.chat(USER, stream=False).content == "one"
+        assert c.chat(USER, stream=False).content == "three"
+    assert len(server.requests) == 3 and len(sleeps) == 1
+    server.close()
+
+
+@pytest.fixture
+def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    return monkeypatch
+
+
+def test_a_proxy_from_the_environment_is_used(no_proxy_env: pytest.MonkeyPatch,
+                                              sleeps: list[float]) -> None:
+    proxy = RawServer(answer("via the proxy"))
+    no_proxy_env.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+    with LLMClient("http://model.invalid:8000/v1", "m", Secret(KEY), retries=1,
+                   sleep=sleeps.append) as c:
+        assert c.chat(USER, stream=False).content == "via the proxy"
+    (request,) = proxy.requests
+    assert request.startswith(b"POST http://model.invalid:8000/v1/chat/completions HTTP/1.1")
+    assert b"\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n" in request
+    no_proxy_env.setenv("NO_PROXY", "model.invalid")
+    with LLMClient("http://model.invalid:8000/v1", "m", Secret(KEY), retries=1,
+                   sleep=sleeps.append) as c, pytest.raises(ModelConnectionError):
+        c.chat(USER, stream=False)  # straight to a host that does not resolve
+    assert len(proxy.requests) == 1
+    proxy.close()
+
+
+def test_user_info_in_the_base_url_is_neither_sent_nor_shown(
+        model_server: ScriptedModelServer, sleeps: list[float],
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    model_server.require_key = KEY  # a Basic header from the user info would get a 401
+    model_server.context_length = 4321
+    with_user = model_server.base_url.replace("http://", "http://alice:hunter2@")
+    model_server.script(Reply("hi"))
+    with LLMClient(with_user, "scripted-model", Secret(KEY), sleep=sleeps.append) as c:
+        assert c.chat(USER).content == "hi"
+        assert c.context_length() == 4321  # GET /models carried the Bearer key too
+        shown = [repr(c), c.base_url]
+    wrong = with_user.removesuffix("/v1")
+    with LLMClient(wrong, "scripted-model", Secret(KEY), retries=2,
+                   sleep=sleeps.append) as c:
+        assert c.context_length() == 128_000  # /models failed: the warning names the URL
+        with pytest.raises(ModelHTTPError) as info:
+            c.chat(USER)
+        shown += [str(info.value), repr(c)]
+    shown += [caplog.text, *(r.getMessage() for r in caplog.records)]
+    assert not [text for text in shown if "hunter2" in text or "alice" in text]
+    assert "cannot read the context length from http://127.0.0.1:" in caplog.text
+    assert caplog.text.count("user name or password") == 2  # once per base URL
+
+
+def test_a_line_break_in_the_api_key_is_refused_before_sending(
+        model_server: ScriptedModelServer, sleeps: list[float]) -> None:
+    with make_client(model_server, sleeps, api_key="sk-1\r\nX-Injected: yes") as c, \
+            pytest.raises(ConfigError, match="SWARM_API_KEY") as info:
+        c.chat(USER)
+    assert model_server.requests == [] and sleeps == []
+    assert "X-Injected" not in str(info.value)
 
 
 # -- odd servers over a mock transport ------------------------------------------------------

@@ -15,8 +15,9 @@ from swarm.cli.render import SHOWN_LINES, TerminalView
 from swarm.config import Secret
 from swarm.errors import ModelHTTPError, TurnLimitReached
 from swarm.llm.client import LLMClient
+from swarm.report.display import Prices
 from swarm.report.html import render_html
-from swarm.report.snapshot import AgentView, Prices, Snapshot
+from swarm.report.snapshot import AgentView, Snapshot
 from swarm.runtime.root import describe
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 from swarm.text import plural

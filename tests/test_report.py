@@ -18,8 +18,9 @@ import redis as redis_py
 from click.testing import CliRunner
 
 from swarm.cli import main
+from swarm.report.display import Prices
 from swarm.report.html import render_html
-from swarm.report.snapshot import Prices, SnapshotReader
+from swarm.report.snapshot import SnapshotReader
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall

@@ -326,11 +326,20 @@ def test_an_answer_from_swarm_approve_or_after_the_timeout_gets_409(
     late = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH, json={"decision": "approve"})
     assert late.status_code == 409 and "answered already (deny)" in late.json()["detail"]
 
-    thread, got = ask_in_thread(redis, "s409late", timeout=0.3)
-    approval = wait_pending(api)
+    # No answer in time: the child gives up. Its request's id is noted while it waits (the
+    # child asks `cancelled` as it does), so a slow machine cannot let it expire unseen.
+    seen: list[str] = []
+
+    def note_pending() -> bool:
+        if not seen:
+            seen.extend(p.id for p in ApprovalQueue(redis, "s409late").pending())
+        return False
+
+    thread, got = ask_in_thread(redis, "s409late", timeout=0.3, cancelled=note_pending)
     thread.join(timeout=10)
     assert got and got[0][0] == "deny" and "no one answered" in got[0][1]
-    late = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH, json={"decision": "approve"})
+    (approval_id,) = seen
+    late = api.post(f"/v1/approvals/{approval_id}", headers=AUTH, json={"decision": "approve"})
     assert late.status_code == 409 and "no one answered in time" in late.json()["detail"]
 
 

@@ -1,4 +1,4 @@
-"""HintsStore: hints.md written atomically, mirrored in Redis."""
+"""HomeHints: hints.md written atomically, mirrored in Redis; SwarmHints add to them."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from redis.retry import Retry
 
 from swarm.errors import StoreUnavailableError
 from swarm.store import keys
-from swarm.store.hints import HintsStore
+from swarm.store.hints import HomeHints
 
 
 def test_save_writes_file_and_redis(redis: redis_py.Redis, tmp_path: Path) -> None:
-    store = HintsStore(redis, tmp_path)
+    store = HomeHints(redis, tmp_path)
     assert store.load() == ""
     store.save("use uv, not pip\nünïcode")
     assert (tmp_path / "hints.md").read_text(encoding="utf-8") == "use uv, not pip\nünïcode"
@@ -27,7 +27,7 @@ def test_save_writes_file_and_redis(redis: redis_py.Redis, tmp_path: Path) -> No
 
 
 def test_redis_value_wins_and_file_is_the_fallback(redis: redis_py.Redis, tmp_path: Path) -> None:
-    store = HintsStore(redis, tmp_path)
+    store = HomeHints(redis, tmp_path)
     store.save("from file")
     redis.set(keys.hints("global"), "from another host")
     assert store.load() == "from another host"
@@ -36,13 +36,13 @@ def test_redis_value_wins_and_file_is_the_fallback(redis: redis_py.Redis, tmp_pa
 
 
 def test_scopes_are_separate(redis: redis_py.Redis, tmp_path: Path) -> None:
-    HintsStore(redis, tmp_path).save("global hints")
-    team = HintsStore(redis, tmp_path, scope="team/a")
+    HomeHints(redis, tmp_path).save("global hints")
+    team = HomeHints(redis, tmp_path, scope="team/a")
     assert team.load() == ""
     team.save("team hints")
     assert team.path == tmp_path / "hints-team_a.md"
     assert redis.get(keys.hints("team/a")) == "team hints"
-    assert HintsStore(redis, tmp_path).load() == "global hints"
+    assert HomeHints(redis, tmp_path).load() == "global hints"
 
 
 def test_unreachable_redis(tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_unreachable_redis(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dead = redis_py.Redis(port=port, retry=Retry(NoBackoff(), 0), decode_responses=True)
-    store = HintsStore(dead, tmp_path / "home")
+    store = HomeHints(dead, tmp_path / "home")
     with pytest.raises(StoreUnavailableError, match="saving memory hints"):
         store.save("kept locally")
     assert store.load() == "kept locally"
@@ -60,7 +60,7 @@ def test_swarm_hints_add_to_the_users_and_never_replace_them(redis: redis_py.Red
                                                              tmp_path: Path) -> None:
     from swarm.store.hints import SWARM_HINTS_KEPT, SwarmHints
 
-    base = HintsStore(redis, tmp_path)
+    base = HomeHints(redis, tmp_path)
     base.save("user hint: tests live in tests/")
     first = SwarmHints(redis, "s1", base, agent_id="a1")
     first.save("notes are in notes.md")

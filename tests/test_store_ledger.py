@@ -1,27 +1,42 @@
-"""Ledger.start (the claim and the reads a worker needs next, in one script) on a real server."""
+"""The ledger's transitions on a real server: park, spawn (limits and holds), refuse,
+release, start, stay parked, settle, reap, join, cancel. Each is atomic and idempotent."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import redis as redis_py
 
 from swarm.domain.session import Session
 from swarm.store import keys
-from swarm.store.ledger import Ledger, NewRun, Run
+from swarm.store.ledger import AgentRecord, Ledger, NewRun, RunRecord
 from swarm.store.sessions import RedisSessionStore
 
-PARENT = {"id": "aparent", "workspace": "/work/parent", "host": "host-a"}
+PARENT = AgentRecord(id="aparent", swarm="s1", workspace="/work/parent", host="host-a",
+                     kind="root")
 
 
-def add_child(ledger: Ledger, run_id: str = "r1", agent_id: str = "a1") -> Run:
+def child(n: int, request: str = "q1") -> NewRun:
+    run = RunRecord(id=f"r{n}", agent=f"a{n}", request=request, call_id=f"c{n}",
+                    message=f"do {n}", state="queued")
+    return NewRun(run, depth=1, label=f"do {n}")
+
+
+def swarm_with(ledger: Ledger, *new: NewRun, max_children: int = 200,
+               max_parallel: int = 64) -> None:
     ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
-    run = Run(id=run_id, agent=agent_id, request="q1", call_id="c1", message="do it",
-              state="queued")
-    ledger.add_children("s1", PARENT, [NewRun(run, depth=1, label="do it")])
+    ledger.spawn("s1", PARENT, list(new), max_children, max_parallel)
+
+
+def add_child(ledger: Ledger, run_id: str = "r1") -> RunRecord:
+    swarm_with(ledger, child(int(run_id[1:])))
     got = ledger.run(run_id)
     assert got is not None
     return got
+
+
+# -- start --------------------------------------------------------------------------------
 
 
 def test_start_claims_and_reads_the_record(redis: redis_py.Redis) -> None:
@@ -30,8 +45,9 @@ def test_start_claims_and_reads_the_record(redis: redis_py.Redis) -> None:
     assert run.swarm == "s1"  # the run carries its swarm: no read of the agent first
     start = ledger.start(run, run.swarm, "tok", 30.0, "host-b")
     assert start is not None and start.claimed
-    assert start.agent["swarm"] == "s1" and start.agent["parent_workspace"] == "/work/parent"
-    assert start.agent["state"] == "running" and start.agent["host"] == "host-b"
+    record = start.record
+    assert record.swarm == "s1" and record.parent_workspace == "/work/parent"
+    assert record.state == "running" and record.host == "host-b"
     assert (start.session_meta, start.session_messages, start.cancelled, start.spent) == \
         (None, None, False, 0)
     row = redis.hgetall(keys.run("r1"))
@@ -52,8 +68,8 @@ def test_start_of_a_run_another_worker_holds(redis: redis_py.Redis) -> None:
 def test_start_takes_over_an_expired_lease(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok1", 0.01, "host-a").claimed  # type: ignore[union-attr]
-    time.sleep(0.05)
+    assert ledger.start(run, "s1", "tok1", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    redis.hset(keys.run("r1"), "lease_until", time.time() - 1)  # the worker stopped renewing
     again = ledger.start(run, "s1", "tok2", 30.0, "host-b")
     assert again is not None and again.claimed
     assert redis.hget(keys.run("r1"), "attempts") == "2"
@@ -65,8 +81,8 @@ def test_start_reads_session_cancel_and_spent_tokens(redis: redis_py.Redis) -> N
     sessions = RedisSessionStore(redis, index=False)
     sessions.save(Session(id="a1", workspace="/w", messages=[{"role": "user", "content": "hé"}],
                           usage={}, created=1.0, updated=2.0, turns=3))
-    redis.set(keys.cancel("a1"), "1")
-    redis.hset(keys.swarm_counters("s1"), "tokens", 1234)
+    ledger.cancel("a1")
+    ledger.spend("s1", 1234)
     start = ledger.start(run, "s1", "tok", 30.0, "host-a")
     assert start is not None and start.claimed and start.cancelled and start.spent == 1234
     session = sessions.from_fields("a1", start.session_meta, start.session_messages)
@@ -76,8 +92,193 @@ def test_start_reads_session_cancel_and_spent_tokens(redis: redis_py.Redis) -> N
 
 def test_start_without_an_agent_record_claims_nothing(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
-    run = Run(id="r9", agent="agone", request="q", call_id="c", message="m", state="queued")
-    ledger.add_run(run)
+    run = RunRecord(id="r9", agent="agone", request="q", call_id="c", message="m",
+                    state="queued")
     assert ledger.start(run, "s1", "tok", 30.0, "host-a") is None
-    assert redis.hget(keys.run("r9"), "state") == "queued"
-    assert redis.hget(keys.agent("agone"), "state") == "queued"  # add_run's, not a claim's
+    assert not redis.exists(keys.run("r9")) and not redis.exists(keys.agent("agone"))
+
+
+# -- park, spawn, refuse, release ---------------------------------------------------------
+
+
+def test_park_records_the_request_once_and_frees_the_parents_slot(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    calls = [{"call_id": "c9", "message": "sub"}]
+    assert ledger.park("q9", "a1", "s1", 2, calls, {"c8": "other"}, parent_run="r1")
+    assert not ledger.park("q9", "a1", "s1", 2, calls, {}, parent_run="r1")  # a replay
+    assert redis.xlen(keys.spawn_stream()) == 1
+    row = redis.hgetall(keys.run("r1"))
+    assert (row["state"], row["lease"]) == ("parked", "")
+    assert ledger.agent("a1").state == "parked"  # type: ignore[union-attr]
+    assert not redis.sismember(keys.swarm_inflight("s1"), "r1")
+    assert redis.zscore(keys.leases(), "r1") is None
+    assert ledger.request("q9")["calls"] == calls
+
+
+def test_spawn_writes_children_once_and_holds_those_over_the_parallel_limit(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
+    spawned = ledger.spawn("s1", PARENT, [child(1), child(2), child(3)], 200, 2)
+    assert [n.run.id for n in spawned.send] == ["r1", "r2"]
+    assert [n.run.id for n in spawned.held] == ["r3"] and not spawned.over
+    assert redis.smembers(keys.swarm_inflight("s1")) == {"r1", "r2"}
+    assert redis.lrange(keys.swarm_waiting("s1"), 0, -1) == ["r3"]
+    assert [a.state for a in ledger.agents_by_id(["a1", "a3"])] == ["queued", "waiting"]  # type: ignore[union-attr]
+    record = ledger.agent("a1")
+    assert record is not None and (record.parent, record.parent_host) == ("aparent", "host-a")
+    assert ledger.children_spawned("s1") == 3
+
+
+def test_spawn_stops_at_the_children_limit_across_requests(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
+    first = ledger.spawn("s1", PARENT, [child(1), child(2)], 3, 64)
+    second = ledger.spawn("s1", PARENT, [child(3, "q2"), child(4, "q2")], 3, 64)
+    assert len(first.send) == 2 and [n.run.id for n in second.send] == ["r3"]
+    assert [n.run.id for n in second.over] == ["r4"] and second.children == 3
+    assert not redis.exists(keys.run("r4")) and not redis.exists(keys.agent("a4"))
+
+
+def test_refuse_settles_a_call_once(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    run = RunRecord(id="rx", agent="", request="q1", call_id="c1", message="m", state="queued")
+    assert ledger.refuse(run, "depth limit reached")
+    assert not ledger.refuse(run, "depth limit reached")
+    got = ledger.run("rx")
+    assert got is not None and got.state == "refused"
+    assert got.result == {"error": "depth limit reached"}
+    assert redis.hget(keys.request("q1"), "settled") == "1"
+    assert redis.xlen(keys.settle_stream()) == 1
+
+
+def test_release_fills_free_slots_in_order(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
+    ledger.spawn("s1", PARENT, [child(1), child(2), child(3), child(4)], 200, 1)
+    assert ledger.release("s1", 1) == []  # no free slot yet
+    run = ledger.run("r1")
+    assert run is not None and ledger.settle(run, "s1", "done", {}, {})
+    released = ledger.release("s1", 2)
+    assert [n.run.id for n in released] == ["r2", "r3"]
+    assert released[0].label == "do 2" and released[0].depth == 1
+    assert ledger.agent("a2").state == "queued"  # type: ignore[union-attr]
+    assert redis.lrange(keys.swarm_waiting("s1"), 0, -1) == ["r4"]
+
+
+# -- settle, stay parked, reap ---------------------------------------------------------------
+
+
+def test_settle_once_and_fenced_by_the_lease(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    ledger.start(run, "s1", "tok1", 30.0, "host-a")
+    assert not ledger.settle(run, "s1", "done", {"answer": "x"}, {}, token="stale")
+    assert ledger.settle(run, "s1", "done", {"answer": "x"}, {"total_tokens": 3}, token="tok1")
+    assert not ledger.settle(run, "s1", "failed", {}, {})
+    got = ledger.run("r1")
+    assert got is not None and got.state == "done" and got.result == {"answer": "x"}
+    assert ledger.agent("a1").usage == {"total_tokens": 3}  # type: ignore[union-attr]
+    assert not redis.sismember(keys.swarm_inflight("s1"), "r1")
+    assert redis.zscore(keys.leases(), "r1") is None
+
+
+def test_stay_parked_gives_back_the_lease_and_the_slot(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    ledger.park("q9", "a1", "s1", 2, [], {}, parent_run="r1")
+    resumed = ledger.start(run, "s1", "tok", 30.0, "host-a", from_state="parked")
+    assert resumed is not None and resumed.claimed
+    assert redis.sismember(keys.swarm_inflight("s1"), "r1")
+    ledger.stay_parked(run, "a1", "s1")
+    assert redis.hget(keys.run("r1"), "state") == "parked"
+    assert not redis.sismember(keys.swarm_inflight("s1"), "r1")
+    assert redis.zscore(keys.leases(), "r1") is None
+
+
+def test_reap_returns_runs_whose_lease_ran_out_once_per_grace(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    ledger.start(run, "s1", "tok", 30.0, "host-a")
+    assert ledger.reap(60.0) == []
+    redis.zadd(keys.leases(), {"r1": time.time() - 1, "rgone": time.time() - 1})
+    reaped = ledger.reap(60.0)
+    assert [n.run.id for n in reaped] == ["r1"] and reaped[0].label == "do 1"
+    assert ledger.reap(60.0) == []  # pushed on by the grace period
+    assert redis.zscore(keys.leases(), "rgone") is None
+    kinds = [f["kind"] for _, f in redis.xrange(keys.events("s1"))]
+    assert kinds.count("takeover") == 1
+
+
+# -- join -------------------------------------------------------------------------------------
+
+
+def parked_parent(ledger: Ledger, redis: redis_py.Redis, kind: str) -> None:
+    """A parent (``kind`` root or child) parked on q1 = calls c1 (agent) and c2 (other)."""
+    parent = AgentRecord(id="aparent", swarm="s1", kind=kind, run="rparent")
+    ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent", kind=kind)
+    assistant = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "agent", "arguments": "{}"}},
+        {"id": "c2", "type": "function", "function": {"name": "run_cli", "arguments": "{}"}}]}
+    RedisSessionStore(redis).save(Session(
+        id="aparent", workspace="/w", messages=[{"role": "user", "content": "go"}, assistant],
+        usage={}, created=1.0, updated=1.0, parked="q1"))
+    ledger.park("q1", "aparent", "s1", 1, [{"call_id": "c1", "message": "do 1"}],
+                {"c2": "ran: ls"})
+    ledger.begin_dispatch("q1")
+    ledger.spawn("s1", parent, [child(1)], 200, 64)
+    ledger.dispatched("q1", "s1", "aparent", {"c1": "r1"})
+
+
+def test_join_answers_the_calls_in_order_and_wakes_a_root(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    parked_parent(ledger, redis, "root")
+    assert ledger.join("q1") is None  # r1 is still out
+    run = ledger.run("r1")
+    assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
+    joined = ledger.join("q1")
+    assert joined is not None and not joined.resume
+    session = RedisSessionStore(redis).load("aparent")
+    assert session is not None and session.parked == ""
+    tools = [m for m in session.messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tools] == ["c1", "c2"]
+    assert json.loads(tools[0]["content"])["answer"] == "one" and tools[1]["content"] == \
+        "ran: ls"
+    assert ledger.wait_woken("aparent", 0.1) == "q1"
+    assert ledger.request("q1")["state"] == "joined"
+    assert ledger.join("q1") is None  # joined once
+
+
+def test_join_of_a_worker_parent_waits_for_its_resume(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    parked_parent(ledger, redis, "child")
+    run = ledger.run("r1")
+    assert run is not None and ledger.settle(run, "s1", "failed", {"error": "x"}, {})
+    joined = ledger.join("q1")
+    assert joined is not None and joined.resume and joined.parent.run == ""
+    assert ledger.request("q1")["state"] == "answered"
+    again = ledger.join("q1")  # a coordinator that died before the resume went out
+    assert again is not None and again.resume
+    session = RedisSessionStore(redis).load("aparent")
+    assert session is not None and len([m for m in session.messages
+                                        if m["role"] == "tool"]) == 2  # answered once
+    ledger.resumed("q1")
+    assert ledger.join("q1") is None
+
+
+# -- cancel -------------------------------------------------------------------------------------
+
+
+def test_cancel_flags_the_subtree_and_settles_held_runs(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
+    ledger.spawn("s1", PARENT, [child(1), child(2)], 200, 1)
+    active = ledger.cancel("aparent", "stop")
+    assert set(active) == {"aparent", "a1", "a2"}
+    assert ledger.cancelled(["aparent", "a1", "a2", "other"]) == [True, True, True, False]
+    held = ledger.run("r2")
+    assert held is not None and held.state == "cancelled"
+    assert redis.llen(keys.swarm_waiting("s1")) == 0

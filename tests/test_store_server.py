@@ -20,6 +20,7 @@ import swarm.store.server as server_mod
 from swarm import procs
 from swarm.config import Settings
 from swarm.errors import ConfigError, StoreUnavailableError
+from swarm.store import pids
 from swarm.store.connection import connect, mask_url, open_store
 from swarm.store.server import EmbeddedServer
 
@@ -91,11 +92,11 @@ def test_proc_stat_is_read_by_the_shared_helper(tmp_path: Path,
     stat = tmp_path / str(pid) / "stat"
     stat.parent.mkdir()
     stat.write_text(f"{pid} (a) (b c) S 1 {pid} {' '.join(['0'] * 16)} 4242 0 0\n")
-    assert server_mod._proc_start(pid) == "4242" and server_mod._pid_alive(pid)
+    assert pids.proc_start(pid) == "4242" and pids.pid_alive(pid)
     stat.write_text(stat.read_text().replace(") S ", ") Z "))
-    assert not server_mod._pid_alive(pid)  # a zombie is dead for us
+    assert not pids.pid_alive(pid)  # a zombie is dead for us
     stat.write_text("garbage")  # unreadable: no start time, and os.kill decides
-    assert server_mod._proc_start(pid) is None and server_mod._pid_alive(pid)
+    assert pids.proc_start(pid) is None and pids.pid_alive(pid)
 
 
 def test_start_use_release(home: Path) -> None:

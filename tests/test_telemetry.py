@@ -27,6 +27,14 @@ def reset() -> None:
     telemetry._tracer = None
 
 
+@pytest.fixture(autouse=True)
+def forget_telemetry() -> Iterator[None]:
+    """Telemetry is decided once per process: a test that turned it on (and failed before
+    turning it off) must not leave it on for the tests after it."""
+    yield
+    reset()
+
+
 def test_off_without_an_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     reset()

@@ -12,21 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from swarm.cli.waiting import ERASE, Waiting, public_url
 from swarm.testing.server import Reply, ScriptedModelServer, Slow
-
-
-def wait_until(check: Callable[[], object], timeout: float = 30, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
-        time.sleep(0.02)
-
+from tests.helpers import wait_until
 
 # -- the waiting line on its own ------------------------------------------------------------
 
@@ -45,7 +37,8 @@ def test_on_a_terminal_the_line_is_redrawn_in_place_and_erased() -> None:
     waiting = Waiting(stream, "http://bob:pw@127.0.0.1:9/v1", threshold=0.05, tick=0.01,
                       tty=True, color=False)
     waiting.start(lambda: "my-model")
-    wait_until(lambda: stream.getvalue().count("waiting for my-model") >= 3, 10)
+    wait_until(lambda: stream.getvalue().count("waiting for my-model") >= 3, "3 redraws",
+               timeout=10)
     waiting.stop()
     shown = stream.getvalue()
     assert shown.startswith(ERASE + "| waiting for my-model at http://127.0.0.1:9/v1 ... 0 s")
@@ -56,7 +49,7 @@ def test_elsewhere_one_plain_line_every_interval() -> None:
     stream = io.StringIO()
     waiting = Waiting(stream, "http://127.0.0.1:9/v1", threshold=0.05, interval=0.05, tty=False)
     waiting.start(lambda: "")
-    wait_until(lambda: stream.getvalue().count("\n") >= 3, 10)
+    wait_until(lambda: stream.getvalue().count("\n") >= 3, "3 lines", timeout=10)
     waiting.stop()
     lines = stream.getvalue().splitlines()
     assert all(re.fullmatch(r"waiting for the model at http://127\.0\.0\.1:9/v1 \.\.\. \d+ s",
@@ -135,7 +128,7 @@ def test_run_says_which_model_it_waits_for_without_credentials(
                          r"\.\.\. (\d+) s$", re.M)
     with Run(env, tmp_path, "slow", "question") as run:
         # Lines come while the model is still silent, one every SWARM_WAIT_NOTICE seconds.
-        wait_until(lambda: len(waiting.findall(run.err)) >= 2, what="two waiting lines")
+        wait_until(lambda: len(waiting.findall(run.err)) >= 2, "two waiting lines")
         assert run.proc.poll() is None and run.out == ""
         assert run.wait() == 0, run.err
     assert run.out == "the answer\n"
@@ -153,7 +146,7 @@ def test_run_shows_thinking_as_it_streams_before_the_answer(
     model_server.script(Slow(3, Reply(content="the answer", reasoning="pondering deeply"),
                              after_thinking=True))
     with Run(env, tmp_path, "think") as run:
-        wait_until(lambda: "thinking: pondering deeply" in run.err, what="the thinking")
+        wait_until(lambda: "thinking: pondering deeply" in run.err, "the thinking")
         # The model has only thought so far: the answer is neither on stdout nor on stderr.
         assert run.proc.poll() is None and run.out == "" and "the answer" not in run.err
         assert run.wait() == 0, run.err

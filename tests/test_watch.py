@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from typing import Any
 
 import pytest
@@ -16,8 +15,10 @@ from rich.console import Console
 from swarm.cli import main
 from swarm.cli.live import LiveTree
 from swarm.cli.render import TerminalView
-from swarm.report.snapshot import AgentView, Prices, SnapshotReader, build_tree, visible_rows
+from swarm.report.display import Prices
+from swarm.report.snapshot import AgentView, SnapshotReader, build_tree, visible_rows
 from swarm.store import keys
+from tests.helpers import wait_until
 
 T0 = 1_700_000_000.0
 
@@ -299,31 +300,79 @@ def test_live_tree_falls_back_to_plain_lines_when_not_a_tty(redis: redis_py.Redi
     assert out.getvalue() == "[a2] failed\n" and not plain.enabled
 
 
-def test_live_tree_on_a_terminal_reads_the_ledger_a_few_times_a_second(
+def terminal(out: io.StringIO) -> Console:
+    """A console that takes ``out`` for a terminal (rich draws the live view on it)."""
+    return Console(file=out, force_terminal=True, width=160, height=30, color_system=None)
+
+
+def draws(screen: str, swarm_id: str) -> int:
+    """How many times the tree was drawn on ``screen`` (each draw starts with its summary)."""
+    return screen.count(f"swarm {swarm_id} running · ")
+
+
+def test_live_tree_on_a_terminal_reads_the_ledger_once_for_a_burst_of_events(
         redis: redis_py.Redis) -> None:
     swarm_id = small_swarm(redis)
     out = io.StringIO()
-    console = Console(file=out, force_terminal=True, width=160, height=30, color_system=None)
-    live = LiveTree(redis, swarm_id, console=console, prices=Prices(1.0, 2.0))
+    # No tick of the view's own comes during the test: every read below is an event's doing.
+    live = LiveTree(redis, swarm_id, console=terminal(out), prices=Prices(1.0, 2.0),
+                    interval=3600)
     assert live.enabled
-    started = time.monotonic()
     for i in range(3000):  # a burst of events: no Redis round trip each
         live.on_swarm_event({"kind": "tool", "agent": "a000000000000003", "text": f"x {i}"})
-    time.sleep(0.6)
+    assert live.loads == 0 and draws(out.getvalue(), swarm_id) == 0
     live.on_swarm_event({"kind": "joined", "agent": swarm_id, "children": "4"})  # root wakes
-    elapsed = time.monotonic() - started
-    assert live._live is None  # paused: the root's own output is not drawn over
-    assert 1 <= live.loads <= elapsed / live.interval + 2, (live.loads, elapsed)
+    assert live.loads == 1  # the final tree: one read for the whole burst
     screen = out.getvalue()
+    assert draws(screen, swarm_id) >= 1
     assert f"swarm {swarm_id} running · 5 agents" in screen and "~$" in screen
     assert "s00000000 ROOT do the big job" in screen and "a00000000 KID one" in screen
     assert "error: ModelError: the endpoint said 500" in screen
     assert "run_cli: pytest -x tests/" in screen and "GRANDKID waits" in screen
+    # Paused: what the root prints next is not drawn over (a live display redraws itself
+    # below everything printed while it runs).
+    live.console.print("ROOT ANSWER")
+    assert out.getvalue().endswith("ROOT ANSWER\n")
+    live.close()
+
+
+def test_live_tree_on_a_terminal_redraws_on_its_own_until_the_root_wakes(
+        redis: redis_py.Redis) -> None:
+    swarm_id = small_swarm(redis)
+    out = io.StringIO()
+    live = LiveTree(redis, swarm_id, console=terminal(out), interval=0.05)
+
+    def doing(command: str) -> None:
+        """The running child's last command, as its worker writes it to the ledger."""
+        put_agent(redis, swarm_id, "a000000000000003", parent=swarm_id, state="running",
+                  label="KID three works", created=T0 + 2, last=f"run_cli: {command}")
+
+    def shown(text: str, after: str = "") -> bool:
+        """Whether ``text`` was drawn (after the last ``after`` printed, if given)."""
+        screen = out.getvalue()
+        return text in (screen.rpartition(after)[2] if after else screen)
+
+    # The first event starts the display; its own thread reads the ledger and draws.
+    live.on_swarm_event({"kind": "tool", "agent": "a000000000000003", "text": "x"})
+    wait_until(lambda: shown("GRANDKID waits"), "the first draw of the tree")
+    doing("make CHANGED-ONE")  # a change, then its event: the next tick reads and draws it
+    live.on_swarm_event({"kind": "tool", "agent": "a000000000000003", "text": "make"})
+    wait_until(lambda: shown("run_cli: make CHANGED-ONE"), "the change an event announced")
+    doing("make CHANGED-TWO")  # a change with no event: read within IDLE_RELOAD anyway
+    wait_until(lambda: shown("run_cli: make CHANGED-TWO"), "a change no event announced")
+
+    live.on_swarm_event({"kind": "joined", "agent": swarm_id, "children": "4"})  # root wakes
+    live.console.print("ROOT ANSWER")  # paused: the root's own output is not drawn over
+    assert out.getvalue().endswith("ROOT ANSWER\n")
+
+    doing("make CHANGED-THREE")  # a new event restarts the display, below the root's output
     live.on_swarm_event({"kind": "tool", "agent": "a000000000000003", "text": "again"})
-    assert live._live is not None  # a new event restarts it
+    wait_until(lambda: shown("run_cli: make CHANGED-THREE", after="ROOT ANSWER"),
+               "the tree drawn again after a new event")
     live.close()
-    live.close()
-    assert live._live is None and live._thread is None
+    live.close()  # idempotent
+    live.console.print("THE END")  # closed: nothing draws over what comes next
+    assert out.getvalue().endswith("THE END\n")
 
 
 # -- swarm top ---------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
-from swarm.agent.protocols import Model
-from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.agent.protocols import Approver, Model
+from swarm.domain.approval import Answer, ApprovalRequest, Decision
 from swarm.errors import SwarmError
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class ApprovalGate:
     """Applies the per-tool policies; asks ``approver`` when a person must decide."""
 
     policies: Callable[[str], str]
-    approver: Callable[[ApprovalRequest], Decision]
+    approver: Approver
     reviewer: Callable[[str], bool] | None = None
     yes: bool = False
     approved_tools: set[str] = field(default_factory=set)
@@ -98,27 +98,26 @@ class ApprovalGate:
             if self.reviewer is not None and self.reviewer(request.summary):
                 return Verdict(True, "reviewer: read-only")
             reason = "the safety reviewer did not pass it as read-only"
-        decision = self.approver(ApprovalRequest(
+        answer = self.approver(ApprovalRequest(
             request.tool, request.arguments, request.summary, reason, request.agent_id))
-        if decision == "always":
+        if answer.decision == "always":
             self.approved_tools.add(request.tool)
             return Verdict(True, "approved for the session")
-        if decision == "approve":
+        if answer.decision == "approve":
             if policy == "once":
                 self.approved_tools.add(request.tool)
             return Verdict(True, "approved")
-        # A queue-backed approver says why it denied (no answer in time, say).
-        return Verdict(False, getattr(self.approver, "last_reason", "") or "denied by the user")
+        return Verdict(False, answer.reason or "denied by the user")
 
 
-def approve_all(request: ApprovalRequest) -> Decision:
+def approve_all(request: ApprovalRequest, /) -> Answer:
     """The approver behind ``--yes``."""
-    return "approve"
+    return Answer("approve")
 
 
-def deny_all(request: ApprovalRequest) -> Decision:
+def deny_all(request: ApprovalRequest, /) -> Answer:
     """An approver for places with nobody to ask."""
-    return "deny"
+    return Answer("deny", "there is no one to ask")
 
 
 _ANSWERS: dict[str, Decision] = {
@@ -137,7 +136,7 @@ class TerminalApprover:
         self.lock = lock or threading.Lock()
         self.before_ask = list(before_ask)
 
-    def __call__(self, request: ApprovalRequest) -> Decision:
+    def __call__(self, request: ApprovalRequest, /) -> Answer:
         stdin = self.stdin if self.stdin is not None else sys.stdin
         stderr = self.stderr if self.stderr is not None else sys.stderr
         with self.lock:
@@ -155,5 +154,5 @@ class TerminalApprover:
                 line = ""
             if not line:
                 stderr.write("\n  no answer (stdin closed): denied\n")
-                return "deny"
-            return _ANSWERS.get(line.strip().lower(), "deny")
+                return Answer("deny", "no one answered (stdin is closed)")
+            return Answer(_ANSWERS.get(line.strip().lower(), "deny"))

@@ -85,7 +85,11 @@ class AgentConfig:
 
 @dataclass
 class Agent:
-    """A shell agent: ``Agent(model, env, ...)``, then ``run(task)`` returns the final answer."""
+    """A shell agent: ``Agent(model, env, ...)``, then ``run(task)`` returns the final answer.
+
+    Every collaborator is a constructor argument (the seams of :mod:`swarm.agent.protocols`,
+    the hooks ``guard`` and ``before_step``); :func:`swarm.runtime.build.build_agent` wires
+    them for the CLI and the workers."""
 
     model: Model
     env: Environment
@@ -177,9 +181,7 @@ class Agent:
             try:
                 output = self.execute(call)
             except KeyboardInterrupt:
-                for rest in calls[i:]:
-                    self.add_result(rest, INTERRUPTED_BY_USER)
-                raise Interrupted("interrupted by the user") from None
+                raise self.interrupted(calls[i:]) from None
             self.add_result(call, output)
             if call.name == "leave_memory_hints" and not call.error:
                 hints = str(call.arguments["hints"])
@@ -205,12 +207,7 @@ class Agent:
             try:
                 results[call.id] = self.execute(call)
             except KeyboardInterrupt:
-                for rest in calls:
-                    if rest.id not in results:
-                        results[rest.id] = INTERRUPTED_BY_USER
-                for rest in calls:
-                    self.add_result(rest, results[rest.id])
-                raise Interrupted("interrupted by the user") from None
+                raise self.interrupted(calls, results) from None
             self.observer.on_tool_result(call, results[call.id])
         # Parked is saved before the request exists: the fan-in must never find this
         # session unparked (a load would then "repair" the calls it is about to answer).
@@ -228,7 +225,7 @@ class Agent:
                     self.observer.model_call(self.model):
                 result = self.model.chat(self.messages, tools, on_event=self.observer.on_event)
         except KeyboardInterrupt:
-            raise Interrupted("interrupted by the user") from None
+            raise self.interrupted([]) from None
         usage = self.session.usage
         for key, value in result.usage.as_dict().items():
             usage[key] = usage.get(key, 0) + value
@@ -340,6 +337,15 @@ class Agent:
             self.messages.insert(0, system)
 
     # -- bookkeeping -----------------------------------------------------------------------
+
+    def interrupted(self, calls: list[Call], results: dict[str, str] | None = None
+                    ) -> Interrupted:
+        """Ctrl-C: answer ``calls`` in order (with ``results`` where they ran, else as
+        interrupted), so the saved history has no dangling call; returns what to raise."""
+        done = results or {}
+        for call in calls:
+            self.add_result(call, done.get(call.id, INTERRUPTED_BY_USER))
+        return Interrupted("interrupted by the user")
 
     def add_result(self, call: Call, output: str) -> None:
         self.messages.append({"role": "tool", "tool_call_id": call.id, "content": output})

@@ -1,7 +1,7 @@
 """The seams of the agent: small protocols passed into its constructor.
 
-``Agent(model, env, store, approver)`` depends only on these, so a worker, a
-test or the CLI can supply its own implementations.
+``Agent(model, env, gate, session, ...)`` depends only on these (its gate on an
+:class:`Approver`), so a worker, a test or the CLI can supply its own implementations.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.domain.approval import Answer, ApprovalRequest
 from swarm.domain.messages import ChatResult, Message, OnEvent
 from swarm.domain.session import Session
 from swarm.domain.spawn import SpawnCall
@@ -76,9 +76,11 @@ class Environment(Protocol):
 
 
 class Approver(Protocol):
-    """Decides on an approval request; a terminal asks a person, a worker asks a queue."""
+    """Decides on an approval request; a terminal asks a person, a worker asks a queue.
 
-    def __call__(self, request: ApprovalRequest) -> Decision: ...
+    The answer says why when it denies (no one answered in time, say): the model is told."""
+
+    def __call__(self, request: ApprovalRequest, /) -> Answer: ...
 
 
 class SessionStore(Protocol):

@@ -18,16 +18,15 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
-from swarm.broker import transport
+from swarm import patches
 
-transport.install()
+patches.install_redis_transport()
 
 QUEUE = "swarm"
 #: Longer than any healthy run: a shorter one makes Redis redeliver a live task.
 VISIBILITY_TIMEOUT = 12 * 3600
 
-app = Celery("swarm", include=["swarm.workers.tasks", "swarm.schedules.tasks"],
-             events="swarm.broker.events:Events")
+app = Celery("swarm", include=["swarm.workers.tasks", "swarm.schedules.tasks"])
 app.conf.update(
     task_default_queue=QUEUE,
     task_serializer="json",
@@ -61,10 +60,7 @@ def configure(redis_url: str) -> Celery:
     if app.conf.broker_url not in (None, celery_url):
         # Pointed elsewhere after use (tests, a server restarted on another port): the
         # broker pool and the result backend of the old URL must not be reused.
-        app._pool = None
-        app.amqp._producer_pool = None
-        vars(app._local).pop("backend", None)
-        app._backend_cache = None
+        patches.reset_connections(app)
     app.conf.broker_url = celery_url
     app.conf.result_backend = celery_url
     if celery_url.startswith("rediss://") and "ssl_cert_reqs" not in celery_url:

@@ -15,36 +15,11 @@ import time
 from typing import Any
 
 from celery import Celery
-from celery.app.events import Events as CeleryEvents
-from celery.events.dispatcher import EventDispatcher
 
 log = logging.getLogger(__name__)
 
 #: Events buffered between flushes before they are sent anyway.
 BUFFER_LIMIT = 1000
-
-
-class BoundDispatcher(EventDispatcher):  # type: ignore[misc]
-    """Celery's event dispatcher, with its exchange bound to the producer's channel.
-
-    kombu's declare-once check (``maybe_declare``) binds a copy of an unbound exchange on
-    every publish, then drops it: about a third of the CPU of an event, and a worker sends
-    three or four a task. A binding left over from a lost connection does no harm: the
-    check declares on the producer's current channel.
-    """
-
-    def _publish(self, event: Any, producer: Any, routing_key: str, *args: Any,
-                 **kwargs: Any) -> None:
-        exchange: Any = self.exchange  # type: ignore[has-type]
-        if producer is not None and not exchange.is_bound:
-            self.exchange = exchange.bind(producer.channel)
-        super()._publish(event, producer, routing_key, *args, **kwargs)
-
-
-class Events(CeleryEvents):  # type: ignore[misc]
-    """``app.events`` with :class:`BoundDispatcher` (``Celery(events=...)``)."""
-
-    dispatcher_cls = "swarm.broker.events:BoundDispatcher"
 
 
 class BufferedEvents:

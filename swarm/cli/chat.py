@@ -54,7 +54,8 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
     approver = TerminalApprover()
 
     def spawner(store: Store, session: Session) -> Spawner:
-        roots.append(RootSwarm(settings, store, on_event=view.on_swarm_event, ask=approver))
+        roots.append(RootSwarm(settings, store, on_event=view.on_swarm_event,
+                               ask=lambda request: approver(request).decision))
         return roots[0].spawner(store, session)
 
     with local_agent(settings, workspace, approver=approver, observer=view,

@@ -6,7 +6,6 @@ import click
 
 from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.store.approvals import ApprovalQueue
-from swarm.store.cancel import cancel as cancel_subtree
 from swarm.store.connection import open_store
 from swarm.store.ledger import Ledger
 from swarm.text import plural
@@ -27,7 +26,7 @@ def cancel(agent_id: str | None) -> None:
         target = agent_id or ledger.latest_swarm()
         if not target or not ledger.agent(target):
             raise Abort(f"no agent or swarm {target!r}; `swarm status` lists them")
-        active = cancel_subtree(ledger, target)
+        active = ledger.cancel(target)
     were = "was" if len(active) == 1 else "were"
     click.echo(f"cancelling {target}: {plural(len(active), 'agent')} still active {were} flagged; "
                "they stop within seconds", err=True)

@@ -26,15 +26,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from swarm.report.snapshot import (
-    AgentView,
-    Prices,
-    Snapshot,
-    SnapshotReader,
-    fmt_duration,
-    fmt_tokens,
-    visible_rows,
-)
+from swarm.report.display import Prices, fmt_duration, fmt_tokens
+from swarm.report.snapshot import AgentView, Snapshot, SnapshotReader, visible_rows
 from swarm.store import keys
 
 STATE_STYLE = {

@@ -115,7 +115,7 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
 
             def ask(request: ApprovalRequest) -> Decision:
                 tree.pause()  # stop drawing before the prompt
-                return approver(request)
+                return approver(request).decision
 
             root.ask = ask
         return spawner

@@ -10,15 +10,8 @@ import click
 from rich.console import Console
 
 from swarm.cli.options import Abort, handle_errors, settings_from
-from swarm.report.snapshot import (
-    AgentView,
-    Prices,
-    Snapshot,
-    SnapshotReader,
-    first_line,
-    fmt_duration,
-    fmt_tokens,
-)
+from swarm.report.display import Prices, first_line, fmt_duration, fmt_tokens
+from swarm.report.snapshot import AgentView, Snapshot, SnapshotReader
 from swarm.runtime.local import alive
 from swarm.store.connection import open_store
 from swarm.text import plural

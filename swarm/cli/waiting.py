@@ -14,20 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from typing import IO
-from urllib.parse import urlsplit, urlunsplit
+
+from swarm.text import public_url
 
 DIM, RESET, ERASE = "\033[2m", "\033[0m", "\r\033[K"
 SPINNER = "|/-\\"
-
-
-def public_url(url: str) -> str:
-    """``url`` without what may hold credentials: the user info, the query, the fragment."""
-    try:
-        parts = urlsplit(url)
-        host = parts.netloc.rpartition("@")[2]
-        return urlunsplit((parts.scheme, host, parts.path, "", ""))
-    except ValueError:  # a malformed URL: show none of it rather than a secret
-        return "the configured endpoint"
 
 
 class Waiting:

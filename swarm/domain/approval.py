@@ -20,3 +20,12 @@ class ApprovalRequest:
     reason: str = ""
     """Why a person is asked (the policy, or what the reviewer said)."""
     agent_id: str = ""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What an approver answers: the decision, and why (the model is told why it was
+    denied: no one answered in time, the agent was cancelled, ...)."""
+
+    decision: Decision
+    reason: str = ""

@@ -11,14 +11,8 @@ from __future__ import annotations
 import datetime as dt
 from html import escape
 
-from swarm.report.snapshot import (
-    AgentView,
-    Prices,
-    Snapshot,
-    fmt_cost,
-    fmt_duration,
-    fmt_tokens,
-)
+from swarm.report.display import Prices, fmt_cost, fmt_duration, fmt_tokens
+from swarm.report.snapshot import AgentView, Snapshot
 from swarm.text import plural
 
 #: Characters of a task, answer or error kept in a bar's hover text.

@@ -1,8 +1,8 @@
 """Wiring: build an :class:`Agent` for a workspace from :class:`Settings`.
 
 The CLI (the root agent) and the workers (children) both build agents with
-:func:`assemble`, so there is one place that decides which model, tools,
-approvals, hints and prompt an agent gets.
+:func:`build_agent`, so there is one place that decides which environment, tools,
+approvals, hints and prompt an agent gets (the model is the caller's).
 """
 
 from __future__ import annotations
@@ -24,21 +24,18 @@ from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
 from swarm.agent.probe import probe_environment, tool_versions
 from swarm.agent.prompts import PromptParts, system_prompt
-from swarm.agent.protocols import HintStore, SessionStore, Spawner
+from swarm.agent.protocols import Approver, HintStore, Model, SessionStore, Spawner
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
 from swarm.domain import history
-from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.session import Session
 from swarm.errors import LockError
 from swarm.llm.client import LLMClient
 from swarm.store import keys
 from swarm.store.connection import Store, open_store
-from swarm.store.hints import HintsStore
+from swarm.store.hints import HomeHints
 from swarm.store.locks import RedisLock
 from swarm.store.sessions import RedisSessionStore
-
-Approver = Callable[[ApprovalRequest], Decision]
 
 
 def new_session(workspace: Path, session_id: str = "") -> Session:
@@ -67,13 +64,13 @@ def prompt_builder(workspace: Path, folder: AgentFolder, extra: str = ""
     return build
 
 
-def assemble(
+def build_agent(
     settings: Settings,
     workspace: Path,
-    model: LLMClient,
+    model: Model,
     session: Session,
     *,
-    store: SessionStore,
+    store: SessionStore | None,
     hints: HintStore,
     approver: Approver,
     observer: Observer | None = None,
@@ -81,8 +78,13 @@ def assemble(
     extra_prompt: str = "",
     agent_id: str = "",
     cancel: threading.Event | None = None,
+    guard: Callable[[], None] | None = None,
+    before_step: Callable[[Agent], None] | None = None,
 ) -> Agent:
-    """An agent for ``workspace`` with every collaborator it needs."""
+    """An agent for ``workspace`` with every collaborator it needs.
+
+    ``cancel`` kills a running command when set; ``guard`` and ``before_step`` are the
+    agent's (:class:`Agent`): the root's session lock, a child's limits."""
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
@@ -103,6 +105,8 @@ def assemble(
             agent_id=agent_id,
         ),
         spawner=spawner,
+        guard=guard,
+        before_step=before_step,
     )
 
 
@@ -176,12 +180,12 @@ def local_agent(
             try:
                 model.resolve_model()
                 model.context_length()  # an unknown model id fails here, before any step
-                agent = assemble(
+                agent = build_agent(
                     settings, workspace, model, session, store=sessions,
-                    hints=HintsStore(store.redis, settings.home), approver=approver,
+                    hints=HomeHints(store.redis, settings.home), approver=approver,
                     observer=observer,
-                    spawner=spawner(store, session) if spawner is not None else None)
-                agent.guard = guard
+                    spawner=spawner(store, session) if spawner is not None else None,
+                    guard=guard)
                 yield LocalRun(agent, store, sessions, resumed, repaired)
             finally:
                 model.close()

@@ -7,18 +7,13 @@ the swarm's queue; the swarm's state follows the root's run.
 
 from __future__ import annotations
 
-import json
 import socket
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
 
-from swarm.store import keys
-from swarm.store.ledger import Ledger, Run, new_swarm_id
-
-#: The states of a job, as the HTTP API reports them.
-JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+from swarm.store.ledger import Ledger, RunRecord, new_swarm_id
 
 
 def job_run_id(swarm_id: str) -> str:
@@ -29,13 +24,11 @@ def submit_job(ledger: Ledger, app: Celery, task: str, workspace: Path,
                settings: dict[str, Any], source: str = "api") -> str:
     """Record a job's swarm and root, and enqueue the root; returns the swarm id."""
     swarm_id = new_swarm_id()
+    run = RunRecord(id=job_run_id(swarm_id), agent=swarm_id, request="", call_id="",
+                    message=task, state="queued", swarm=swarm_id)
     ledger.create_swarm(swarm_id, swarm_id, str(workspace), task, settings,
-                        socket.gethostname(), swarm_id, kind="job", state="queued")
-    ledger.redis.hset(keys.swarm(swarm_id), "source", source)
-    run = Run(id=job_run_id(swarm_id), agent=swarm_id, request="", call_id="", message=task,
-              state="queued", swarm=swarm_id)
-    ledger.add_run(run)
-    ledger.event(swarm_id, "queued", swarm_id, depth=0, parent="")
+                        socket.gethostname(), swarm_id, kind="job", state="queued", job=run,
+                        source=source)
     app.send_task("swarm.agent.run", args=[run.id], task_id=run.id,
                   shadow=f"job {swarm_id}: {' '.join(task.split()[:8])}"[:200],
                   argsrepr=repr((run.id,)), kwargsrepr="{}", ignore_result=True,
@@ -57,10 +50,9 @@ def job_state(ledger: Ledger, swarm_id: str) -> dict[str, Any]:
     agents = ledger.agents(swarm_id)
     usage: dict[str, int] = {}
     for agent in agents:
-        for k, v in (json.loads(agent.get("usage") or "{}") or {}).items():
-            usage[k] = usage.get(k, 0) + int(v)
+        for k, v in agent.usage.items():
+            usage[k] = usage.get(k, 0) + v
     return {"id": swarm_id, "state": state, "answer": result.get("answer"),
             "error": result.get("error"), "usage": usage,
-            "agents": [{"id": a["id"], "parent": a.get("parent", ""),
-                        "depth": int(a.get("depth") or 0), "state": a.get("state", ""),
-                        "label": a.get("label", "")} for a in agents]}
+            "agents": [{"id": a.id, "parent": a.parent, "depth": a.depth, "state": a.state,
+                        "label": a.label} for a in agents]}

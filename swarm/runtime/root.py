@@ -9,10 +9,9 @@ coordinator wakes it with their results.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from swarm.agent.loop import Agent
 from swarm.config import Settings
@@ -21,9 +20,7 @@ from swarm.domain.session import Session
 from swarm.errors import Cancelled, Parked
 from swarm.runtime.local import LocalCluster, alive, wait_for
 from swarm.runtime.spawner import RedisSpawner
-from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
-from swarm.store.cancel import cancel
 from swarm.store.connection import Store
 from swarm.store.ledger import Ledger, new_swarm_id
 from swarm.store.sessions import RedisSessionStore
@@ -139,17 +136,16 @@ class RootSwarm:
     def wait(self, request_id: str) -> None:
         """Block until the coordinator wakes this root for ``request_id``; relay progress,
         put the children's approval requests to the person, stop on ``swarm cancel``."""
-        redis_ = self.store.redis
-        queue = ApprovalQueue(redis_, self.swarm_id)
+        queue = ApprovalQueue(self.store.redis, self.swarm_id)
         asked: set[str] = set()
         while True:
-            popped = redis_.blpop([keys.wake(self.swarm_id)], timeout=0.5)
+            woken = self.ledger.wait_woken(self.swarm_id, timeout=0.5)
             self.relay_events()
             # Checked even when woken: a cancel settles the children fast enough for the
             # join to wake the root before it looked; a cancelled root does not go on.
-            if redis_.exists(keys.cancel(self.swarm_id)):
+            if self.ledger.is_cancelled(self.swarm_id):
                 raise Cancelled(f"swarm {self.swarm_id} was cancelled")
-            if popped is not None and cast("tuple[str, str]", popped)[1] == request_id:
+            if woken == request_id:
                 return
             if self.ask is not None:
                 for pending in queue.pending():
@@ -161,11 +157,9 @@ class RootSwarm:
                     queue.answer(pending.id, decision)
 
     def relay_events(self) -> None:
-        got = self.store.redis.xread({keys.events(self.swarm_id): self._last_event}, count=500)
-        for _, entries in cast("list[tuple[str, list[tuple[str, dict[str, str]]]]]", got or []):
-            for entry_id, fields in entries:
-                self._last_event = entry_id
-                self.on_event(fields)
+        for entry_id, fields in self.ledger.events_since(self.swarm_id, self._last_event):
+            self._last_event = entry_id
+            self.on_event(fields)
 
     def on_interrupt(self) -> str:
         """The root was interrupted while it had children: on the embedded default they
@@ -174,7 +168,7 @@ class RootSwarm:
         if not self.session or not self.ledger.swarm(self.swarm_id):
             return ""
         if self.store.embedded:
-            cancel(self.ledger, self.swarm_id, "the root was interrupted")
+            self.ledger.cancel(self.swarm_id, "the root was interrupted")
             return "; its children were cancelled"
         self.detached = True
         return (f"; its children keep running: `swarm attach {self.swarm_id}` collects the "
@@ -184,8 +178,7 @@ class RootSwarm:
         if self.detached:
             state = "detached"
         if self.session is not None and self.ledger.swarm(self.swarm_id):
-            self.ledger.finish_swarm(self.swarm_id, state)
-            self.ledger.update_agent(self.swarm_id, state=state, settled=time.time())
+            self.ledger.finish_swarm(self.swarm_id, state, root_id=self.swarm_id)
 
     def close(self) -> None:
         if self.cluster is not None:

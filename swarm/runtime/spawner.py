@@ -33,6 +33,5 @@ class RedisSpawner:
         if self.ensure_swarm is not None and self.requests == 0:
             self.ensure_swarm()
         self.requests += 1
-        self.ledger.add_request(request_id, self.agent_id, self.swarm_id, turn,
-                                [asdict(c) for c in calls], results, parent_run=self.run_id)
-        self.ledger.event(self.swarm_id, "spawn", self.agent_id, children=len(calls))
+        self.ledger.park(request_id, self.agent_id, self.swarm_id, turn,
+                         [asdict(c) for c in calls], results, parent_run=self.run_id)

@@ -46,7 +46,6 @@ from swarm.serve.models import (
 )
 from swarm.store import keys
 from swarm.store.approvals import CANCELLED, TIMED_OUT, ApprovalQueue, outcome
-from swarm.store.cancel import cancel
 from swarm.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -271,7 +270,7 @@ def create_app(service: Service) -> FastAPI:
     def cancel_job(job_id: JobId) -> CancelResult:
         """Cancel the job and every agent under it (idempotent); they stop within seconds."""
         job = service.job(job_id)
-        flagged = cancel(service.ledger, job_id, "cancelled over the HTTP API")
+        flagged = service.ledger.cancel(job_id, "cancelled over the HTTP API")
         return CancelResult(id=job_id, state=job.state, flagged=flagged)
 
     @api.get("/jobs/{job_id}/events", summary="Follow a job's events (server-sent events)",

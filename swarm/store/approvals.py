@@ -20,7 +20,7 @@ from typing import cast
 
 import redis
 
-from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.domain.approval import Answer, ApprovalRequest, Decision
 from swarm.store import keys
 
 DECISIONS: tuple[Decision, ...] = ("approve", "deny", "always")
@@ -123,15 +123,14 @@ class ApprovalQueue:
 
 
 class QueueApprover:
-    """The approver of a child: asks through the swarm's queue, denies on silence."""
+    """The approver of a child (:class:`swarm.agent.protocols.Approver`): asks through the
+    swarm's queue, denies on silence and says so."""
 
     def __init__(self, queue: ApprovalQueue, timeout: float,
                  cancelled: Callable[[], bool] = lambda: False) -> None:
         self.queue = queue
         self.timeout = timeout
         self.cancelled = cancelled
-        self.last_reason = ""
 
-    def __call__(self, request: ApprovalRequest) -> Decision:
-        decision, self.last_reason = self.queue.ask(request, self.timeout, self.cancelled)
-        return decision
+    def __call__(self, request: ApprovalRequest, /) -> Answer:
+        return Answer(*self.queue.ask(request, self.timeout, self.cancelled))

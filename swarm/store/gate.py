@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import cast
 
 import redis
 
+from swarm.cache import TTLCache
 from swarm.store import keys
 
 #: Seconds a process trusts what it last read of a gate: a pause reaches the children of
 #: other processes within this long (the process that paused knows at once).
 FRESH = 0.25
-_seen: dict[str, tuple[float, float]] = {}
-_seen_lock = threading.Lock()
+#: Each gate's closing time as this process last read (or set) it.
+_seen: TTLCache[str, float] = TTLCache(FRESH, maxsize=10_000)
 
 
 class RedisRateGate:
@@ -39,28 +39,18 @@ class RedisRateGate:
             current = float(cast("str | None", self.redis.get(self.key)) or 0)
             if until > current:
                 self.redis.set(self.key, f"{until:.3f}", ex=int(self.longest) + 5)
-                with _seen_lock:
-                    _seen[self.key] = (time.monotonic(), until)
+                _seen.put(self.key, until)
         except redis.RedisError:
             pass
 
     def _until(self) -> float | None:
         """The gate's closing time, read at most every :data:`FRESH` seconds per process
-        (every child of a swarm asks before each model call)."""
-        now = time.monotonic()
-        with _seen_lock:
-            seen = _seen.get(self.key)
-            if seen is not None:
-                if now - seen[0] < FRESH:
-                    return seen[1]
-                # One thread reads; the siblings that ask meanwhile keep the last value.
-                _seen[self.key] = (now, seen[1])
+        (every child of a swarm asks before each model call): one thread reads, the
+        siblings that ask meanwhile keep the last value."""
         try:
-            until = float(cast("str | None", self.redis.get(self.key)) or 0)
+            return _seen.get_or_load(self.key, self._read)
         except redis.RedisError:
             return None
-        with _seen_lock:
-            if len(_seen) > 10_000:
-                _seen.clear()
-            _seen[self.key] = (now, until)
-        return until
+
+    def _read(self) -> float:
+        return float(cast("str | None", self.redis.get(self.key)) or 0)

@@ -1,4 +1,11 @@
-"""Memory hints: ``SWARM_HOME/hints.md`` for people and this host, Redis for every worker."""
+"""Memory hints, the two kinds of :class:`swarm.agent.protocols.HintStore`.
+
+- :class:`HomeHints`: the hints of a ``SWARM_HOME`` (``hints.md``, for people and this
+  host), mirrored in Redis for every worker; a root agent's ``leave_memory_hints``
+  replaces them.
+- :class:`SwarmHints`: what a child sees: the home's hints plus the entries agents of its
+  swarm added (a child's ``leave_memory_hints`` adds one, never touching ``hints.md``).
+"""
 
 from __future__ import annotations
 
@@ -18,8 +25,8 @@ from swarm.store.connection import store_errors
 log = logging.getLogger(__name__)
 
 
-class HintsStore:
-    """:class:`swarm.agent.protocols.HintStore` kept in a file and in Redis.
+class HomeHints:
+    """The hints of a ``SWARM_HOME``: kept in a file and in Redis.
 
     The ``global`` scope uses ``home/hints.md``; another scope ``home/hints-<scope>.md``.
     """
@@ -76,7 +83,7 @@ class SwarmHints:
     the user's ``hints.md``); every child started afterwards has them in its prompt.
     """
 
-    def __init__(self, redis: redis.Redis, swarm_id: str, base: HintsStore,
+    def __init__(self, redis: redis.Redis, swarm_id: str, base: HomeHints,
                  agent_id: str = "") -> None:
         self.redis = redis
         self.swarm_id = swarm_id

@@ -1,21 +1,48 @@
-"""The child ledger: swarms, agents, runs and spawn requests in Redis.
+"""The ledger: every state of a swarm's runs, and every transition between them.
 
 - a **swarm** is one root job and every agent it spawned;
-- an **agent** is a copy of the agent with its own session and workspace;
-- a **run** is one ``agent`` call handled by an agent (a new child's first run has the
-  child's id; continuing a child by ``agent_id`` is a new run of the same agent);
+- an **agent** is a copy of the agent with its own session and workspace
+  (:class:`~swarm.domain.records.AgentRecord`; its ``state`` follows its latest run);
+- a **run** is one ``agent`` call handled by an agent
+  (:class:`~swarm.domain.records.RunRecord`; a new child's first run, or a continuation
+  by ``agent_id``; a job's root has one too);
 - a **request** is the set of ``agent`` calls of one model response of a parent.
 
+A run's life, and who moves it (each arrow is one method here, one Lua script or one
+MULTI/EXEC transaction)::
+
+      parent: park ──► request on the spawn stream
+                              │ coordinator: spawn / refuse
+             ┌────────────────┼──────────────────────────┐
+             ▼                ▼                          ▼
+          refused          queued ◄── release ──── waiting   (hold: the swarm has
+                              │                              max_parallel in flight)
+               worker: start  │  (a lease; reap re-sends a run whose lease ran out,
+                              ▼   and the next start takes it over)
+                           running ── renew ──┐
+                         park │  │ ◄──────────┘
+                              ▼  │ settle (fenced by the lease token; once)
+                           parked│
+                              │  ▼
+     coordinator: join ───────┘ done | failed | cancelled | timed_out | refused
+     (every child of its request settled: their results go into the parent's session;
+      wake: a root in a terminal is woken, a parent in a worker gets a resume task,
+      whose start claims the run from parked)
+
+``cancel`` flags an agent's subtree (workers stop it; held runs settle at once).
+
 Ids are derived from (parent, turn, tool_call id), so a request replayed after a crash
-maps to the same runs. Writes are idempotent: records are created only when absent, a
-run settles once (a Lua script), and a settlement is announced on the settle stream in
-the same script.
+maps to the same runs; records are created only when absent, and a run settles once.
+The coordinators read the spawn and settle streams through a consumer group
+(:meth:`Ledger.read_inbox`). This module is long because it is the one place the state
+machine lives; every Redis write of a transition is here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 import time
 from collections.abc import Iterable
@@ -23,18 +50,25 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
+from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
+from swarm.domain.records import ACTIVE, SETTLED, AgentRecord, RunRecord
+from swarm.domain.session import Session
 from swarm.store import keys
+from swarm.store.sessions import RedisSessionStore, write_session
 
-SETTLED = ("done", "failed", "cancelled", "timed_out", "refused")
-"""Final states of a run (and of an agent's latest run)."""
-ACTIVE = ("queued", "running", "parked", "waiting")
+log = logging.getLogger(__name__)
+
+__all__ = ["ACTIVE", "SETTLED", "AgentRecord", "Joined", "Ledger", "NewRun", "RunRecord",
+           "Spawned", "Start", "derive_id", "label_of", "new_swarm_id", "result_text"]
+
+_SETTLED_LUA = "{" + ", ".join(f"'{s}'" for s in SETTLED) + "}"
 
 _SETTLE = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == false then return -1 end
-for _, s in ipairs({'done', 'failed', 'cancelled', 'timed_out', 'refused'}) do
+for _, s in ipairs(SETTLED_STATES) do
   if state == s then return 0 end
 end
 if ARGV[11] ~= '' and redis.call('HGET', KEYS[1], 'lease') ~= ARGV[11] then
@@ -54,35 +88,26 @@ if ARGV[5] == '1' then
 end
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[12], '*', 'run', ARGV[6])
 return 1
-"""
-
-_CLAIM_FN = """
-local function claim()
-  local state = redis.call('HGET', KEYS[1], 'state')
-  local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
-  local now = tonumber(ARGV[2])
-  if state == ARGV[4] or (state == 'running' and lease < now) then
-    local until_ = now + tonumber(ARGV[3])
-    redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1],
-               'lease_until', tostring(until_))
-    redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-    redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
-    if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
-      redis.call('HSET', KEYS[2], 'started', ARGV[2])
-    end
-    redis.call('ZADD', KEYS[3], until_, ARGV[6])
-    if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
-    return 1
-  end
-  return 0
-end
-"""
+""".replace("SETTLED_STATES", _SETTLED_LUA)
 
 # The claim, and in the same round trip what the worker reads next: the agent's record,
 # its session, whether it was cancelled while queued, what the swarm has spent.
-_START = _CLAIM_FN + """
+_START = """
 if redis.call('HEXISTS', KEYS[2], 'swarm') == 0 then return {-1} end
-if claim() == 0 then return {0} end
+local state = redis.call('HGET', KEYS[1], 'state')
+local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
+local now = tonumber(ARGV[2])
+if not (state == ARGV[4] or (state == 'running' and lease < now)) then return {0} end
+local until_ = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1], 'lease_until',
+           tostring(until_))
+redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
+if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
+  redis.call('HSET', KEYS[2], 'started', ARGV[2])
+end
+redis.call('ZADD', KEYS[3], until_, ARGV[6])
+if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
 return {1, redis.call('HGETALL', KEYS[2]), redis.call('HMGET', KEYS[5], 'meta', 'messages'),
         redis.call('EXISTS', KEYS[6]), redis.call('HGET', KEYS[7], 'tokens') or ''}
 """
@@ -96,6 +121,50 @@ end
 return 0
 """
 
+# A call refused before it got an agent: its run is created settled, once.
+_REFUSE = """
+if redis.call('HSETNX', KEYS[1], 'id', ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('HINCRBY', KEYS[2], 'settled', 1)
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'run', ARGV[1])
+return 1
+"""
+
+# Held runs into flight while the swarm has free slots. Run and agent keys are built
+# from the prefixes of keys.run() and keys.agent() (ARGV[3], ARGV[4]).
+_RELEASE = """
+local free = tonumber(ARGV[1]) - redis.call('SCARD', KEYS[2])
+if free <= 0 then return {} end
+local ids = redis.call('LPOP', KEYS[1], free)
+if not ids then return {} end
+redis.call('SADD', KEYS[2], unpack(ids))
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+for _, id in ipairs(ids) do
+  local agent = redis.call('HGET', ARGV[3] .. id, 'agent')
+  if agent and redis.call('HGET', ARGV[4] .. agent, 'state') == 'waiting' then
+    redis.call('HSET', ARGV[4] .. agent, 'state', 'queued')
+  end
+end
+return ids
+"""
+
+# Runs whose lease ran out: pushed forward by the grace period (so a run is not re-sent
+# on every pass while its task waits in the queue), returned if still running.
+_REAP = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+local out = {}
+for _, id in ipairs(ids) do
+  if redis.call('HGET', ARGV[4] .. id, 'state') == 'running' then
+    redis.call('ZADD', KEYS[1], ARGV[2], id)
+    table.insert(out, id)
+  else
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return out
+"""
+
 
 def derive_id(prefix: str, *parts: object) -> str:
     """A short stable id from ``parts``: the same inputs always give the same id."""
@@ -107,26 +176,25 @@ def new_swarm_id() -> str:
     return "s" + secrets.token_hex(6)
 
 
-@dataclass
-class Run:
-    """One run of an agent for one ``agent`` call."""
+def label_of(text: str, words: int = 8) -> str:
+    """The first words of a task, for lists and Flower."""
+    parts = text.split()
+    label = " ".join(parts[:words])
+    return label + (" ..." if len(parts) > words else "")
 
-    id: str
-    agent: str
-    request: str
-    call_id: str
-    message: str
-    state: str
-    output_schema: dict[str, Any] | None = None
-    result: dict[str, Any] = field(default_factory=dict)
-    start_turn: int = 0
-    start_index: int = -1
-    """Length of the agent's history when this run's message was added; -1 before that."""
-    attempts: int = 0
-    traceparent: str = ""
-    """The W3C trace context of the parent's ``agent`` call (OpenTelemetry), or ""."""
-    swarm: str = ""
-    """The swarm of the run's agent ("" in records written before runs carried it)."""
+
+def result_text(run: RunRecord | None, call_id: str) -> str:
+    """What the parent's model sees for one ``agent`` call."""
+    if run is None:
+        return json.dumps({"state": "failed", "error": f"no run was recorded for call {call_id}"})
+    body: dict[str, Any] = {"agent_id": run.result.get("agent_id", run.agent), "state": run.state}
+    for name in ("error", "output", "answer", "workspace", "git_branch", "diffstat",
+                 "files_changed", "usage"):
+        if run.result.get(name) not in (None, "", [], {}):
+            body[name] = run.result[name]
+    if "output" in body:
+        body.pop("answer", None)
+    return json.dumps(body, ensure_ascii=False, indent=1)
 
 
 @dataclass
@@ -142,30 +210,82 @@ class Start:
     cancelled: bool = False
     spent: int = 0
 
+    @property
+    def record(self) -> AgentRecord:
+        record = AgentRecord.from_hash(self.agent)
+        assert record is not None, "a claimed run has an agent record"
+        return record
+
 
 @dataclass
 class NewRun:
     """A run about to be enqueued, with what its task message shows (Flower) and carries."""
 
-    run: Run
+    run: RunRecord
     new_agent: bool = True
     depth: int | str = "?"
     label: str = ""
     traceparent: str = ""
+    parent_run: str = ""
+    """The Celery task of the parent's run ("" for a root in a terminal)."""
 
     @classmethod
-    def of(cls, run: Run, record: dict[str, str]) -> NewRun:
+    def of(cls, run: RunRecord, record: AgentRecord | None) -> NewRun:
         """A run already in the ledger, with its agent's ``record``."""
-        return cls(run, new_agent=False, depth=record.get("depth", "?"),
-                   label=record.get("label", ""), traceparent=run.traceparent)
+        if record is None:
+            return cls(run, new_agent=False, traceparent=run.traceparent)
+        return cls(run, new_agent=False, depth=record.depth, label=record.label,
+                   traceparent=run.traceparent)
+
+
+@dataclass
+class Spawned:
+    """What :meth:`Ledger.spawn` did: runs to send now, runs held for a free slot, and
+    runs not written because the swarm reached ``max_children`` (``children`` so far)."""
+
+    send: list[NewRun]
+    held: list[NewRun]
+    over: list[NewRun]
+    children: int
+
+
+@dataclass
+class Joined:
+    """A request whose children all settled, answered in its parent's session: the
+    parent must be woken (a root was woken by the join itself; ``resume`` says a worker
+    parent needs its resume task)."""
+
+    request_id: str
+    swarm_id: str
+    parent: AgentRecord
+
+    @property
+    def resume(self) -> bool:
+        return self.parent.kind != "root"
+
+
+@dataclass
+class Progress:
+    """A child's tool start, as the worker's supervisor batches it."""
+
+    swarm_id: str
+    agent_id: str
+    last: str
+    turns: int
+    tool: str
+    ts: float
 
 
 def _h(redis_: redis.Redis, key: str) -> dict[str, str]:
     return cast("dict[str, str]", redis_.hgetall(key))
 
 
+def _fields(run: RunRecord, now: float, **more: str) -> dict[FieldT, EncodableT]:
+    return cast("dict[FieldT, EncodableT]", {**run.to_hash(now), **more})
+
+
 class Ledger:
-    """Reads and writes the ledger; every method is one or a few round trips."""
+    """The swarm's state in Redis; every method is one or a few round trips."""
 
     def __init__(self, redis_: redis.Redis, ttl: int = keys.LEDGER_TTL) -> None:
         self.redis = redis_
@@ -173,20 +293,31 @@ class Ledger:
         self._settle = redis_.register_script(_SETTLE)
         self._start = redis_.register_script(_START)
         self._renew = redis_.register_script(_RENEW)
+        self._refuse = redis_.register_script(_REFUSE)
+        self._release = redis_.register_script(_RELEASE)
+        self._reap = redis_.register_script(_REAP)
 
-    # -- swarms ------------------------------------------------------------------------------
+    def _transaction(self, fn: Any, *watch: str) -> Any:
+        """``fn(pipe)`` under WATCH of ``watch``: it reads, calls ``pipe.multi()``, queues
+        its writes and returns its answer; run again if a watched key changed meanwhile."""
+        return self.redis.transaction(fn, *watch, value_from_callable=True)
+
+    # -- swarms and jobs ------------------------------------------------------------------
 
     def create_swarm(self, swarm_id: str, root_id: str, workspace: str, task: str,
                      settings: dict[str, Any], host: str, session_id: str,
-                     kind: str = "root", state: str = "running") -> None:
+                     kind: str = "root", state: str = "running",
+                     job: RunRecord | None = None, source: str = "") -> None:
         """Create a swarm and its root agent (idempotent). ``kind`` is ``root`` for a root
-        in a terminal, ``job`` for a root that runs as a task (HTTP jobs, schedules)."""
+        in a terminal, ``job`` for a root that runs as a task (HTTP jobs, schedules),
+        whose queued ``job`` run is written in the same transaction."""
         now = time.time()
         with self.redis.pipeline() as pipe:
             pipe.hsetnx(keys.swarm(swarm_id), "id", swarm_id)
             pipe.hset(keys.swarm(swarm_id), mapping={
                 "root": root_id, "workspace": workspace, "task": task[:500],
-                "settings": json.dumps(settings), "created": now, "state": "running"})
+                "settings": json.dumps(settings), "created": now, "state": "running",
+                **({"source": source} if source else {})})
             pipe.zadd(keys.swarms_index(), {swarm_id: now}, nx=True)
             pipe.hset(keys.agent(root_id), mapping={
                 "id": root_id, "swarm": swarm_id, "parent": "", "depth": 0, "kind": kind,
@@ -195,6 +326,21 @@ class Ledger:
             pipe.zadd(keys.swarm_agents(swarm_id), {root_id: now}, nx=True)
             for key in (keys.swarm(swarm_id), keys.agent(root_id), keys.swarm_agents(swarm_id)):
                 pipe.expire(key, self.ttl)
+            if job is not None:
+                pipe.hsetnx(keys.run(job.id), "id", job.id)
+                pipe.hset(keys.run(job.id), mapping=_fields(job, now))
+                pipe.expire(keys.run(job.id), self.ttl)
+                pipe.hset(keys.agent(root_id), "run", job.id)
+                self._event(pipe, swarm_id, "queued", root_id, depth=0, parent="")
+            pipe.execute()
+
+    def finish_swarm(self, swarm_id: str, state: str, root_id: str = "") -> None:
+        """The swarm (and, with ``root_id``, its root agent in a terminal) ended."""
+        now = time.time()
+        with self.redis.pipeline() as pipe:
+            pipe.hset(keys.swarm(swarm_id), mapping={"state": state, "settled": now})
+            if root_id:
+                pipe.hset(keys.agent(root_id), mapping={"state": state, "settled": now})
             pipe.execute()
 
     def swarm(self, swarm_id: str) -> dict[str, str]:
@@ -204,88 +350,37 @@ class Ledger:
         raw = self.redis.hget(keys.swarm(swarm_id), "settings")
         return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else {}
 
-    def finish_swarm(self, swarm_id: str, state: str) -> None:
-        self.redis.hset(keys.swarm(swarm_id), mapping={"state": state, "settled": time.time()})
-
     def latest_swarm(self) -> str | None:
         ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), 0, 0))
         return ids[0] if ids else None
 
-    def agents(self, swarm_id: str) -> list[dict[str, str]]:
+    # -- reads ------------------------------------------------------------------------------
+
+    def agent(self, agent_id: str) -> AgentRecord | None:
+        return AgentRecord.from_hash(_h(self.redis, keys.agent(agent_id)))
+
+    def agents(self, swarm_id: str) -> list[AgentRecord]:
         ids = cast("list[str]", self.redis.zrange(keys.swarm_agents(swarm_id), 0, -1))
-        return [row for row in self.agents_by_id(ids) if row]
+        return [row for row in self.agents_by_id(ids) if row is not None]
 
-    # -- agents and runs ---------------------------------------------------------------------
+    def agents_by_id(self, agent_ids: list[str]) -> list[AgentRecord | None]:
+        """The records of ``agent_ids`` in order (None where absent), in one round trip."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for aid in agent_ids:
+                pipe.hgetall(keys.agent(aid))
+            return [AgentRecord.from_hash(row) for row in pipe.execute()]
 
-    def agent(self, agent_id: str) -> dict[str, str]:
-        return _h(self.redis, keys.agent(agent_id))
+    def run(self, run_id: str) -> RunRecord | None:
+        return RunRecord.from_hash(run_id, _h(self.redis, keys.run(run_id)))
 
-    def update_agent(self, agent_id: str, **fields: Any) -> None:
-        self.redis.hset(keys.agent(agent_id), mapping={
-            k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in fields.items()})
-
-    def add_run(self, run: Run, state: str = "queued") -> bool:
-        """Create a run record; False if it already exists."""
-        key = keys.run(run.id)
-        if not self.redis.hsetnx(key, "id", run.id):
-            return False
-        with self.redis.pipeline() as pipe:
-            if run.agent:
-                pipe.hset(keys.agent(run.agent), mapping={"run": run.id, "state": state})
-            pipe.hset(key, mapping={**self._run_fields(run, time.time()), "state": state})
-            pipe.expire(key, self.ttl)
-            pipe.execute()
-        return True
-
-    def add_children(self, swarm_id: str, parent: dict[str, str],
-                     new: list[NewRun]) -> None:
-        """Write the agents (new children, or continued ones) and runs of one request in
-        one transaction, with a ``queued`` event each. Records are created only when absent
-        (``HSETNX``), so a replay writes nothing twice; the caller checks the runs do not
-        exist yet (:meth:`existing_runs`)."""
-        now = time.time()
-        created = 0
-        with self.redis.pipeline() as pipe:
-            for item in new:
-                run, akey = item.run, keys.agent(item.run.agent)
-                if item.new_agent:
-                    created += 1
-                    pipe.hsetnx(akey, "id", run.agent)
-                    # The parent's workspace and host ride along: the child's worker
-                    # needs them to place its workspace, without reading the parent.
-                    pipe.hset(akey, mapping={
-                        "swarm": swarm_id, "parent": parent["id"], "depth": item.depth,
-                        "kind": "child", "workspace": "", "label": item.label,
-                        "created": now, "host": "",
-                        "parent_workspace": parent.get("workspace", ""),
-                        "parent_host": parent.get("host", "")})
-                    pipe.expire(akey, self.ttl)
-                    pipe.zadd(keys.swarm_agents(swarm_id), {run.agent: now}, nx=True)
-                pipe.hset(akey, mapping={"run": run.id, "state": "queued"})
-                run.swarm = swarm_id
-                rkey = keys.run(run.id)
-                pipe.hsetnx(rkey, "id", run.id)
-                pipe.hset(rkey, mapping=self._run_fields(run, now, item.traceparent))
-                pipe.expire(rkey, self.ttl)
-                self.event_to(pipe, swarm_id, "queued", run.agent, parent=parent["id"],
-                              depth=item.depth)
-            if created:
-                pipe.hincrby(keys.swarm_counters(swarm_id), "children", created)
-                pipe.expire(keys.swarm_counters(swarm_id), self.ttl)
-            pipe.execute()
-
-    @staticmethod
-    def _run_fields(run: Run, now: float, traceparent: str = "") -> dict[FieldT, EncodableT]:
-        fields: dict[FieldT, EncodableT] = {
-            "agent": run.agent, "request": run.request, "call_id": run.call_id,
-            "message": run.message, "state": run.state, "created": now,
-            "output_schema": json.dumps(run.output_schema) if run.output_schema else "",
-            "result": json.dumps(run.result) if run.result else ""}
-        if traceparent:
-            fields["traceparent"] = traceparent
-        if run.swarm:
-            fields["swarm"] = run.swarm
-        return fields
+    def runs(self, run_ids: Iterable[str]) -> list[RunRecord | None]:
+        """The runs of ``run_ids`` in order (None where absent), in one round trip."""
+        ids = list(run_ids)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for rid in ids:
+                pipe.hgetall(keys.run(rid))
+            rows = pipe.execute()
+        return [RunRecord.from_hash(rid, row) for rid, row in zip(ids, rows, strict=True)]
 
     def existing_runs(self, run_ids: list[str]) -> set[str]:
         """Which of ``run_ids`` have a record (one round trip)."""
@@ -295,47 +390,216 @@ class Ledger:
             found = pipe.execute()
         return {rid for rid, n in zip(run_ids, found, strict=True) if n}
 
-    def agents_by_id(self, agent_ids: list[str]) -> list[dict[str, str]]:
-        """The records of ``agent_ids`` in order ({} where absent), in one round trip."""
+    def request(self, request_id: str) -> dict[str, Any]:
+        row = _h(self.redis, keys.request(request_id))
+        if not row:
+            return {}
+        out: dict[str, Any] = dict(row)
+        for name in ("calls", "results", "runs"):
+            out[name] = json.loads(row[name]) if row.get(name) else ([] if name == "calls" else {})
+        return out
+
+    def request_of(self, run_id: str) -> tuple[str, dict[str, str]]:
+        """The request a run answers, and its small fields (swarm, state, settled, count):
+        what a settlement needs to know whether the request is complete."""
+        request_id = cast("str | None", self.redis.hget(keys.run(run_id), "request"))
+        if not request_id:
+            return "", {}
+        names = ["swarm", "state", "settled", "count"]
+        row = self.redis.hmget(keys.request(request_id), names)
+        return request_id, {k: cast(str, v) for k, v in zip(names, row, strict=True)
+                            if v is not None}
+
+    def children_spawned(self, swarm_id: str) -> int:
+        return int(self.redis.hget(keys.swarm_counters(swarm_id), "children") or 0)
+
+    def is_cancelled(self, agent_id: str) -> bool:
+        return bool(self.redis.exists(keys.cancel(agent_id)))
+
+    def cancelled(self, agent_ids: list[str]) -> list[bool]:
+        """Which of ``agent_ids`` are flagged cancelled (one round trip)."""
         with self.redis.pipeline(transaction=False) as pipe:
             for aid in agent_ids:
-                pipe.hgetall(keys.agent(aid))
-            return [cast("dict[str, str]", row) for row in pipe.execute()]
+                pipe.exists(keys.cancel(aid))
+            return [bool(n) for n in pipe.execute()]
 
-    def run(self, run_id: str) -> Run | None:
-        return self._run(run_id, _h(self.redis, keys.run(run_id)))
+    # -- the parent: park on a request ------------------------------------------------------
 
-    @staticmethod
-    def _run(run_id: str, row: dict[str, str]) -> Run | None:
-        if not row:
+    def park(self, request_id: str, parent_id: str, swarm_id: str, turn: int,
+             calls: list[dict[str, Any]], results: dict[str, str],
+             parent_run: str = "") -> bool:
+        """Record a spawn request, park the parent (a parked parent holds no slot: its
+        children must be able to run) and put the request on the spawn stream, in one
+        transaction; False (and nothing written) if the request exists already."""
+        key = keys.request(request_id)
+
+        def park(pipe: Pipeline) -> bool:
+            if pipe.exists(key):
+                return False
+            pipe.multi()
+            pipe.hset(keys.agent(parent_id), "state", "parked")
+            if parent_run:
+                pipe.hset(keys.run(parent_run), mapping={"state": "parked", "lease": ""})
+                pipe.zrem(keys.leases(), parent_run)
+                pipe.srem(keys.swarm_inflight(swarm_id), parent_run)
+            pipe.hset(key, mapping={
+                "id": request_id, "parent": parent_id, "swarm": swarm_id, "turn": turn,
+                "created": time.time(), "calls": json.dumps(calls, ensure_ascii=False),
+                "results": json.dumps(results, ensure_ascii=False), "state": "new"})
+            pipe.expire(key, self.ttl)
+            pipe.xadd(keys.spawn_stream(), {"request": request_id},
+                      maxlen=keys.STREAM_MAXLEN, approximate=True)
+            self._event(pipe, swarm_id, "spawn", parent_id, children=len(calls))
+            return True
+
+        return cast(bool, self._transaction(park, key))
+
+    def stay_parked(self, run: RunRecord, agent_id: str, swarm_id: str) -> None:
+        """A resumed run found its request still out: back to parked, without its lease
+        or its slot (the join resumes it)."""
+        with self.redis.pipeline() as pipe:
+            pipe.hset(keys.run(run.id), mapping={"state": "parked", "lease": ""})
+            pipe.hset(keys.agent(agent_id), "state", "parked")
+            pipe.zrem(keys.leases(), run.id)
+            pipe.srem(keys.swarm_inflight(swarm_id), run.id)
+            pipe.execute()
+
+    # -- the coordinator: spawn, hold, release, refuse --------------------------------------
+
+    def begin_dispatch(self, request_id: str) -> dict[str, Any]:
+        """The request, marked ``dispatching`` if it was new; {} when there is nothing to
+        dispatch. A ``dispatched`` request is returned as it is (a replay joins it)."""
+        req = self.request(request_id)
+        if req.get("state") == "new":
+            self.redis.hset(keys.request(request_id), "state", "dispatching")
+            req["state"] = "dispatching"
+        return req if req.get("state") in ("dispatching", "dispatched") else {}
+
+    def spawn(self, swarm_id: str, parent: AgentRecord, new: list[NewRun],
+              max_children: int, max_parallel: int) -> Spawned:
+        """Write the agents (new children, or continued ones) and runs of one request in
+        one transaction, with a ``queued`` event each: up to ``max_children`` new agents
+        in the swarm, and up to ``max_parallel`` runs in flight (the rest held, oldest
+        first). Records are created only when absent, so a replay writes nothing twice;
+        the caller checks the runs do not exist yet (:meth:`existing_runs`)."""
+        counters, inflight = keys.swarm_counters(swarm_id), keys.swarm_inflight(swarm_id)
+
+        def spawn(pipe: Pipeline) -> Spawned:
+            children = int(pipe.hget(counters, "children") or 0)
+            busy = int(pipe.scard(inflight))
+            admitted, over = [], []
+            for item in new:
+                if item.new_agent and children >= max_children:
+                    over.append(item)
+                    continue
+                children += item.new_agent
+                admitted.append(item)
+            free = max(0, max_parallel - busy)
+            send, held = admitted[:free], admitted[free:]
+            pipe.multi()
+            self._write_children(pipe, swarm_id, parent, admitted)
+            created = sum(item.new_agent for item in admitted)
+            if created:
+                pipe.hincrby(counters, "children", created)
+                pipe.expire(counters, self.ttl)
+            if send:
+                pipe.sadd(inflight, *(n.run.id for n in send))
+                pipe.expire(inflight, self.ttl)
+            if held:
+                pipe.rpush(keys.swarm_waiting(swarm_id), *(n.run.id for n in held))
+                pipe.expire(keys.swarm_waiting(swarm_id), self.ttl)
+                for n in held:
+                    pipe.hset(keys.agent(n.run.agent), "state", "waiting")
+            return Spawned(send, held, over, children)
+
+        return cast(Spawned, self._transaction(spawn, counters, inflight))
+
+    def _write_children(self, pipe: Pipeline, swarm_id: str, parent: AgentRecord,
+                        new: list[NewRun]) -> None:
+        now = time.time()
+        for item in new:
+            run, akey = item.run, keys.agent(item.run.agent)
+            if item.new_agent:
+                pipe.hsetnx(akey, "id", run.agent)
+                pipe.hset(akey, mapping={
+                    "swarm": swarm_id, "parent": parent.id, "depth": item.depth,
+                    "kind": "child", "workspace": "", "label": item.label,
+                    "created": now, "host": "", "parent_workspace": parent.workspace,
+                    "parent_host": parent.host})
+                pipe.expire(akey, self.ttl)
+                pipe.zadd(keys.swarm_agents(swarm_id), {run.agent: now}, nx=True)
+            pipe.hset(akey, mapping={"run": run.id, "state": "queued"})
+            run.swarm = swarm_id
+            rkey = keys.run(run.id)
+            pipe.hsetnx(rkey, "id", run.id)
+            pipe.hset(rkey, mapping=_fields(run, now, **(
+                {"traceparent": item.traceparent} if item.traceparent else {})))
+            pipe.expire(rkey, self.ttl)
+            self._event(pipe, swarm_id, "queued", run.agent, parent=parent.id,
+                        depth=item.depth)
+
+    def refuse(self, run: RunRecord, reason: str) -> bool:
+        """A call refused before it got an agent (a limit, a bad call, a cancelled parent):
+        its run is created settled ``refused``, counted and announced, once."""
+        run.state, run.result = "refused", {"error": reason}
+        fields = {**run.to_hash(time.time()), "settled": f"{time.time():.3f}"}
+        flat = [str(x) for kv in fields.items() for x in kv]
+        return bool(self._refuse(
+            keys=[keys.run(run.id), keys.request(run.request), keys.settle_stream()],
+            args=[run.id, self.ttl, keys.STREAM_MAXLEN, "", *flat]))
+
+    def dispatched(self, request_id: str, swarm_id: str, parent_id: str,
+                   runs: dict[str, str]) -> None:
+        """Every call of the request has its run (sent, held or refused)."""
+        with self.redis.pipeline() as pipe:
+            pipe.hset(keys.request(request_id), mapping={
+                "runs": json.dumps(runs), "count": len(runs), "state": "dispatched"})
+            self._event(pipe, swarm_id, "dispatched", parent_id, children=len(runs))
+            pipe.execute()
+
+    def requeue(self, run_id: str, swarm_id: str) -> NewRun | None:
+        """A replayed request (a coordinator died mid-way): a run that exists but is
+        neither held nor sent yet is put in flight; returns it to send, else None (a
+        second delivery of a run that is going is a no-op)."""
+        run = self.run(run_id)
+        if run is None or run.state != "queued" or \
+                self.redis.lpos(keys.swarm_waiting(swarm_id), run_id) is not None:
             return None
-        return Run(
-            id=run_id, agent=row.get("agent", ""), request=row.get("request", ""),
-            call_id=row.get("call_id", ""), message=row.get("message", ""),
-            state=row.get("state", ""),
-            output_schema=json.loads(row["output_schema"]) if row.get("output_schema") else None,
-            result=json.loads(row["result"]) if row.get("result") else {},
-            start_turn=int(row.get("start_turn") or 0),
-            start_index=int(row.get("start_index") or -1),
-            attempts=int(row.get("attempts") or 0),
-            traceparent=row.get("traceparent", ""),
-            swarm=row.get("swarm", ""),
-        )
+        with self.redis.pipeline() as pipe:
+            pipe.sadd(keys.swarm_inflight(swarm_id), run_id)
+            pipe.expire(keys.swarm_inflight(swarm_id), self.ttl)
+            pipe.execute()
+        return self._new_runs([run_id])[0]
 
-    def runs(self, run_ids: Iterable[str]) -> list[Run | None]:
-        """The runs of ``run_ids`` in order (None where absent), in one round trip."""
-        ids = list(run_ids)
+    def release(self, swarm_id: str, max_parallel: int) -> list[NewRun]:
+        """Held runs into flight while the swarm has fewer than ``max_parallel``; returns
+        them to send (one script)."""
+        ids = cast("list[str]", self._release(
+            keys=[keys.swarm_waiting(swarm_id), keys.swarm_inflight(swarm_id)],
+            args=[max_parallel, self.ttl, keys.run(""), keys.agent("")]))
+        return self._new_runs(ids)
+
+    def _new_runs(self, run_ids: list[str]) -> list[NewRun]:
+        """Runs to send, each with its agent's depth and label and its parent's run."""
+        if not run_ids:
+            return []
+        runs = [r for r in self.runs(run_ids) if r is not None]
+        records = self.agents_by_id([r.agent for r in runs])
+        parents = sorted({r.parent for r in records if r is not None} - {""})
         with self.redis.pipeline(transaction=False) as pipe:
-            for rid in ids:
-                pipe.hgetall(keys.run(rid))
-            rows = pipe.execute()
-        return [self._run(rid, cast("dict[str, str]", row))
-                for rid, row in zip(ids, rows, strict=True)]
+            for parent_id in parents:
+                pipe.hget(keys.agent(parent_id), "run")
+            parent_runs = dict(zip(parents, pipe.execute(), strict=True))
+        out = []
+        for run, record in zip(runs, records, strict=True):
+            new = NewRun.of(run, record)
+            new.parent_run = str(parent_runs.get(record.parent) or "") if record else ""
+            out.append(new)
+        return out
 
-    def set_run(self, run_id: str, **fields: str | int | float) -> None:
-        self.redis.hset(keys.run(run_id), mapping=dict(fields.items()))
+    # -- the worker: start, renew, settle ---------------------------------------------------
 
-    def start(self, run: Run, swarm_id: str, token: str, lease: float, host: str,
+    def start(self, run: RunRecord, swarm_id: str, token: str, lease: float, host: str,
               from_state: str = "queued") -> Start | None:
         """Claim the run from ``from_state`` (or from an expired lease) into ``running`` (a
         resumed parent counts as in flight again) and read what its worker needs next, in
@@ -354,6 +618,17 @@ class Ledger:
         return Start(True, dict(zip(flat[::2], flat[1::2], strict=True)), meta, messages,
                      bool(cancelled), int(tokens or 0))
 
+    def begin(self, run_id: str, start_turn: int, start_index: int,
+              usage: dict[str, int]) -> None:
+        """A run's message is about to join its agent's history at ``start_index``."""
+        self.redis.hset(keys.run(run_id), mapping={
+            "start_turn": start_turn, "start_index": start_index,
+            "result": json.dumps({"usage_at_start": usage})})
+
+    def place(self, agent_id: str, workspace: str) -> None:
+        """The child's workspace is ready at ``workspace``."""
+        self.redis.hset(keys.agent(agent_id), "workspace", workspace)
+
     def renew(self, run_id: str, token: str, lease: float, *, client: Any = None,
               until: float | None = None) -> bool:
         """Push the run's lease to ``until`` (default: now + ``lease``) if ``token`` still
@@ -362,12 +637,25 @@ class Ledger:
         return bool(self._renew(keys=[keys.run(run_id), keys.leases()],
                                 args=[token, until, run_id], client=client))
 
-    def expired_leases(self, now: float | None = None, limit: int = 100) -> list[str]:
-        """Runs whose worker stopped renewing their lease (it died or hangs)."""
-        return cast("list[str]", self.redis.zrangebyscore(
-            keys.leases(), "-inf", now or time.time(), start=0, num=limit))
+    def spend(self, swarm_id: str, tokens: int) -> int:
+        """Add a model call's tokens to the swarm's count; returns the new total."""
+        return int(self.redis.hincrby(keys.swarm_counters(swarm_id), "tokens", tokens))
 
-    def settle(self, run: Run, swarm_id: str, state: str, result: dict[str, Any],
+    def report(self, progress: list[Progress], tokens: dict[str, int]) -> None:
+        """What running children did since the last report, in one round trip: their last
+        action and turn count, a ``tool`` event each, the tokens their swarms spent."""
+        if not progress and not tokens:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            for p in progress:
+                pipe.hset(keys.agent(p.agent_id), mapping={"last": p.last, "turns": p.turns})
+                self._event(pipe, p.swarm_id, "tool", p.agent_id, ts=p.ts, tool=p.tool,
+                            text=p.last)
+            for swarm_id, n in tokens.items():
+                pipe.hincrby(keys.swarm_counters(swarm_id), "tokens", n)
+            pipe.execute()
+
+    def settle(self, run: RunRecord, swarm_id: str, state: str, result: dict[str, Any],
                usage: dict[str, int], token: str = "") -> bool:
         """Record a run's outcome once and announce it (on the settle stream, and as a
         ``settled`` progress event, before anyone can be woken by it); False if it had
@@ -384,70 +672,203 @@ class Ledger:
                   keys.STREAM_MAXLEN])
         return bool(done == 1)
 
-    # -- requests ----------------------------------------------------------------------------
+    # -- the coordinator: reap, join, wake --------------------------------------------------
 
-    def add_request(self, request_id: str, parent_id: str, swarm_id: str, turn: int,
-                    calls: list[dict[str, Any]], results: dict[str, str],
-                    parent_run: str = "") -> None:
-        """Record a spawn request, park the parent, and put the request on the spawn
-        stream (once)."""
-        key = keys.request(request_id)
-        if not self.redis.hsetnx(key, "id", request_id):
-            return
+    def reap(self, grace: float, limit: int = 100) -> list[NewRun]:
+        """Runs whose worker stopped renewing their lease (it died or hangs), to re-send;
+        their lease is pushed ``grace`` seconds on, so they are re-sent once per grace
+        period until a worker claims them. A ``takeover`` event each."""
+        now = time.time()
+        ids = cast("list[str]", self._reap(keys=[keys.leases()],
+                                           args=[now, now + grace, limit, keys.run("")]))
+        runs = self._new_runs(ids)
+        if runs:
+            with self.redis.pipeline(transaction=False) as pipe:
+                for new in runs:
+                    swarm_id = new.run.swarm or (self.agent(new.run.agent) or
+                                                 AgentRecord("", "")).swarm
+                    self._event(pipe, swarm_id, "takeover", new.run.agent)
+                pipe.execute()
+        return runs
+
+    def join(self, request_id: str, head: dict[str, str] | None = None,
+             session_ttl: int = keys.SESSION_TTL) -> Joined | None:
+        """When every run of the request has settled, append their results to the parent's
+        session in call order and unpark it, in one transaction; a root is woken in the
+        same transaction. Returns what to wake, or None while runs are out.
+
+        ``head`` (state, settled and count of the request) spares reading the whole request
+        on every settlement but the last. A request answered but whose worker parent was not
+        resumed yet (a coordinator died in between) is returned again: resuming twice is a
+        no-op."""
+        if head is not None and (head.get("state") not in ("dispatched", "answered") or (
+                head.get("count") and int(head.get("settled") or 0) < int(head["count"]))):
+            return None
+        req = self.request(request_id)
+        if not req or req.get("state") not in ("dispatched", "answered"):
+            return None
+        parent = self.agent(req["parent"])
+        if parent is None:
+            return None
+        joined = Joined(request_id, req["swarm"], parent)
+        if req["state"] == "answered":
+            return joined
+        if int(req.get("settled") or 0) < len(req["runs"]):
+            return None  # the runs are read once, when all are in
+        runs = dict(zip(req["runs"], self.runs(req["runs"].values()), strict=True))
+        if any(r is None or r.state not in SETTLED for r in runs.values()):
+            return None
+        rkey, skey = keys.request(request_id), keys.session(parent.session_id)
+
+        def answer(pipe: Pipeline) -> Joined | None:
+            state = pipe.hget(rkey, "state")
+            meta, messages = cast("list[str | None]", pipe.hmget(skey, ["meta", "messages"]))
+            session = RedisSessionStore.from_fields(parent.session_id, meta, messages)
+            if state == "answered" or (session is not None and not session.parked):
+                pipe.multi()  # answered before; the wake may not have gone out
+                pipe.hset(rkey, "state", "answered" if joined.resume else "joined")
+                if not joined.resume:
+                    pipe.rpush(keys.wake(parent.id), request_id)
+                return joined
+            if state != "dispatched" or session is None or session.parked != request_id:
+                log.warning("request %s: parent %s is not parked on it; not joined",
+                            request_id, parent.id)
+                return None
+            _answer_calls(session, runs, req["results"])
+            pipe.multi()
+            write_session(pipe, session, session_ttl, index=not joined.resume)
+            self._event(pipe, joined.swarm_id, "joined", parent.id, children=len(runs))
+            if joined.resume:
+                pipe.hset(rkey, "state", "answered")  # joined once the resume is sent
+            else:
+                pipe.rpush(keys.wake(parent.id), request_id)
+                pipe.expire(keys.wake(parent.id), self.ttl)
+                pipe.hset(rkey, "state", "joined")
+            return joined
+
+        return cast("Joined | None", self._transaction(answer, rkey, skey))
+
+    def resumed(self, request_id: str) -> None:
+        """The parent's resume task was sent: the request is done with."""
+        self.redis.hset(keys.request(request_id), "state", "joined")
+
+    def wait_woken(self, agent_id: str, timeout: float) -> str | None:
+        """Block up to ``timeout`` seconds for a root's wake-up; the request id, or None."""
+        popped = self.redis.blpop([keys.wake(agent_id)], timeout=timeout)
+        return cast("tuple[str, str]", popped)[1] if popped is not None else None
+
+    # -- cancel -----------------------------------------------------------------------------
+
+    def cancel(self, agent_id: str, reason: str = "cancelled by swarm cancel") -> list[str]:
+        """Flag ``agent_id`` (an agent or a swarm id) and its subtree; returns the ids
+        flagged that had not settled yet. Idempotent. Workers see the flags within a second
+        and settle their agents ``cancelled``; queued runs settle when claimed, held runs
+        settle now (they would wait for a slot just to stop), new spawns of a cancelled
+        parent are refused."""
+        record = self.agent(agent_id)
+        if record is None:
+            return []
+        swarm_id = record.swarm
+        agents = self.agents(swarm_id)
+        ids = subtree(agents, agent_id)
         with self.redis.pipeline() as pipe:
-            pipe.hset(keys.agent(parent_id), "state", "parked")
-            if parent_run:
-                pipe.hset(keys.run(parent_run), mapping={"state": "parked", "lease": ""})
-                pipe.zrem(keys.leases(), parent_run)
-                # A parked parent holds no slot: its children must be able to run.
-                pipe.srem(keys.swarm_inflight(swarm_id), parent_run)
-            pipe.hset(key, mapping={
-                "parent": parent_id, "swarm": swarm_id, "turn": turn, "created": time.time(),
-                "calls": json.dumps(calls, ensure_ascii=False),
-                "results": json.dumps(results, ensure_ascii=False), "state": "new"})
-            pipe.expire(key, self.ttl)
-            pipe.xadd(keys.spawn_stream(), {"request": request_id},
-                      maxlen=keys.STREAM_MAXLEN, approximate=True)
+            for aid in ids:
+                pipe.set(keys.cancel(aid), reason, ex=self.ttl)
+            self._event(pipe, swarm_id, "cancel", agent_id, text=reason)
             pipe.execute()
+        for agent in agents:
+            if agent.id in ids and agent.state == "waiting" and agent.run:
+                run = self.run(agent.run)
+                if run is not None:
+                    # Settling is idempotent, so a race with a release is harmless.
+                    self.redis.lrem(keys.swarm_waiting(swarm_id), 0, run.id)
+                    self.settle(run, swarm_id, "cancelled", {"error": reason}, {})
+        states = {a.id: a.state for a in agents}
+        return [aid for aid in ids if states.get(aid) not in SETTLED]
 
-    def request(self, request_id: str) -> dict[str, Any]:
-        row = _h(self.redis, keys.request(request_id))
-        if not row:
-            return {}
-        out: dict[str, Any] = dict(row)
-        for name in ("calls", "results", "runs"):
-            out[name] = json.loads(row[name]) if row.get(name) else ([] if name == "calls" else {})
+    # -- the coordinators' inbox: the spawn and settle streams ------------------------------
+
+    def open_inbox(self) -> None:
+        """Create the coordinators' consumer group on both streams (idempotent)."""
+        for stream in (keys.spawn_stream(), keys.settle_stream()):
+            try:
+                self.redis.xgroup_create(stream, keys.COORDINATORS, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def read_inbox(self, consumer: str, count: int, block_ms: int
+                   ) -> list[tuple[str, str, dict[str, str]]]:
+        """New entries for ``consumer``: (stream, entry id, fields)."""
+        streams = {keys.spawn_stream(): ">", keys.settle_stream(): ">"}
+        got = self.redis.xreadgroup(keys.COORDINATORS, consumer, streams,  # type: ignore[arg-type]
+                                    count=count, block=block_ms)
+        return [(stream, entry_id, fields) for stream, entries in cast(
+            "list[tuple[str, list[tuple[str, dict[str, str]]]]]", got or [])
+            for entry_id, fields in entries]
+
+    def reclaim_inbox(self, consumer: str, idle_ms: int, count: int
+                      ) -> list[tuple[str, str, dict[str, str]]]:
+        """Entries another coordinator read but never acknowledged for ``idle_ms`` (it
+        died), now ``consumer``'s."""
+        out = []
+        for stream in (keys.spawn_stream(), keys.settle_stream()):
+            reply: list[Any] = self.redis.xautoclaim(stream, keys.COORDINATORS, consumer,
+                                                     idle_ms, "0-0", count=count)
+            out += [(stream, entry_id, fields) for entry_id, fields in reply[1] if fields]
         return out
 
-    def request_head(self, request_id: str) -> dict[str, str]:
-        """The small fields of a request (swarm, state, settled, count), without its calls
-        and results: what a settlement needs to know whether the request is complete."""
-        names = ["swarm", "state", "settled", "count"]
-        row = self.redis.hmget(keys.request(request_id), names)
-        return {k: cast(str, v) for k, v in zip(names, row, strict=True) if v is not None}
+    def ack(self, stream: str, entry_id: str) -> None:
+        self.redis.xack(stream, keys.COORDINATORS, entry_id)
 
-    def set_request(self, request_id: str, **fields: Any) -> None:
-        self.redis.hset(keys.request(request_id), mapping={
-            k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in fields.items()})
-
-    # -- events ------------------------------------------------------------------------------
+    # -- events -----------------------------------------------------------------------------
 
     def event(self, swarm_id: str, kind: str, agent_id: str, **data: Any) -> None:
         """Append a progress event to the swarm's stream (capped)."""
-        self.event_to(self.redis, swarm_id, kind, agent_id, **data)
+        self._event(self.redis, swarm_id, kind, agent_id, **data)
+
+    def events_since(self, swarm_id: str, last_id: str, count: int = 500
+                     ) -> list[tuple[str, dict[str, str]]]:
+        """The swarm's progress events after ``last_id`` ("0-0": from the start)."""
+        got = self.redis.xread({keys.events(swarm_id): last_id}, count=count)
+        return [entry for _, entries in cast(
+            "list[tuple[str, list[tuple[str, dict[str, str]]]]]", got or []) for entry in entries]
 
     @staticmethod
-    def event_to(client: Any, swarm_id: str, kind: str, agent_id: str,
-                 ts: float | None = None, **data: Any) -> None:
-        """:meth:`event` on ``client`` (a Redis client or a pipeline), at time ``ts``."""
+    def _event(client: Any, swarm_id: str, kind: str, agent_id: str,
+               ts: float | None = None, **data: Any) -> None:
         fields = {"kind": kind, "agent": agent_id,
                   "ts": f"{time.time() if ts is None else ts:.3f}"}
         fields.update({k: str(v)[:500] for k, v in data.items()})
         client.xadd(keys.events(swarm_id), fields, maxlen=keys.EVENTS_MAXLEN, approximate=True)
 
 
-def label_of(text: str, words: int = 8) -> str:
-    """The first words of a task, for lists and Flower."""
-    parts = text.split()
-    label = " ".join(parts[:words])
-    return label + (" ..." if len(parts) > words else "")
+def subtree(agents: list[AgentRecord], agent_id: str) -> list[str]:
+    """``agent_id`` and all its descendants, parents before children."""
+    children: dict[str, list[str]] = {}
+    for a in agents:
+        children.setdefault(a.parent, []).append(a.id)
+    out, todo = [], [agent_id]
+    while todo:
+        current = todo.pop(0)
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
+
+
+def _answer_calls(session: Session, runs: dict[str, RunRecord | None],
+                  results: dict[str, str]) -> None:
+    """Answer the calls of the session's last assistant message in call order: ``agent``
+    calls with their run's result, the others with what was recorded when it parked."""
+    assistant = next((m for m in reversed(session.messages) if m.get("role") == "assistant"),
+                     None)
+    answered = {m.get("tool_call_id") for m in session.messages if m.get("role") == "tool"}
+    for call in (assistant or {}).get("tool_calls") or []:
+        cid = call.get("id")
+        if cid in answered:
+            continue
+        content = (result_text(runs[cid], cid) if cid in runs
+                   else results.get(cid, "[no result was recorded for this call]"))
+        session.messages.append({"role": "tool", "tool_call_id": cid, "content": content})
+    session.parked = ""
+    session.updated = time.time()

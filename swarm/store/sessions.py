@@ -43,26 +43,10 @@ class RedisSessionStore:
 
     def save(self, session: Session) -> None:
         """Replace the stored session whole, index it by ``session.updated``, refresh its TTL."""
-        meta = {
-            "id": session.id,
-            "workspace": session.workspace,
-            "created": session.created,
-            "updated": session.updated,
-            "usage": session.usage,
-            "turns": session.turns,
-            "parked": session.parked,
-        }
-        key = keys.session(session.id)
         # One HSET replaces both fields at once; no MULTI needed (one round trip either way).
         with store_errors(f"saving session {session.id}"), \
                 self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping={
-                "meta": json.dumps(meta),
-                "messages": json.dumps(session.messages, ensure_ascii=False),
-            })
-            pipe.expire(key, self.ttl)
-            if self.index:
-                pipe.zadd(keys.sessions_index(), {session.id: session.updated})
+            write_session(pipe, session, self.ttl, self.index)
             pipe.execute()
 
     def load(self, session_id: str) -> LoadedSession | None:
@@ -169,3 +153,22 @@ def _decode(session_id: str, meta_raw: str, messages_raw: str | None) -> LoadedS
             f"session {session_id} in Redis is damaged ({exc}); delete it "
             f"(`swarm sessions` / DEL {keys.session(session_id)}) to start that folder afresh"
         ) from exc
+
+
+def session_fields(session: Session) -> dict[str, str]:
+    """The fields of a session's hash (``meta`` and ``messages``, both JSON)."""
+    meta = {"id": session.id, "workspace": session.workspace, "created": session.created,
+            "updated": session.updated, "usage": session.usage, "turns": session.turns,
+            "parked": session.parked}
+    return {"meta": json.dumps(meta),
+            "messages": json.dumps(session.messages, ensure_ascii=False)}
+
+
+def write_session(pipe: Any, session: Session, ttl: int, index: bool) -> None:
+    """Queue the writes of :meth:`RedisSessionStore.save` on ``pipe`` (a pipeline, or a
+    transaction after MULTI)."""
+    key = keys.session(session.id)
+    pipe.hset(key, mapping=session_fields(session))
+    pipe.expire(key, ttl)
+    if index:
+        pipe.zadd(keys.sessions_index(), {session.id: session.updated})

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm.testing.server import Item, Reply, ToolCall, message_text
+from swarm.testing.replies import Item, Reply, ToolCall
+from swarm.testing.responders import message_text
 from swarm.text import plural
 
 Step = Item | Callable[[dict[str, Any]], Item]

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from swarm.store import keys
-from swarm.store.ledger import Ledger
+from swarm.store.ledger import Ledger, Progress
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +47,6 @@ class Watched:
     """Set on cancel, at the deadline, or when the lease is lost: kills a running command."""
     start: float = field(default_factory=time.monotonic)
     timed_out: bool = False
-
-
-@dataclass
-class Progress:
-    """A child's tool start, waiting for the next flush."""
-
-    swarm_id: str
-    agent_id: str
-    last: str
-    turns: int
-    tool: str
-    ts: float
 
 
 class Supervisor:
@@ -122,16 +109,7 @@ class Supervisor:
                 progress, self._progress = self._progress, []
                 tokens, self._tokens = self._tokens, Counter()
             try:
-                if progress or tokens:
-                    with self.redis.pipeline(transaction=False) as pipe:
-                        for p in progress:
-                            pipe.hset(keys.agent(p.agent_id),
-                                      mapping={"last": p.last, "turns": p.turns})
-                            self.ledger.event_to(pipe, p.swarm_id, "tool", p.agent_id, ts=p.ts,
-                                                 tool=p.tool, text=p.last)
-                        for swarm_id, n in tokens.items():
-                            pipe.hincrby(keys.swarm_counters(swarm_id), "tokens", n)
-                        pipe.execute()
+                self.ledger.report(progress, dict(tokens))
             except redis.RedisError as exc:
                 log.debug("progress not recorded: %s", exc)
                 with self._lock:
@@ -171,10 +149,7 @@ class Supervisor:
                 live.append(child)
         if not live:
             return
-        with self.redis.pipeline(transaction=False) as pipe:
-            for child in live:
-                pipe.exists(keys.cancel(child.agent_id))
-            flags = pipe.execute()
+        flags = self.ledger.cancelled([c.agent_id for c in live])
         for child, flag in zip(live, flags, strict=True):
             if flag:
                 child.event.set()

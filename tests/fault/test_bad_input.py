@@ -221,7 +221,7 @@ def test_invalid_schema_and_huge_message_are_refused_siblings_run(
     ledger = Ledger(connect(swarm.url))
     swarm_id = ledger.latest_swarm()
     assert swarm_id is not None and ledger.swarm(swarm_id)["task"].startswith("REFUSALS")
-    labels = [a.get("label", "") for a in ledger.agents(swarm_id)]
+    labels = [a.label for a in ledger.agents(swarm_id)]
     assert len(labels) == 2 and "SIBLING" in labels[1], labels  # root + the sibling only
 
 
@@ -250,7 +250,7 @@ def test_malformed_agent_calls_get_errors_and_create_no_child(
     ledger = Ledger(connect(swarm.url))
     swarm_id = ledger.latest_swarm()
     assert swarm_id is not None and ledger.swarm(swarm_id)["task"].startswith("MALFORMED")
-    labels = [a.get("label", "") for a in ledger.agents(swarm_id)]
+    labels = [a.label for a in ledger.agents(swarm_id)]
     assert len(labels) == 2 and "VALIDKID" in labels[1], labels
 
 

@@ -27,7 +27,7 @@ from swarm.runtime.local import wait_for
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import connect
-from swarm.store.ledger import Ledger
+from swarm.store.ledger import AgentRecord, Ledger
 from swarm.store.server import EmbeddedServer
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, ToolCall
@@ -82,7 +82,7 @@ class Swarm:
         thread.start()
         return thread, out
 
-    def agents(self) -> list[dict[str, str]]:
+    def agents(self) -> list[AgentRecord]:
         swarm_id = self.ledger.latest_swarm()
         assert swarm_id
         return self.ledger.agents(swarm_id)
@@ -163,8 +163,8 @@ def test_worker_sigkilled_mid_child_is_taken_over_and_settles_once(
     (result,) = out
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "done:victim recovered | done:bystander fine"
-    victim = next(a for a in swarm.agents() if "VICTIM" in a.get("label", ""))
-    run = swarm.ledger.run(victim["run"])
+    victim = next(a for a in swarm.agents() if "VICTIM" in a.label)
+    run = swarm.ledger.run(victim.run)
     assert run is not None and run.attempts == 2 and run.state == "done"
     # Exactly one result reached the parent, and the command did not run again.
     root_last = [r for r in model.requests if task_of(r) == "ROOT go"][-1]
@@ -194,9 +194,9 @@ def test_coordinator_killed_mid_request_loses_nothing_and_runs_nothing_twice(
     (result,) = out
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "done:kid ok | done:kid ok | done:kid ok"
-    kids = [a for a in swarm.agents() if a.get("kind") == "child"]
+    kids = [a for a in swarm.agents() if a.kind == "child"]
     assert len(kids) == 3
-    runs = [swarm.ledger.run(k["run"]) for k in kids]
+    runs = [swarm.ledger.run(k.run) for k in kids]
     assert all(r is not None and r.attempts == 1 for r in runs), runs
     assert len([r for r in model.requests if task_of(r).startswith("KID")]) == 3
     print(f"\ncoordinator killed: request finished {time.monotonic() - died:.1f} s after")
@@ -225,7 +225,7 @@ def test_embedded_server_restart_mid_swarm(swarm: Swarm, model: ScriptedModelSer
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "done:slow done"
     assert swarm.redis.get(keys.hints()) == "a hint that must survive"
-    assert {a["state"] for a in swarm.agents()} == {"done"}
+    assert {a.state for a in swarm.agents()} == {"done"}
 
 
 def test_cancel_a_child_kills_its_command_and_the_parent_gets_cancelled(
@@ -242,9 +242,9 @@ def test_cancel_a_child_kills_its_command_and_the_parent_gets_cancelled(
     swarm.ready()
     thread, out = swarm.run_in_thread("ROOT cancel", tmp_path)
     wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the command")
-    stuck = next(a for a in swarm.agents() if "STUCK" in a.get("label", ""))
+    stuck = next(a for a in swarm.agents() if "STUCK" in a.label)
     started = time.monotonic()
-    cancelled = CliRunner().invoke(main, ["cancel", stuck["id"]], env=swarm.env())
+    cancelled = CliRunner().invoke(main, ["cancel", stuck.id], env=swarm.env())
     assert cancelled.exit_code == 0, cancelled.output
     thread.join(timeout=30)
     took = time.monotonic() - started
@@ -379,7 +379,7 @@ def test_cancel_settles_children_held_back_by_the_in_flight_limit(
     swarm.ready()
     thread, out = swarm.run_in_thread("ROOT held", tmp_path, SWARM_MAX_PARALLEL="1")
     wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the holder")
-    assert [a["state"] for a in swarm.agents() if "HELD" in a.get("label", "")] == \
+    assert [a.state for a in swarm.agents() if "HELD" in a.label] == \
         ["waiting", "waiting"]
     root = swarm.ledger.latest_swarm() or ""
     assert CliRunner().invoke(main, ["cancel", root], env=swarm.env()).exit_code == 0
@@ -387,6 +387,6 @@ def test_cancel_settles_children_held_back_by_the_in_flight_limit(
     assert not thread.is_alive()
     (result,) = out
     assert result.exit_code == 4, result.output  # the root was cancelled too
-    wait_until(lambda: {a["state"] for a in swarm.agents() if a.get("kind") == "child"}
+    wait_until(lambda: {a.state for a in swarm.agents() if a.kind == "child"}
                == {"cancelled"}, timeout=10, what="every child cancelled")
     assert not [r for r in model.requests if task_of(r).startswith("HELD")]

@@ -9,7 +9,7 @@ import pytest
 
 from swarm.domain.messages import StreamEvent
 from swarm.errors import ModelResponseError
-from swarm.llm.assemble import MessageAssembler, from_completion
+from swarm.llm.answer import MessageAssembler, from_completion
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -171,7 +171,6 @@ def test_usage_chunk_with_empty_choices() -> None:
 
 def test_null_usage_on_every_chunk_is_ignored() -> None:
     assembler, _ = assemble([{**chunk({"content": "x"}), "usage": None}])
-    assert assembler.usage_seen is False
     assert assembler.result().usage.total_tokens == 0
 
 

@@ -48,7 +48,6 @@ class MessageAssembler:
         self._held: dict[str, str] = {}
         self.finish_reason: str | None = None
         self.usage = Usage()
-        self.usage_seen = False
 
     def feed(self, chunk: dict[str, Any]) -> None:
         """Take one ``chat.completion.chunk``; raise ModelResponseError for an error chunk.
@@ -77,7 +76,6 @@ class MessageAssembler:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = Usage.from_dict(usage)
-            self.usage_seen = True
         choices = chunk.get("choices")
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:

@@ -1,0 +1,135 @@
+"""The ledger's records of a run and of an agent, typed (stored as Redis hashes).
+
+The states and transitions between them are drawn in :mod:`swarm.store.ledger`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+SETTLED = ("done", "failed", "cancelled", "timed_out", "refused")
+"""Final states of a run (and of an agent's latest run)."""
+ACTIVE = ("queued", "waiting", "running", "parked")
+"""States of a run that has not settled."""
+
+
+def _int(value: str | None, default: int = 0) -> int:
+    try:
+        return int(value) if value not in (None, "") else default
+    except ValueError:
+        return default
+
+
+def _float(value: str | None) -> float:
+    try:
+        return float(value) if value else 0.0
+    except ValueError:
+        return 0.0
+
+
+@dataclass
+class RunRecord:
+    """One run of an agent for one ``agent`` call (a new child's first run, or a
+    continuation by ``agent_id``); a job's root has one run too."""
+
+    id: str
+    agent: str
+    """"" for a call refused before it got an agent."""
+    request: str
+    call_id: str
+    message: str
+    state: str
+    output_schema: dict[str, Any] | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    start_turn: int = 0
+    start_index: int = -1
+    """Length of the agent's history when this run's message was added; -1 before that."""
+    attempts: int = 0
+    traceparent: str = ""
+    """The W3C trace context of the parent's ``agent`` call (OpenTelemetry), or ""."""
+    swarm: str = ""
+    """The swarm of the run's agent ("" in records written before runs carried it)."""
+
+    @classmethod
+    def from_hash(cls, run_id: str, row: dict[str, str]) -> RunRecord | None:
+        if not row:
+            return None
+        return cls(
+            id=run_id, agent=row.get("agent", ""), request=row.get("request", ""),
+            call_id=row.get("call_id", ""), message=row.get("message", ""),
+            state=row.get("state", ""),
+            output_schema=json.loads(row["output_schema"]) if row.get("output_schema") else None,
+            result=json.loads(row["result"]) if row.get("result") else {},
+            start_turn=_int(row.get("start_turn")),
+            start_index=_int(row.get("start_index"), -1),
+            attempts=_int(row.get("attempts")),
+            traceparent=row.get("traceparent", ""),
+            swarm=row.get("swarm", ""))
+
+    def to_hash(self, now: float) -> dict[str, str | float]:
+        """The fields written when the run is created."""
+        fields: dict[str, str | float] = {
+            "agent": self.agent, "request": self.request, "call_id": self.call_id,
+            "message": self.message, "state": self.state, "created": now,
+            "output_schema": json.dumps(self.output_schema) if self.output_schema else "",
+            "result": json.dumps(self.result) if self.result else ""}
+        if self.traceparent:
+            fields["traceparent"] = self.traceparent
+        if self.swarm:
+            fields["swarm"] = self.swarm
+        return fields
+
+
+@dataclass
+class AgentRecord:
+    """One agent of a swarm: the root (``kind`` root in a terminal, job on the workers)
+    or a child; its ``state`` follows its latest run."""
+
+    id: str
+    swarm: str
+    parent: str = ""
+    depth: int = 0
+    kind: str = "child"
+    state: str = ""
+    run: str = ""
+    """Its latest run."""
+    workspace: str = ""
+    label: str = ""
+    host: str = ""
+    session: str = ""
+    created: float = 0.0
+    started: float = 0.0
+    settled: float = 0.0
+    parent_workspace: str = ""
+    parent_host: str | None = None
+    """The parent's workspace and host ride along, so the worker places the child's
+    workspace without reading the parent (None in records written before they did)."""
+    last: str = ""
+    turns: int = 0
+    usage: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_hash(cls, row: dict[str, str]) -> AgentRecord | None:
+        if not row or not row.get("id"):
+            return None
+        try:
+            usage = {k: int(v) for k, v in json.loads(row.get("usage") or "{}").items()}
+        except (ValueError, AttributeError):
+            usage = {}
+        return cls(
+            id=row["id"], swarm=row.get("swarm", ""), parent=row.get("parent", ""),
+            depth=_int(row.get("depth")), kind=row.get("kind", "child"),
+            state=row.get("state", ""), run=row.get("run", ""),
+            workspace=row.get("workspace", ""), label=row.get("label", ""),
+            host=row.get("host", ""), session=row.get("session", ""),
+            created=_float(row.get("created")), started=_float(row.get("started")),
+            settled=_float(row.get("settled")),
+            parent_workspace=row.get("parent_workspace", ""),
+            parent_host=row.get("parent_host"), last=row.get("last", ""),
+            turns=_int(row.get("turns")), usage=usage)
+
+    @property
+    def session_id(self) -> str:
+        return self.session or self.id
