@@ -133,6 +133,41 @@ def test_spawn_writes_children_once_and_holds_those_over_the_parallel_limit(
     assert ledger.children_spawned("s1") == 3
 
 
+def test_spawn_replayed_writes_nothing_twice(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    again = ledger.spawn("s1", PARENT, [child(1)], 200, 64)  # a second coordinator's replay
+    assert (again.send, again.held, again.over) == ([], [], [])
+    assert redis.hget(keys.run("r1"), "state") == "running"
+    assert ledger.children_spawned("s1") == 1
+
+
+def test_a_run_put_in_flight_is_covered_until_its_task_is_sent(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
+    ledger.spawn("s1", PARENT, [child(1), child(2)], 200, 64)
+    assert redis.zscore(keys.leases(), "r1") is not None  # a grace lease while sending
+    ledger.sent(["r1"])
+    assert redis.zscore(keys.leases(), "r1") is None
+    # r2's coordinator died before sending it: once the grace is over, reap re-sends it.
+    redis.zadd(keys.leases(), {"r2": time.time() - 1})
+    assert [n.run.id for n in ledger.reap(60.0)] == ["r2"]
+
+
+def test_a_request_only_moves_forward(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent")
+    ledger.park("q1", "aparent", "s1", 1, [], {})
+    assert ledger.begin_dispatch("q1")["state"] == "dispatching"
+    ledger.dispatched("q1", "s1", "aparent", {})
+    redis.hset(keys.request("q1"), "state", "joined")
+    ledger.dispatched("q1", "s1", "aparent", {})  # a slow coordinator, late
+    assert ledger.request("q1")["state"] == "joined"
+    assert ledger.begin_dispatch("q1") == {}
+
+
 def test_spawn_stops_at_the_children_limit_across_requests(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
@@ -193,10 +228,14 @@ def test_stay_parked_gives_back_the_lease_and_the_slot(redis: redis_py.Redis) ->
     resumed = ledger.start(run, "s1", "tok", 30.0, "host-a", from_state="parked")
     assert resumed is not None and resumed.claimed
     assert redis.sismember(keys.swarm_inflight("s1"), "r1")
-    ledger.stay_parked(run, "a1", "s1")
+    assert not ledger.stay_parked(run, "s1", "stale-token")  # fenced by the lease
+    assert redis.hget(keys.run("r1"), "state") == "running"
+    assert ledger.stay_parked(run, "s1", "tok")
     assert redis.hget(keys.run("r1"), "state") == "parked"
     assert not redis.sismember(keys.swarm_inflight("s1"), "r1")
     assert redis.zscore(keys.leases(), "r1") is None
+    freed = [f for _, f in redis.xrange(keys.settle_stream()) if "freed" in f]
+    assert freed == [{"freed": "s1"}]  # so a coordinator releases a held run
 
 
 def test_reap_returns_runs_whose_lease_ran_out_once_per_grace(redis: redis_py.Redis) -> None:
@@ -250,6 +289,7 @@ def test_join_answers_the_calls_in_order_and_wakes_a_root(redis: redis_py.Redis)
     assert ledger.wait_woken("aparent", 0.1) == "q1"
     assert ledger.request("q1")["state"] == "joined"
     assert ledger.join("q1") is None  # joined once
+    assert ledger.wait_woken("aparent", 0.1) is None  # and woken once
 
 
 def test_join_of_a_worker_parent_waits_for_its_resume(redis: redis_py.Redis) -> None:

@@ -41,6 +41,7 @@ from swarm.runtime.jobs import job_run_id
 from swarm.store import keys
 from swarm.store.ledger import (
     SETTLED,
+    TAKEOVER_GRACE,
     AgentRecord,
     Joined,
     Ledger,
@@ -56,8 +57,6 @@ BLOCK_MS = 1000
 BATCH = 64
 #: Seconds between passes over dead coordinators' entries and dead workers' runs.
 REAP_EVERY = 2.0
-#: Seconds a re-sent run has to be claimed before it is re-sent again.
-TAKEOVER_GRACE = 60.0
 #: The largest task message a child accepts; bigger material belongs in a file.
 MAX_MESSAGE = 256 * 1024
 #: Seconds a swarm's limits are remembered (they are fixed when the swarm is created).
@@ -147,6 +146,8 @@ class Coordinator:
         try:
             if stream == keys.spawn_stream():
                 self.spawn(fields["request"])
+            elif "freed" in fields:  # a resumed parent parked again: its slot is free
+                self.release(fields["freed"])
             else:
                 self.settled(fields["run"])
         except (redis.ConnectionError, redis.TimeoutError, OperationalError):
@@ -258,6 +259,7 @@ class Coordinator:
                         faults.point("coordinator-after-first-dispatch")
         finally:
             sent.flush()
+        self.ledger.sent([new.run.id for new in runs])
 
     def send_run(self, new: NewRun, producer: Any = None, sent: SentEvents | None = None, *,
                  parent_id: str | None = None, root_id: str | None = None) -> None:

@@ -63,6 +63,11 @@ log = logging.getLogger(__name__)
 __all__ = ["ACTIVE", "SETTLED", "AgentRecord", "Joined", "Ledger", "NewRun", "RunRecord",
            "Spawned", "Start", "derive_id", "label_of", "new_swarm_id", "result_text"]
 
+#: Seconds a run sent (or re-sent) has to be claimed before a coordinator sends it again:
+#: a run in flight is covered by a lease from the moment it is put in flight, so a
+#: coordinator that dies before its task went out loses nothing.
+TAKEOVER_GRACE = 60.0
+
 _SETTLED_LUA = "{" + ", ".join(f"'{s}'" for s in SETTLED) + "}"
 
 _SETTLE = """
@@ -141,6 +146,7 @@ if not ids then return {} end
 redis.call('SADD', KEYS[2], unpack(ids))
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 for _, id in ipairs(ids) do
+  redis.call('ZADD', KEYS[3], ARGV[5], id)
   local agent = redis.call('HGET', ARGV[3] .. id, 'agent')
   if agent and redis.call('HGET', ARGV[4] .. agent, 'state') == 'waiting' then
     redis.call('HSET', ARGV[4] .. agent, 'state', 'queued')
@@ -149,13 +155,45 @@ end
 return ids
 """
 
+# A resumed run whose request is still out parks again, if its lease is still this one.
+_STAY_PARKED = """
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'parked', 'lease', '')
+redis.call('HSET', KEYS[2], 'state', 'parked')
+redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('SREM', KEYS[4], ARGV[2])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'freed', ARGV[3])
+return 1
+"""
+
+# A request moves on only from the state the caller expects (a slow coordinator never
+# moves a request back): ARGV[1] -> ARGV[2], with the field pairs ARGV[3..].
+_ADVANCE = """
+if redis.call('HGET', KEYS[1], 'state') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], unpack(ARGV, 3))
+return 1
+"""
+
+# Runs whose task went out: the grace lease that covered the sending is dropped, unless a
+# worker claimed the run meanwhile (its lease replaced the grace one).
+_SENT = """
+for i, id in ipairs(ARGV) do
+  if redis.call('HGET', KEYS[i + 1], 'state') == 'queued' then
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return 0
+"""
+
 # Runs whose lease ran out: pushed forward by the grace period (so a run is not re-sent
-# on every pass while its task waits in the queue), returned if still running.
+# on every pass while its task waits in the queue), returned if still running, or still
+# queued (a coordinator died between putting the run in flight and sending its task).
 _REAP = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
 local out = {}
 for _, id in ipairs(ids) do
-  if redis.call('HGET', ARGV[4] .. id, 'state') == 'running' then
+  local state = redis.call('HGET', ARGV[4] .. id, 'state')
+  if state == 'running' or state == 'queued' then
     redis.call('ZADD', KEYS[1], ARGV[2], id)
     table.insert(out, id)
   else
@@ -296,6 +334,9 @@ class Ledger:
         self._refuse = redis_.register_script(_REFUSE)
         self._release = redis_.register_script(_RELEASE)
         self._reap = redis_.register_script(_REAP)
+        self._advance = redis_.register_script(_ADVANCE)
+        self._sent = redis_.register_script(_SENT)
+        self._stay_parked = redis_.register_script(_STAY_PARKED)
 
     def _transaction(self, fn: Any, *watch: str) -> Any:
         """``fn(pipe)`` under WATCH of ``watch``: it reads, calls ``pipe.multi()``, queues
@@ -454,26 +495,28 @@ class Ledger:
 
         return cast(bool, self._transaction(park, key))
 
-    def stay_parked(self, run: RunRecord, agent_id: str, swarm_id: str) -> None:
+    def stay_parked(self, run: RunRecord, swarm_id: str, token: str) -> bool:
         """A resumed run found its request still out: back to parked, without its lease
-        or its slot (the join resumes it)."""
-        with self.redis.pipeline() as pipe:
-            pipe.hset(keys.run(run.id), mapping={"state": "parked", "lease": ""})
-            pipe.hset(keys.agent(agent_id), "state", "parked")
-            pipe.zrem(keys.leases(), run.id)
-            pipe.srem(keys.swarm_inflight(swarm_id), run.id)
-            pipe.execute()
+        or its slot (the join resumes it), if ``token`` still holds the run. The freed
+        slot is announced on the settle stream, so a coordinator releases a held run."""
+        return bool(self._stay_parked(
+            keys=[keys.run(run.id), keys.agent(run.agent), keys.leases(),
+                  keys.swarm_inflight(swarm_id), keys.settle_stream()],
+            args=[token, run.id, swarm_id, keys.STREAM_MAXLEN]))
 
     # -- the coordinator: spawn, hold, release, refuse --------------------------------------
 
     def begin_dispatch(self, request_id: str) -> dict[str, Any]:
-        """The request, marked ``dispatching`` if it was new; {} when there is nothing to
-        dispatch. A ``dispatched`` request is returned as it is (a replay joins it)."""
+        """The request, marked ``dispatching`` if it was new; {} when it is unknown or
+        joined. A request past dispatching is returned as it is: a replay (a coordinator
+        died) still joins it, or resumes its parent."""
         req = self.request(request_id)
-        if req.get("state") == "new":
-            self.redis.hset(keys.request(request_id), "state", "dispatching")
+        if req.get("state") == "new" and self._advance(
+                keys=[keys.request(request_id)], args=["new", "dispatching"]):
             req["state"] = "dispatching"
-        return req if req.get("state") in ("dispatching", "dispatched") else {}
+        elif req:
+            req = self.request(request_id)  # another coordinator moved it meanwhile
+        return req if req.get("state") in ("dispatching", "dispatched", "answered") else {}
 
     def spawn(self, swarm_id: str, parent: AgentRecord, new: list[NewRun],
               max_children: int, max_parallel: int) -> Spawned:
@@ -483,12 +526,21 @@ class Ledger:
         first). Records are created only when absent, so a replay writes nothing twice;
         the caller checks the runs do not exist yet (:meth:`existing_runs`)."""
         counters, inflight = keys.swarm_counters(swarm_id), keys.swarm_inflight(swarm_id)
+        run_keys = [keys.run(n.run.id) for n in new]
 
         def spawn(pipe: Pipeline) -> Spawned:
             children = int(pipe.hget(counters, "children") or 0)
             busy = int(pipe.scard(inflight))
+            # Read after WATCH (on another connection, in one round trip): a run another
+            # coordinator writes from now on makes this transaction start over.
+            with self.redis.pipeline(transaction=False) as read:
+                for key in run_keys:
+                    read.exists(key)
+                exists = read.execute()
             admitted, over = [], []
-            for item in new:
+            for item, there in zip(new, exists, strict=True):
+                if there:
+                    continue  # written by another coordinator replaying this request
                 if item.new_agent and children >= max_children:
                     over.append(item)
                     continue
@@ -505,6 +557,8 @@ class Ledger:
             if send:
                 pipe.sadd(inflight, *(n.run.id for n in send))
                 pipe.expire(inflight, self.ttl)
+                pipe.zadd(keys.leases(), {n.run.id: time.time() + TAKEOVER_GRACE
+                                          for n in send})
             if held:
                 pipe.rpush(keys.swarm_waiting(swarm_id), *(n.run.id for n in held))
                 pipe.expire(keys.swarm_waiting(swarm_id), self.ttl)
@@ -512,7 +566,7 @@ class Ledger:
                     pipe.hset(keys.agent(n.run.agent), "state", "waiting")
             return Spawned(send, held, over, children)
 
-        return cast(Spawned, self._transaction(spawn, counters, inflight))
+        return cast(Spawned, self._transaction(spawn, counters, inflight, *run_keys))
 
     def _write_children(self, pipe: Pipeline, swarm_id: str, parent: AgentRecord,
                         new: list[NewRun]) -> None:
@@ -551,11 +605,10 @@ class Ledger:
     def dispatched(self, request_id: str, swarm_id: str, parent_id: str,
                    runs: dict[str, str]) -> None:
         """Every call of the request has its run (sent, held or refused)."""
-        with self.redis.pipeline() as pipe:
-            pipe.hset(keys.request(request_id), mapping={
-                "runs": json.dumps(runs), "count": len(runs), "state": "dispatched"})
-            self._event(pipe, swarm_id, "dispatched", parent_id, children=len(runs))
-            pipe.execute()
+        if self._advance(keys=[keys.request(request_id)],
+                         args=["dispatching", "dispatched", "runs", json.dumps(runs),
+                               "count", len(runs)]):
+            self.event(swarm_id, "dispatched", parent_id, children=len(runs))
 
     def requeue(self, run_id: str, swarm_id: str) -> NewRun | None:
         """A replayed request (a coordinator died mid-way): a run that exists but is
@@ -568,6 +621,7 @@ class Ledger:
         with self.redis.pipeline() as pipe:
             pipe.sadd(keys.swarm_inflight(swarm_id), run_id)
             pipe.expire(keys.swarm_inflight(swarm_id), self.ttl)
+            pipe.zadd(keys.leases(), {run_id: time.time() + TAKEOVER_GRACE}, nx=True)
             pipe.execute()
         return self._new_runs([run_id])[0]
 
@@ -575,9 +629,16 @@ class Ledger:
         """Held runs into flight while the swarm has fewer than ``max_parallel``; returns
         them to send (one script)."""
         ids = cast("list[str]", self._release(
-            keys=[keys.swarm_waiting(swarm_id), keys.swarm_inflight(swarm_id)],
-            args=[max_parallel, self.ttl, keys.run(""), keys.agent("")]))
+            keys=[keys.swarm_waiting(swarm_id), keys.swarm_inflight(swarm_id), keys.leases()],
+            args=[max_parallel, self.ttl, keys.run(""), keys.agent(""),
+                  time.time() + TAKEOVER_GRACE]))
         return self._new_runs(ids)
+
+    def sent(self, run_ids: list[str]) -> None:
+        """Their tasks went out: the grace leases that covered the sending are dropped
+        (but not a lease a worker took meanwhile)."""
+        if run_ids:
+            self._sent(keys=[keys.leases(), *(keys.run(r) for r in run_ids)], args=run_ids)
 
     def _new_runs(self, run_ids: list[str]) -> list[NewRun]:
         """Runs to send, each with its agent's depth and label and its parent's run."""
@@ -592,6 +653,8 @@ class Ledger:
             parent_runs = dict(zip(parents, pipe.execute(), strict=True))
         out = []
         for run, record in zip(runs, records, strict=True):
+            if not run.swarm and record is not None:
+                run.swarm = record.swarm  # a record from before runs carried their swarm
             new = NewRun.of(run, record)
             new.parent_run = str(parent_runs.get(record.parent) or "") if record else ""
             out.append(new)
@@ -685,9 +748,7 @@ class Ledger:
         if runs:
             with self.redis.pipeline(transaction=False) as pipe:
                 for new in runs:
-                    swarm_id = new.run.swarm or (self.agent(new.run.agent) or
-                                                 AgentRecord("", "")).swarm
-                    self._event(pipe, swarm_id, "takeover", new.run.agent)
+                    self._event(pipe, new.run.swarm, "takeover", new.run.agent)
                 pipe.execute()
         return runs
 
@@ -724,7 +785,9 @@ class Ledger:
             state = pipe.hget(rkey, "state")
             meta, messages = cast("list[str | None]", pipe.hmget(skey, ["meta", "messages"]))
             session = RedisSessionStore.from_fields(parent.session_id, meta, messages)
-            if state == "answered" or (session is not None and not session.parked):
+            if state in ("answered", "joined"):
+                return None  # another coordinator answered it meanwhile, and wakes it
+            if session is not None and not session.parked:
                 pipe.multi()  # answered before; the wake may not have gone out
                 pipe.hset(rkey, "state", "answered" if joined.resume else "joined")
                 if not joined.resume:
@@ -750,7 +813,7 @@ class Ledger:
 
     def resumed(self, request_id: str) -> None:
         """The parent's resume task was sent: the request is done with."""
-        self.redis.hset(keys.request(request_id), "state", "joined")
+        self._advance(keys=[keys.request(request_id)], args=["answered", "joined"])
 
     def wait_woken(self, agent_id: str, timeout: float) -> str | None:
         """Block up to ``timeout`` seconds for a root's wake-up; the request id, or None."""

@@ -135,8 +135,15 @@ class ChildRunner:
         session = self.sessions.from_fields(run.agent, start.session_meta,
                                             start.session_messages) \
             or new_session(workspace.path, run.agent)
-        if session.parked and self._still_waiting(run, session.parked, swarm_id):
-            return {"run": run.id, "state": "parked"}
+        if session.parked:
+            request = self.ledger.request(session.parked).get("state")
+            if request in ("answered", "joined"):
+                # Read before the join answered it (a duplicate resume won the claim):
+                # the stored session has the children's results.
+                session = self.sessions.load(run.agent) or session
+            elif request:  # still out: the join resumes it
+                self.ledger.stay_parked(run, swarm_id, watched.token)
+                return {"run": run.id, "state": "parked"}
         before = self._snapshot(workspace, run)
         watched.limit = settings.child_timeout
         control = Control(self.redis, swarm_id, watched, settings, self.supervisor,
@@ -178,15 +185,6 @@ class ChildRunner:
         if record.kind == "job":
             self.ledger.finish_swarm(swarm_id, state)
         return {"run": run.id, "state": state}
-
-    def _still_waiting(self, run: RunRecord, request_id: str, swarm_id: str) -> bool:
-        """A run found parked on a request: True if that request is still out (the join
-        resumes it), else the spawn never got out; the calls are answered as interrupted."""
-        request = self.ledger.request(request_id)
-        if request and request.get("state") != "joined":
-            self.ledger.stay_parked(run, run.agent, swarm_id)
-            return True
-        return False
 
     def _snapshot(self, workspace: ws.Workspace, run: RunRecord) -> ws.Snapshot:
         """The workspace as it was when this run began (kept on disk across resumes)."""

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from swarm.store.ledger import AgentRecord, Ledger
 from swarm.store.server import EmbeddedServer
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, ToolCall
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -110,16 +111,6 @@ def swarm(tmp_path: Path, model: ScriptedModelServer) -> Iterator[Swarm]:
         s.close()
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 30, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what or check}"
-        time.sleep(0.05)
-
-
 def agent_calls(*messages: str) -> Reply:
     return Reply(tool_calls=[ToolCall("agent", {"message": m}, id=f"c{i}")
                              for i, m in enumerate(messages)])
@@ -151,7 +142,7 @@ def test_worker_sigkilled_mid_child_is_taken_over_and_settles_once(
     swarm.ready()
     thread, out = swarm.run_in_thread("ROOT go", tmp_path)
     try:
-        wait_until(lambda: marker.exists() and marker.read_text().strip(), what="command start")
+        wait_until(lambda: marker.exists() and marker.read_text().strip(), "command start")
         os.kill(doomed.pid, signal.SIGKILL)  # the whole worker, threads and all
         killed = time.monotonic()
         swarm.start("worker", "rescuer", SWARM_LEASE="2")
@@ -215,7 +206,7 @@ def test_embedded_server_restart_mid_swarm(swarm: Swarm, model: ScriptedModelSer
     swarm.ready()
     swarm.redis.set(keys.hints(), "a hint that must survive")
     thread, out = swarm.run_in_thread("ROOT restart", tmp_path)
-    wait_until(started.exists, what="the child's command")
+    wait_until(started.exists, "the child's command")
     port = swarm.server.status().port
     swarm.server.stop()
     assert swarm.server.ensure() == f"redis://127.0.0.1:{port}/0"  # back on the same port
@@ -241,7 +232,7 @@ def test_cancel_a_child_kills_its_command_and_the_parent_gets_cancelled(
     swarm.start("worker", "w1")
     swarm.ready()
     thread, out = swarm.run_in_thread("ROOT cancel", tmp_path)
-    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the command")
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), "the command")
     stuck = next(a for a in swarm.agents() if "STUCK" in a.label)
     started = time.monotonic()
     cancelled = CliRunner().invoke(main, ["cancel", stuck.id], env=swarm.env())
@@ -282,7 +273,7 @@ def test_children_ask_a_person_through_the_queue(swarm: Swarm, model: ScriptedMo
         swarm_id = swarm.ledger.latest_swarm()
         return ApprovalQueue(swarm.redis, swarm_id).pending() if swarm_id else []
 
-    asks = wait_until(lambda: [p for p in pending() if "mkdir" in p.summary], what="a request")
+    asks = wait_until(lambda: [p for p in pending() if "mkdir" in p.summary], "a request")
     listed = CliRunner().invoke(main, ["approve"], env=swarm.env())
     assert asks[0].id in listed.stdout and "mkdir" in listed.stdout
     answered = CliRunner().invoke(main, ["approve", asks[0].id], env=swarm.env())
@@ -378,7 +369,7 @@ def test_cancel_settles_children_held_back_by_the_in_flight_limit(
     swarm.start("worker", "w1")
     swarm.ready()
     thread, out = swarm.run_in_thread("ROOT held", tmp_path, SWARM_MAX_PARALLEL="1")
-    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the holder")
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), "the holder")
     assert [a.state for a in swarm.agents() if "HELD" in a.label] == \
         ["waiting", "waiting"]
     root = swarm.ledger.latest_swarm() or ""
