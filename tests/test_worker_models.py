@@ -53,3 +53,18 @@ def test_each_thread_keeps_its_own_http_client(model_server: ScriptedModelServer
     thread.start()
     thread.join(30)
     assert other and other[0] is not mine
+
+
+def test_a_base_url_with_userinfo_still_shares_the_context_length(
+        model_server: ScriptedModelServer) -> None:
+    model_server.context_length = 4_096
+    url = model_server.base_url.replace("http://", "http://alice:hunter2@")
+    settings = Settings(base_url=url, model=model_server.models[0])
+    clients = ModelClients()
+    for _ in range(3):
+        model = clients.client(settings)
+        try:
+            assert model.context_length() == 4_096
+        finally:
+            clients.release(model)
+    assert model_server.models_requests == 1

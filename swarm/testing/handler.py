@@ -27,6 +27,7 @@ def _error(message: str, kind: str, code: int | str) -> dict[str, Any]:
 class HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024  # hundreds of children connect at once (socketserver: 5)
     owner: ScriptedModelServer
 
 

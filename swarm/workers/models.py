@@ -10,6 +10,7 @@ import httpx
 from swarm.cache import TTLCache
 from swarm.config import Settings
 from swarm.llm.client import LLMClient, http_client
+from swarm.text import without_userinfo
 
 
 class ModelClients:
@@ -45,7 +46,8 @@ class ModelClients:
     def client(self, settings: Settings) -> LLMClient:
         """A client of ``settings``' model on this thread's HTTP client; it knows the
         model's context length when a child of this process learnt it lately."""
-        known = self._contexts.get((settings.base_url.rstrip("/"), settings.model))
+        known = self._contexts.get((without_userinfo(settings.base_url.rstrip("/")),
+                                    settings.model))
         return LLMClient.from_settings(settings, http=self.http(settings),
                                        context_length=known)
 

