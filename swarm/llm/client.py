@@ -5,7 +5,8 @@ Implements :class:`swarm.agent.protocols.Model`. Every error it raises is a
 check (:mod:`swarm.llm.errors`), and none of them, nor any log line, contains the API key
 or the user info of the base URL. The HTTP client is :func:`swarm.llm.http.http_client`;
 answers become messages in :mod:`swarm.llm.answer`; ``/models`` is read by
-:mod:`swarm.llm.models`.
+:mod:`swarm.llm.models`. (Over 400 lines because the retry loop and both answer paths,
+streamed and whole, share one error handling; split, each half would need the other.)
 """
 
 from __future__ import annotations

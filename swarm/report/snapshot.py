@@ -7,6 +7,7 @@ turns) and run records (task, answer, error) not read before: what a settled run
 never changes, so a :class:`SnapshotReader` keeps it.
 
 How a view shows its numbers, and the prices behind a cost, are :mod:`swarm.report.display`.
+(Over 400 lines because the reader and the tree it builds change together.)
 """
 
 from __future__ import annotations

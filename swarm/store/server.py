@@ -13,6 +13,9 @@ The server runs in its own session (Ctrl-C in the terminal does not reach it) an
 the process that started it: the last :meth:`EmbeddedServer.release` stops it, and after a
 crash the next :meth:`EmbeddedServer.ensure` adopts it. Whether a pid is alive and a
 Valkey server, and stopping one, is :mod:`swarm.store.pids`.
+
+Over 400 lines because starting, adopting, restarting and stopping the server share
+the lock protocol above; split, each part would need all of it.
 """
 
 from __future__ import annotations
