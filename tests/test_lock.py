@@ -1,4 +1,4 @@
-"""requirements/lock.txt, which ./scripts/check installs, is in sync with pyproject.toml:
+"""constraints.txt, which ./scripts/check installs, is in sync with pyproject.toml:
 every dependency is locked, at a version its range admits (./scripts/lock refreshes it)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)")
 
 def locked() -> dict[str, str]:
     pins: dict[str, str] = {}
-    for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines():
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
         if match := PIN.match(line):
             pins[canonicalize_name(match[1])] = match[2]
     return pins
@@ -37,6 +37,6 @@ def test_every_dependency_is_locked_at_a_version_its_range_admits() -> None:
         version = pins.get(canonicalize_name(requirement.name))
         if version is None or not requirement.specifier.contains(version, prereleases=True):
             out_of_sync.append(f"{requirement} (locked: {version})")
-    assert not out_of_sync, ("requirements/lock.txt is out of sync with pyproject.toml; run "
+    assert not out_of_sync, ("constraints.txt is out of sync with pyproject.toml; run "
                              "./scripts/lock: " + ", ".join(out_of_sync))
 
