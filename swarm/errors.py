@@ -21,6 +21,7 @@ every message says what to check or how to fix it::
     │   ├── Cancelled               `swarm cancel` (or its wall-time limit: TimedOut)
     │   │   └── TimedOut
     │   ├── BudgetExceeded          the swarm used its token budget
+    │   ├── LeaseLost               a worker lost a child's lease (another worker has it)
     │   └── Parked                  the agent waits for its children (not a failure)
     └── RuntimeUnavailable          no coordinator or worker answers (berserk mode)
 """
@@ -123,3 +124,9 @@ class TimedOut(Cancelled):
 
 class BudgetExceeded(AgentStopped):
     """The swarm's children used the token budget (``SWARM_TOKEN_BUDGET``)."""
+
+
+class LeaseLost(AgentStopped):
+    """A worker stopped a child whose run's lease it no longer holds: it could not renew
+    it in time (Redis unreachable, the host cut off) or another worker took the run over.
+    The run goes on elsewhere; this worker runs no more of its commands."""

@@ -5,7 +5,8 @@ Each entry says what it buys (measured), and the versions it was checked against
 libraries are capped below their next minor release in pyproject.toml, and
 tests/test_patches.py fails when the upstream behaviour an entry relies on changes.
 
-- :class:`RedisTransport` (kombu 5.4-5.7): one ``redis.Redis`` per kombu channel.
+- :class:`RedisTransport` (kombu 5.4-5.7): one ``redis.Redis`` per kombu channel, and a
+  connection error (not a crash) for a command on a channel whose connection closed.
 - :func:`reset_connections` (Celery 5.4-5.7): the app's cached pools and result backend,
   dropped when the app is pointed at another broker.
 """
@@ -16,6 +17,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import redis
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 
@@ -37,13 +39,22 @@ class RedisChannel(kombu_redis.Channel):
     rebuilt when kombu replaces the channel's pool (a reconnection).
 
     Relies on (kombu 5.4-5.7): ``conn_or_acquire(client=None)`` is a context manager
-    yielding a client of ``self.pool``, and kombu's synchronous commands go through it.
+    yielding a client of ``self.pool``, and kombu's synchronous commands go through it;
+    ``self.connection.client`` (the kombu Connection) is None once the connection closed.
+
+    A command on a channel whose connection was closed (Celery acks a finished task while
+    it reconnects after Redis went away) raises ``redis.ConnectionError``, which Celery
+    handles as a lost connection ("Couldn't ack", the message is delivered again). kombu
+    itself raises AttributeError there (``_connparams`` reads ``None.hostname``), and the
+    worker process dies with "Unrecoverable error" (kombu issue #582, still so in 5.7).
     """
 
     _reused: Any = None
 
     @contextlib.contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        if client is None and getattr(self.connection, "client", None) is None:
+            raise redis.ConnectionError("the broker connection of this channel was closed")
         if client is None:
             client = self._reused
             if client is None or client.connection_pool is not self.pool:

@@ -199,16 +199,41 @@ def test_a_429_closes_the_shared_rate_gate(model_server: ScriptedModelServer,
     model_server.script(Fault(status=429, retry_after=1), Reply(content="ok"))
     client = LLMClient(model_server.base_url, model_server.models[0], retries=2, backoff_max=5)
     client.gate = RedisRateGate(redis, "s-test")
-    before = time.time()
+    seconds, micros = redis.time()
+    before = seconds + micros / 1e6
     assert client.chat([{"role": "user", "content": "hi"}]).content == "ok"
     closed_until = float(redis.get(keys.rate_gate("s-test")) or 0)
-    assert before + 0.9 <= closed_until <= time.time() + 0.1  # Retry-After: 1 s, for all
+    seconds, micros = redis.time()
+    # Retry-After: 1 s, for all, on the server's clock
+    assert before + 0.9 <= closed_until <= seconds + micros / 1e6 + 1.1
     # Another client of the same swarm holds until the gate opens.
     other = RedisRateGate(redis, "s-test")
     other.pause(0.5)
     started = time.monotonic()
     other.wait()
     assert time.monotonic() - started >= 0.4
+
+
+def test_concurrent_pauses_keep_the_latest_closing_time(redis: redis_lib.Redis) -> None:
+    """Two children told to back off at once: the gate closes for the longer of the two,
+    whatever order their writes land in (a pause never shortens it)."""
+    import threading
+
+    from swarm.store import keys
+    from swarm.store.gate import RedisRateGate
+
+    gates = [RedisRateGate(redis, "s-race") for _ in range(16)]
+    threads = [threading.Thread(target=g.pause, args=(1.0 + (i % 2) * 29.0,))
+               for i, g in enumerate(gates)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds, micros = redis.time()
+    left = float(redis.get(keys.rate_gate("s-race")) or 0) - (seconds + micros / 1e6)
+    assert 28 < left <= 30
+    RedisRateGate(redis, "s-race").pause(1.0)  # a shorter pause later changes nothing
+    assert float(redis.get(keys.rate_gate("s-race")) or 0) - (seconds + micros / 1e6) > 28
 
 
 # -- Ctrl-C: every call of the step is answered, the session is whole and saved -------------

@@ -96,6 +96,26 @@ def test_redis_channel_keeps_one_client(redis: redis_py.Redis, redis_server: str
     assert redis.llen("reused") == 21
 
 
+def test_a_command_on_a_closed_channel_is_a_connection_error(redis_server: str) -> None:
+    """An ack on a channel whose connection closed (Celery reconnecting after Redis went
+    away): kombu's own channel raises AttributeError, which kills a Celery worker; the
+    patched one raises a connection error, which Celery handles. If kombu starts raising a
+    connection error itself, the first half fails and the patch can go."""
+    with Connection(redis_server, transport=kombu_redis.Transport) as conn:
+        stock = conn.default_channel
+        stock.connection.client = None  # what closing the connection leaves behind
+        with pytest.raises(AttributeError, match="hostname"), stock.conn_or_acquire():
+            pass
+    with swarm_app.connection_for_write(redis_server) as conn:
+        channel = conn.default_channel
+        assert type(channel) is patches.RedisChannel
+        publish(conn, "closing", 1)
+        channel.connection.client = None
+        with pytest.raises(redis_py.ConnectionError), channel.conn_or_acquire():
+            pass
+        assert isinstance(redis_py.ConnectionError(), tuple(conn.connection_errors))
+
+
 def test_redis_urls_resolve_to_the_patched_transport() -> None:
     assert patches.install_redis_transport()
     for scheme in ("redis", "rediss"):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import redis as redis_py
 
 from swarm.domain.session import Session
+from swarm.errors import LeaseLost
 from swarm.store import keys
-from swarm.store.ledger import AgentRecord, Ledger, NewRun, RunRecord
+from swarm.store.ledger import TAKEOVER_GRACE, AgentRecord, Ledger, NewRun, RunRecord
 from swarm.store.sessions import RedisSessionStore
 
 PARENT = AgentRecord(id="aparent", swarm="s1", workspace="/work/parent", host="host-a",
@@ -98,6 +100,65 @@ def test_start_without_an_agent_record_claims_nothing(redis: redis_py.Redis) -> 
     assert not redis.exists(keys.run("r9")) and not redis.exists(keys.agent("agone"))
 
 
+def server_now(redis: redis_py.Redis) -> float:
+    seconds, micros = redis.time()
+    return float(seconds) + micros / 1e6
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+def test_leases_and_grace_periods_are_on_the_servers_clock(
+        redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch, skew: float) -> None:
+    """A host whose clock is an hour fast (or slow) neither takes a run over early nor
+    gives a lease an hour too long: every deadline is the server's TIME plus a duration."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + skew)
+    ledger = Ledger(redis)
+    run = add_child(ledger)  # put in flight: a grace lease
+    assert abs(redis.zscore(keys.leases(), "r1") - (server_now(redis) + TAKEOVER_GRACE)) < 5
+    start = ledger.start(run, "s1", "tok", 30.0, "host-a")
+    assert start is not None and start.claimed
+    assert ledger.renew("r1", "tok", 30.0)
+    until = float(redis.hget(keys.run("r1"), "lease_until"))
+    assert abs(until - (server_now(redis) + 30)) < 5
+    assert abs(redis.zscore(keys.leases(), "r1") - until) < 1e-3
+    assert ledger.reap(60.0) == []  # a fast coordinator reaps nothing early
+    other = ledger.start(run, "s1", "intruder", 30.0, "host-b")  # nor can a fast worker
+    assert other is not None and not other.claimed
+
+
+def test_a_runs_wall_time_counts_across_parks_and_takeovers(redis: redis_py.Redis) -> None:
+    """Time running counts (on the server's clock); time parked does not; a takeover
+    charges its dead predecessor's time up to the end of its lease."""
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    first = ledger.start(run, "s1", "tok1", 30.0, "host-a")
+    assert first is not None and first.claimed and first.used == 0
+    redis.hset(keys.run("r1"), "running_since", server_now(redis) - 100)  # ran 100 s
+    assert ledger.park("q9", "a1", "s1", 2, [], {}, parent_run="r1", token="tok1")
+    assert 99 < float(redis.hget(keys.run("r1"), "used")) < 105
+    redis.hset(keys.run("r1"), "used", 100)
+    resumed = ledger.start(run, "s1", "tok2", 30.0, "host-b", from_state="parked")
+    assert resumed is not None and resumed.claimed and resumed.used == 100
+    # the resumed worker ran 50 s, then died 40 s before its lease ran out
+    now = server_now(redis)
+    redis.hset(keys.run("r1"), mapping={"running_since": now - 90, "lease_until": now - 40})
+    taken = ledger.start(run, "s1", "tok3", 30.0, "host-c")
+    assert taken is not None and taken.claimed
+    assert 149 < taken.used < 155
+
+
+def test_park_is_fenced_by_the_lease(redis: redis_py.Redis) -> None:
+    """A worker that lost its run's lease cannot park it (the successor's lease stays)."""
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    with pytest.raises(LeaseLost):
+        ledger.park("q9", "a1", "s1", 2, [], {}, parent_run="r1", token="stale")
+    assert not redis.exists(keys.request("q9"))
+    assert redis.hget(keys.run("r1"), "lease") == "tok"
+    assert redis.xlen(keys.spawn_stream()) == 0
+
+
 # -- park, spawn, refuse, release ---------------------------------------------------------
 
 
@@ -143,17 +204,21 @@ def test_spawn_replayed_writes_nothing_twice(redis: redis_py.Redis) -> None:
     assert ledger.children_spawned("s1") == 1
 
 
-def test_a_run_put_in_flight_is_covered_until_its_task_is_sent(
+def test_a_run_put_in_flight_is_covered_until_a_worker_claims_it(
         redis: redis_py.Redis) -> None:
+    """A run whose task never went out (its coordinator died), was lost, or failed before
+    its claim is sent again once its grace lease runs out; a claimed run's lease is its
+    worker's."""
     ledger = Ledger(redis)
     ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
     ledger.spawn("s1", PARENT, [child(1), child(2)], 200, 64)
     assert redis.zscore(keys.leases(), "r1") is not None  # a grace lease while sending
-    ledger.sent(["r1"])
-    assert redis.zscore(keys.leases(), "r1") is None
-    # r2's coordinator died before sending it: once the grace is over, reap re-sends it.
+    r1 = ledger.run("r1")
+    assert r1 is not None and ledger.start(r1, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    # r2's task is lost before any worker claimed it: once the grace is over, reap re-sends
     redis.zadd(keys.leases(), {"r2": time.time() - 1})
     assert [n.run.id for n in ledger.reap(60.0)] == ["r2"]
+    assert ledger.reap(60.0) == []  # once per grace period
 
 
 def test_a_request_only_moves_forward(redis: redis_py.Redis) -> None:

@@ -60,7 +60,8 @@ class Observer:
         """A whole model message has arrived."""
 
     def on_tool_start(self, call: Call, summary: str) -> None:
-        """A tool call is about to run (after approval)."""
+        """A tool call is about to run (after approval); raising an
+        :class:`~swarm.errors.AgentStopped` stops the agent before it runs."""
 
     def on_tool_result(self, call: Call, result: str) -> None:
         """A tool call finished (or was refused); ``result`` is what the model sees."""

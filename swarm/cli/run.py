@@ -111,6 +111,7 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
         tree = view.swarm_view(store.redis, root.swarm_id)
         trees.append(tree)
         root.on_event = tree.on_swarm_event
+        root.notice = view.on_notice
         if sys.stdin.isatty():
 
             def ask(request: ApprovalRequest) -> Decision:

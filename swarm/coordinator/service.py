@@ -259,7 +259,6 @@ class Coordinator:
                         faults.point("coordinator-after-first-dispatch")
         finally:
             sent.flush()
-        self.ledger.sent([new.run.id for new in runs])
 
     def send_run(self, new: NewRun, producer: Any = None, sent: SentEvents | None = None, *,
                  parent_id: str | None = None, root_id: str | None = None) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
+
 from swarm.agent.loop import Agent
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest, Decision
@@ -21,7 +23,7 @@ from swarm.errors import Cancelled, Parked
 from swarm.runtime.local import LocalCluster, alive, wait_for
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store.approvals import ApprovalQueue
-from swarm.store.connection import Store
+from swarm.store.connection import Outage, Store
 from swarm.store.ledger import Ledger, new_swarm_id
 from swarm.store.sessions import RedisSessionStore
 from swarm.text import plural
@@ -43,6 +45,8 @@ class RootSwarm:
     workers: int | None = None
     """Local worker processes to start; None: 1 on the embedded default, 0 otherwise."""
     on_event: Callable[[dict[str, str]], None] = lambda event: None
+    notice: Callable[[str], None] = lambda text: None
+    """Shows the person a one-line notice (Redis went away, and came back)."""
     ask: Callable[[ApprovalRequest], Decision] | None = None
     """Puts a child's approval request to the person at this terminal (None: nobody)."""
     swarm_id: str = ""
@@ -138,23 +142,30 @@ class RootSwarm:
         put the children's approval requests to the person, stop on ``swarm cancel``."""
         queue = ApprovalQueue(self.store.redis, self.swarm_id)
         asked: set[str] = set()
+        # A Redis restart while the children work is ridden out: they go on meanwhile.
+        outage = Outage(self.store.masked_url, max(30.0, self.settings.lock_ttl), self.notice)
         while True:
-            woken = self.ledger.wait_woken(self.swarm_id, timeout=0.5)
-            self.relay_events()
-            # Checked even when woken: a cancel settles the children fast enough for the
-            # join to wake the root before it looked; a cancelled root does not go on.
-            if self.ledger.is_cancelled(self.swarm_id):
-                raise Cancelled(f"swarm {self.swarm_id} was cancelled")
-            if woken == request_id:
-                return
-            if self.ask is not None:
-                for pending in queue.pending():
-                    if pending.id in asked:
-                        continue
-                    asked.add(pending.id)
-                    decision = self.ask(ApprovalRequest(
-                        pending.tool, {}, pending.summary, pending.reason, pending.agent))
-                    queue.answer(pending.id, decision)
+            try:
+                woken = self.ledger.wait_woken(self.swarm_id, timeout=0.5)
+                self.relay_events()
+                # Checked even when woken: a cancel settles the children fast enough for
+                # the join to wake the root before it looked; a cancelled root stops.
+                if self.ledger.is_cancelled(self.swarm_id):
+                    raise Cancelled(f"swarm {self.swarm_id} was cancelled")
+                if woken == request_id:
+                    return
+                if self.ask is not None:
+                    for pending in queue.pending():
+                        if pending.id in asked:
+                            continue
+                        asked.add(pending.id)
+                        decision = self.ask(ApprovalRequest(
+                            pending.tool, {}, pending.summary, pending.reason, pending.agent))
+                        queue.answer(pending.id, decision)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                outage.failed(exc)
+                continue
+            outage.ok()
 
     def relay_events(self) -> None:
         for entry_id, fields in self.ledger.events_since(self.swarm_id, self._last_event):

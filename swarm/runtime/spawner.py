@@ -17,10 +17,12 @@ class RedisSpawner:
     """
 
     def __init__(self, ledger: Ledger, agent_id: str, swarm_id: str, run_id: str = "",
-                 ensure_swarm: Callable[[], None] | None = None) -> None:
+                 ensure_swarm: Callable[[], None] | None = None, token: str = "") -> None:
         self.ledger = ledger
         self.agent_id = agent_id
         self.run_id = run_id
+        self.token = token
+        """The lease of ``run_id`` (a parent in a worker): parking is fenced by it."""
         self.swarm_id = swarm_id
         self.ensure_swarm = ensure_swarm
         self.requests = 0
@@ -34,4 +36,5 @@ class RedisSpawner:
             self.ensure_swarm()
         self.requests += 1
         self.ledger.park(request_id, self.agent_id, self.swarm_id, turn,
-                         [asdict(c) for c in calls], results, parent_run=self.run_id)
+                         [asdict(c) for c in calls], results, parent_run=self.run_id,
+                         token=self.token)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -144,6 +145,41 @@ def store_errors(doing: str) -> Iterator[None]:
         ) from exc
     except redis.RedisError as exc:
         raise StoreError(f"Redis failed while {doing}: {exc}") from exc
+
+
+class Outage:
+    """Rides out a Redis that stopped answering (a restart, a failover): waits between
+    tries with a backoff (no busy loop), says so once when it starts and once when it is
+    over, and raises :class:`StoreUnavailableError` after ``limit`` seconds of it.
+
+    ``failed(exc)`` after each failed try (it sleeps before the next), ``ok()`` after
+    each try that worked."""
+
+    def __init__(self, where: str, limit: float, say: Callable[[str], None],
+                 base: float = 0.1, cap: float = 2.0) -> None:
+        self.where, self.limit, self.say = where, limit, say
+        self.base, self.cap = base, cap
+        self.since: float | None = None
+        self.tries = 0
+
+    def failed(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            self.say(f"Redis at {self.where} stopped answering ({exc}); waiting up to "
+                     f"{self.limit:g} s for it to come back")
+        elif now - self.since > self.limit:
+            raise StoreUnavailableError(
+                f"Redis at {self.where} did not answer for {now - self.since:.0f} s ({exc}); "
+                "check that it runs (SWARM_REDIS_URL, or the embedded server's log under "
+                "SWARM_HOME/redis)") from exc
+        time.sleep(min(self.cap, self.base * 2 ** self.tries))
+        self.tries += 1
+
+    def ok(self) -> None:
+        if self.since is not None:
+            self.say(f"Redis at {self.where} is back after {time.monotonic() - self.since:.1f} s")
+            self.since, self.tries = None, 0
 
 
 @dataclass

@@ -13,8 +13,28 @@ from swarm.store import keys
 #: Seconds a process trusts what it last read of a gate: a pause reaches the children of
 #: other processes within this long (the process that paused knows at once).
 FRESH = 0.25
-#: Each gate's closing time as this process last read (or set) it.
+#: When each gate opens, as ``time.monotonic()`` of this process, as last read (or set).
 _seen: TTLCache[str, float] = TTLCache(FRESH, maxsize=10_000)
+
+# The gate's closing time is on the server's clock (hosts' clocks may disagree); a pause
+# only ever pushes it later, in one step (two children told to back off at once do not
+# race), and both scripts answer the seconds left.
+_PAUSE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local current = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local until_ = now + tonumber(ARGV[1])
+if until_ > current then
+  redis.call('SET', KEYS[1], tostring(until_), 'EX', ARGV[2])
+  current = until_
+end
+return tostring(current - now)
+"""
+_LEFT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+return tostring((tonumber(redis.call('GET', KEYS[1]) or '0') or 0) - now)
+"""
 
 
 class RedisRateGate:
@@ -24,27 +44,28 @@ class RedisRateGate:
         self.redis = redis_
         self.key = keys.rate_gate(swarm_id)
         self.longest = longest
+        self._pause = redis_.register_script(_PAUSE)
+        self._left = redis_.register_script(_LEFT)
 
     def wait(self) -> None:
-        until = self._until()
-        if until is None:
+        opens = self._opens()
+        if opens is None:
             return  # no gate is better than no model
-        left = min(until - time.time(), self.longest)
+        left = min(opens - time.monotonic(), self.longest)
         if left > 0:
             time.sleep(left)
 
     def pause(self, seconds: float) -> None:
-        until = time.time() + min(seconds, self.longest)
+        """Close the gate for ``seconds`` (at most ``longest``) unless it is closed longer."""
         try:
-            current = float(cast("str | None", self.redis.get(self.key)) or 0)
-            if until > current:
-                self.redis.set(self.key, f"{until:.3f}", ex=int(self.longest) + 5)
-                _seen.put(self.key, until)
+            left = float(cast(str, self._pause(
+                keys=[self.key], args=[min(seconds, self.longest), int(self.longest) + 5])))
         except redis.RedisError:
-            pass
+            return
+        _seen.put(self.key, time.monotonic() + left)
 
-    def _until(self) -> float | None:
-        """The gate's closing time, read at most every :data:`FRESH` seconds per process
+    def _opens(self) -> float | None:
+        """When the gate opens, read at most every :data:`FRESH` seconds per process
         (every child of a swarm asks before each model call): one thread reads, the
         siblings that ask meanwhile keep the last value."""
         try:
@@ -53,4 +74,4 @@ class RedisRateGate:
             return None
 
     def _read(self) -> float:
-        return float(cast("str | None", self.redis.get(self.key)) or 0)
+        return time.monotonic() + float(cast(str, self._left(keys=[self.key])))

@@ -33,6 +33,8 @@ MULTI/EXEC transaction)::
 
 Ids are derived from (parent, turn, tool_call id), so a request replayed after a crash
 maps to the same runs; records are created only when absent, and a run settles once.
+Every lease, grace period and wall-time count is on the server's clock (``TIME`` in the
+scripts): a run's ``used`` seconds grow only while it runs, whichever host runs it.
 The coordinators read the spawn and settle streams through a consumer group
 (:meth:`Ledger.read_inbox`). This module is long because it is the one place the state
 machine lives; every Redis write of a transition is here.
@@ -55,6 +57,7 @@ from redis.typing import EncodableT, FieldT
 
 from swarm.domain.records import ACTIVE, SETTLED, AgentRecord, RunRecord
 from swarm.domain.session import Session
+from swarm.errors import LeaseLost
 from swarm.store import keys
 from swarm.store.sessions import RedisSessionStore, write_session
 
@@ -64,11 +67,21 @@ __all__ = ["ACTIVE", "SETTLED", "AgentRecord", "Joined", "Ledger", "NewRun", "Ru
            "Spawned", "Start", "derive_id", "label_of", "new_swarm_id", "result_text"]
 
 #: Seconds a run sent (or re-sent) has to be claimed before a coordinator sends it again:
-#: a run in flight is covered by a lease from the moment it is put in flight, so a
-#: coordinator that dies before its task went out loses nothing.
+#: a run in flight is covered by a lease from the moment it is put in flight until a worker
+#: claims it, so nothing is lost when a coordinator dies before its task went out, or the
+#: task is lost or fails before its claim (a worker died holding it). A task that waits in
+#: the queue longer is sent again: the second delivery of a run is a no-op.
 TAKEOVER_GRACE = 60.0
 
 _SETTLED_LUA = "{" + ", ".join(f"'{s}'" for s in SETTLED) + "}"
+
+# Leases, deadlines and grace periods are on the server's clock, never a host's: a worker
+# or coordinator whose clock is skewed neither takes a run over early nor keeps a dead
+# lease. (TIME in a script is allowed: scripts replicate their effects.)
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
 
 _SETTLE = """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -97,15 +110,21 @@ return 1
 
 # The claim, and in the same round trip what the worker reads next: the agent's record,
 # its session, whether it was cancelled while queued, what the swarm has spent.
-_START = """
+# A run's wall time ('used') counts only while it runs: a park adds the time since
+# 'running_since', and a takeover adds its dead predecessor's time up to its lease's end.
+_START = _NOW + """
 if redis.call('HEXISTS', KEYS[2], 'swarm') == 0 then return {-1} end
 local state = redis.call('HGET', KEYS[1], 'state')
 local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
-local now = tonumber(ARGV[2])
 if not (state == ARGV[4] or (state == 'running' and lease < now)) then return {0} end
+local used = tonumber(redis.call('HGET', KEYS[1], 'used') or '0') or 0
+if state == 'running' then
+  local since = tonumber(redis.call('HGET', KEYS[1], 'running_since') or '') or lease
+  used = used + math.max(0, math.min(now, lease) - since)
+end
 local until_ = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1], 'lease_until',
-           tostring(until_))
+           tostring(until_), 'running_since', tostring(now), 'used', tostring(used))
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
 if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
@@ -114,14 +133,39 @@ end
 redis.call('ZADD', KEYS[3], until_, ARGV[6])
 if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
 return {1, redis.call('HGETALL', KEYS[2]), redis.call('HMGET', KEYS[5], 'meta', 'messages'),
-        redis.call('EXISTS', KEYS[6]), redis.call('HGET', KEYS[7], 'tokens') or ''}
+        redis.call('EXISTS', KEYS[6]), redis.call('HGET', KEYS[7], 'tokens') or '',
+        tostring(used)}
 """
 
-_RENEW = """
+_RENEW = _NOW + """
 if redis.call('HGET', KEYS[1], 'lease') == ARGV[1] then
-  redis.call('HSET', KEYS[1], 'lease_until', ARGV[2])
-  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+  local until_ = now + tonumber(ARGV[2])
+  redis.call('HSET', KEYS[1], 'lease_until', tostring(until_))
+  redis.call('ZADD', KEYS[2], until_, ARGV[3])
   return 1
+end
+return 0
+"""
+
+# Runs put in flight get a grace lease (ARGV[1] seconds) until their task is sent and
+# claimed; ARGV[2] == 'nx' keeps a lease already there.
+_GRACE = _NOW + """
+for i = 3, #ARGV do
+  if ARGV[2] == 'nx' then
+    redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[1]), ARGV[i])
+  else
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+  end
+end
+return 0
+"""
+
+# A running run stops running (parked): the time since its claim is added to 'used'.
+_PAUSE = _NOW + """
+local since = tonumber(redis.call('HGET', KEYS[1], 'running_since') or '')
+if since then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'used', math.max(0, now - since))
+  redis.call('HDEL', KEYS[1], 'running_since')
 end
 return 0
 """
@@ -138,7 +182,7 @@ return 1
 
 # Held runs into flight while the swarm has free slots. Run and agent keys are built
 # from the prefixes of keys.run() and keys.agent() (ARGV[3], ARGV[4]).
-_RELEASE = """
+_RELEASE = _NOW + """
 local free = tonumber(ARGV[1]) - redis.call('SCARD', KEYS[2])
 if free <= 0 then return {} end
 local ids = redis.call('LPOP', KEYS[1], free)
@@ -146,7 +190,7 @@ if not ids then return {} end
 redis.call('SADD', KEYS[2], unpack(ids))
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 for _, id in ipairs(ids) do
-  redis.call('ZADD', KEYS[3], ARGV[5], id)
+  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[5]), id)
   local agent = redis.call('HGET', ARGV[3] .. id, 'agent')
   if agent and redis.call('HGET', ARGV[4] .. agent, 'state') == 'waiting' then
     redis.call('HSET', ARGV[4] .. agent, 'state', 'queued')
@@ -156,8 +200,13 @@ return ids
 """
 
 # A resumed run whose request is still out parks again, if its lease is still this one.
-_STAY_PARKED = """
+_STAY_PARKED = _NOW + """
 if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return 0 end
+local since = tonumber(redis.call('HGET', KEYS[1], 'running_since') or '')
+if since then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'used', math.max(0, now - since))
+  redis.call('HDEL', KEYS[1], 'running_since')
+end
 redis.call('HSET', KEYS[1], 'state', 'parked', 'lease', '')
 redis.call('HSET', KEYS[2], 'state', 'parked')
 redis.call('ZREM', KEYS[3], ARGV[2])
@@ -174,27 +223,16 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], unpack(ARGV, 3))
 return 1
 """
 
-# Runs whose task went out: the grace lease that covered the sending is dropped, unless a
-# worker claimed the run meanwhile (its lease replaced the grace one).
-_SENT = """
-for i, id in ipairs(ARGV) do
-  if redis.call('HGET', KEYS[i + 1], 'state') == 'queued' then
-    redis.call('ZREM', KEYS[1], id)
-  end
-end
-return 0
-"""
-
 # Runs whose lease ran out: pushed forward by the grace period (so a run is not re-sent
 # on every pass while its task waits in the queue), returned if still running, or still
-# queued (a coordinator died between putting the run in flight and sending its task).
-_REAP = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+# queued (its task never went out, was lost, or failed before its claim).
+_REAP = _NOW + """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[3])
 local out = {}
 for _, id in ipairs(ids) do
   local state = redis.call('HGET', ARGV[4] .. id, 'state')
   if state == 'running' or state == 'queued' then
-    redis.call('ZADD', KEYS[1], ARGV[2], id)
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), id)
     table.insert(out, id)
   else
     redis.call('ZREM', KEYS[1], id)
@@ -247,6 +285,8 @@ class Start:
     session_messages: str | None = None
     cancelled: bool = False
     spent: int = 0
+    used: float = 0.0
+    """Seconds the run has run before this claim (earlier claims, on any host)."""
 
     @property
     def record(self) -> AgentRecord:
@@ -335,8 +375,9 @@ class Ledger:
         self._release = redis_.register_script(_RELEASE)
         self._reap = redis_.register_script(_REAP)
         self._advance = redis_.register_script(_ADVANCE)
-        self._sent = redis_.register_script(_SENT)
         self._stay_parked = redis_.register_script(_STAY_PARKED)
+        self._grace = redis_.register_script(_GRACE)
+        self._pause = redis_.register_script(_PAUSE)
 
     def _transaction(self, fn: Any, *watch: str) -> Any:
         """``fn(pipe)`` under WATCH of ``watch``: it reads, calls ``pipe.multi()``, queues
@@ -468,18 +509,26 @@ class Ledger:
 
     def park(self, request_id: str, parent_id: str, swarm_id: str, turn: int,
              calls: list[dict[str, Any]], results: dict[str, str],
-             parent_run: str = "") -> bool:
+             parent_run: str = "", token: str = "") -> bool:
         """Record a spawn request, park the parent (a parked parent holds no slot: its
         children must be able to run) and put the request on the spawn stream, in one
-        transaction; False (and nothing written) if the request exists already."""
+        transaction; False (and nothing written) if the request exists already.
+
+        A parent in a worker parks its run ``parent_run``, fenced by its lease ``token``:
+        :class:`~swarm.errors.LeaseLost` if another worker holds the run now."""
         key = keys.request(request_id)
+        run_key = keys.run(parent_run) if parent_run else key
 
         def park(pipe: Pipeline) -> bool:
             if pipe.exists(key):
                 return False
+            if parent_run and token and pipe.hget(run_key, "lease") != token:
+                raise LeaseLost(f"run {parent_run}: another worker holds its lease now; "
+                                "this one stops without parking it")
             pipe.multi()
             pipe.hset(keys.agent(parent_id), "state", "parked")
             if parent_run:
+                self._pause(keys=[run_key], client=pipe)
                 pipe.hset(keys.run(parent_run), mapping={"state": "parked", "lease": ""})
                 pipe.zrem(keys.leases(), parent_run)
                 pipe.srem(keys.swarm_inflight(swarm_id), parent_run)
@@ -493,7 +542,7 @@ class Ledger:
             self._event(pipe, swarm_id, "spawn", parent_id, children=len(calls))
             return True
 
-        return cast(bool, self._transaction(park, key))
+        return cast(bool, self._transaction(park, key, run_key))
 
     def stay_parked(self, run: RunRecord, swarm_id: str, token: str) -> bool:
         """A resumed run found its request still out: back to parked, without its lease
@@ -557,8 +606,8 @@ class Ledger:
             if send:
                 pipe.sadd(inflight, *(n.run.id for n in send))
                 pipe.expire(inflight, self.ttl)
-                pipe.zadd(keys.leases(), {n.run.id: time.time() + TAKEOVER_GRACE
-                                          for n in send})
+                self._grace(keys=[keys.leases()],
+                            args=[TAKEOVER_GRACE, "", *(n.run.id for n in send)], client=pipe)
             if held:
                 pipe.rpush(keys.swarm_waiting(swarm_id), *(n.run.id for n in held))
                 pipe.expire(keys.swarm_waiting(swarm_id), self.ttl)
@@ -621,7 +670,7 @@ class Ledger:
         with self.redis.pipeline() as pipe:
             pipe.sadd(keys.swarm_inflight(swarm_id), run_id)
             pipe.expire(keys.swarm_inflight(swarm_id), self.ttl)
-            pipe.zadd(keys.leases(), {run_id: time.time() + TAKEOVER_GRACE}, nx=True)
+            self._grace(keys=[keys.leases()], args=[TAKEOVER_GRACE, "nx", run_id], client=pipe)
             pipe.execute()
         return self._new_runs([run_id])[0]
 
@@ -630,15 +679,8 @@ class Ledger:
         them to send (one script)."""
         ids = cast("list[str]", self._release(
             keys=[keys.swarm_waiting(swarm_id), keys.swarm_inflight(swarm_id), keys.leases()],
-            args=[max_parallel, self.ttl, keys.run(""), keys.agent(""),
-                  time.time() + TAKEOVER_GRACE]))
+            args=[max_parallel, self.ttl, keys.run(""), keys.agent(""), TAKEOVER_GRACE]))
         return self._new_runs(ids)
-
-    def sent(self, run_ids: list[str]) -> None:
-        """Their tasks went out: the grace leases that covered the sending are dropped
-        (but not a lease a worker took meanwhile)."""
-        if run_ids:
-            self._sent(keys=[keys.leases(), *(keys.run(r) for r in run_ids)], args=run_ids)
 
     def _new_runs(self, run_ids: list[str]) -> list[NewRun]:
         """Runs to send, each with its agent's depth and label and its parent's run."""
@@ -672,14 +714,14 @@ class Ledger:
             keys=[keys.run(run.id), keys.agent(run.agent), keys.leases(),
                   keys.swarm_inflight(swarm_id), keys.session(run.agent),
                   keys.cancel(run.agent), keys.swarm_counters(swarm_id)],
-            args=[token, time.time(), lease, from_state, host, run.id])
+            args=[token, "", lease, from_state, host, run.id])
         if reply[0] == -1:
             return None
         if reply[0] == 0:
             return Start(False)
-        _, flat, (meta, messages), cancelled, tokens = reply
+        _, flat, (meta, messages), cancelled, tokens, used = reply
         return Start(True, dict(zip(flat[::2], flat[1::2], strict=True)), meta, messages,
-                     bool(cancelled), int(tokens or 0))
+                     bool(cancelled), int(tokens or 0), float(used or 0))
 
     def begin(self, run_id: str, start_turn: int, start_index: int,
               usage: dict[str, int]) -> None:
@@ -692,13 +734,12 @@ class Ledger:
         """The child's workspace is ready at ``workspace``."""
         self.redis.hset(keys.agent(agent_id), "workspace", workspace)
 
-    def renew(self, run_id: str, token: str, lease: float, *, client: Any = None,
-              until: float | None = None) -> bool:
-        """Push the run's lease to ``until`` (default: now + ``lease``) if ``token`` still
-        holds it. With ``client`` a pipeline, the answer comes from its ``execute()``."""
-        until = time.time() + lease if until is None else until
+    def renew(self, run_id: str, token: str, lease: float, *, client: Any = None) -> bool:
+        """Push the run's lease to ``lease`` seconds from now (the server's clock) if
+        ``token`` still holds it. With ``client`` a pipeline, the answer comes from its
+        ``execute()``."""
         return bool(self._renew(keys=[keys.run(run_id), keys.leases()],
-                                args=[token, until, run_id], client=client))
+                                args=[token, lease, run_id], client=client))
 
     def spend(self, swarm_id: str, tokens: int) -> int:
         """Add a model call's tokens to the swarm's count; returns the new total."""
@@ -741,9 +782,8 @@ class Ledger:
         """Runs whose worker stopped renewing their lease (it died or hangs), to re-send;
         their lease is pushed ``grace`` seconds on, so they are re-sent once per grace
         period until a worker claims them. A ``takeover`` event each."""
-        now = time.time()
         ids = cast("list[str]", self._reap(keys=[keys.leases()],
-                                           args=[now, now + grace, limit, keys.run("")]))
+                                           args=["", grace, limit, keys.run("")]))
         runs = self._new_runs(ids)
         if runs:
             with self.redis.pipeline(transaction=False) as pipe:

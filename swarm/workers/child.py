@@ -18,6 +18,7 @@ import json
 import logging
 import secrets
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from swarm.agent.output import ask_for, check_output, retry_message
 from swarm.cache import TTLCache
 from swarm.config import Settings
 from swarm.domain.history import repair
-from swarm.errors import AgentStopped, Cancelled, ModelError, Parked
+from swarm.errors import AgentStopped, Cancelled, LeaseLost, ModelError, Parked
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.runtime.build import build_agent, new_session
 from swarm.runtime.spawner import RedisSpawner
@@ -88,6 +89,7 @@ class ChildRunner:
         swarm_id = run.swarm
         if run.agent and not swarm_id:  # a record from before runs carried their swarm
             swarm_id = (self.ledger.agent(run.agent) or AgentRecord("", "")).swarm
+        claimed_at = time.monotonic()
         start = self.ledger.start(run, swarm_id, token, self.settings.lease, self.host,
                                   "parked" if resume else "queued") \
             if run.agent and swarm_id else None
@@ -96,13 +98,18 @@ class ChildRunner:
             return {"run": run_id, "state": "missing"}
         if not start.claimed:
             return {"run": run_id, "state": "skipped (another worker has it)"}
-        # The run's own limit (a swarm may set a shorter one) is applied in _work.
-        watched = self.supervisor.watch(Watched(run.id, run.agent, token,
-                                                self.settings.child_timeout))
+        # The run's own limit (a swarm may set a shorter one) is applied in _work; its
+        # wall time counts what earlier claims of it used, on any host.
+        watched = self.supervisor.watch(
+            Watched(run.id, run.agent, token, self.settings.child_timeout,
+                    start=time.monotonic() - start.used), claimed_at)
         try:
             with telemetry.span("agent", parent=traceparent, agent_id=run.agent, run=run.id,
                                 resume=resume):
                 return self._work(run, start, resume, send, watched)
+        except LeaseLost as exc:
+            log.warning("%s", exc)  # its successor settles it; this worker writes nothing
+            return {"run": run.id, "state": "lease lost"}
         except (SwarmStoreError, redis.RedisError):
             raise  # Redis went away: the lease runs out and a worker takes the run over
         except Exception as exc:
@@ -158,11 +165,13 @@ class ChildRunner:
                                  agent_id=run.agent),
                 approver=QueueApprover(queue, settings.approval_timeout, control.cancelled),
                 observer=ProgressReporter(self.supervisor, swarm_id, run.agent, send, control),
-                spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id),
+                spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id,
+                                     token=watched.token),
                 extra_prompt=role_prompt(record.kind, run.agent, record.depth,
                                          workspace.path),
                 agent_id=run.agent,
                 cancel=control.event,
+                guard=control.check_lease,
                 before_step=control.before_step,
             )
             state, result = self._answer(agent, run, resume)
@@ -226,7 +235,7 @@ class ChildRunner:
                 return "failed", {"answer": answer,
                                   "error": f"the answer did not match output_schema: {problem}"}
             return "done", {"answer": answer, "output": value}
-        except Parked:
+        except (Parked, LeaseLost):
             raise
         except Cancelled as exc:
             return exc.state, {"error": str(exc)}

@@ -10,7 +10,7 @@ import redis
 
 from swarm.agent.loop import Agent
 from swarm.config import Settings
-from swarm.errors import BudgetExceeded, Cancelled, TimedOut
+from swarm.errors import BudgetExceeded, Cancelled, LeaseLost, TimedOut
 from swarm.workers.prompts import WRAP_UP
 from swarm.workers.supervisor import Supervisor, Watched
 
@@ -49,8 +49,17 @@ class Control:
     def cancelled(self) -> bool:
         return self.event.is_set()
 
+    def check_lease(self) -> None:
+        """Raise :class:`LeaseLost` if this worker no longer holds the run's lease: called
+        before every tool call and every save, so a worker cut off from Redis runs no
+        command and writes no session once another worker may have the run."""
+        if self.watched.lease_lost:
+            raise LeaseLost(f"run {self.watched.run_id}: this worker lost its lease (Redis "
+                            "unreachable for too long, or another worker took it over)")
+
     def before_step(self, agent: Agent) -> None:
         if self.event.is_set():
+            self.check_lease()
             if self.timed_out:
                 raise TimedOut(f"wall-time limit of {self.limit} s reached "
                                "(SWARM_CHILD_TIMEOUT)")

@@ -36,6 +36,8 @@ class ProgressReporter(Observer):
         faults.point("worker-after-first-command")
 
     def on_tool_start(self, call: Call, summary: str) -> None:
+        if self.control is not None:
+            self.control.check_lease()  # never start a command on a lost lease
         last = f"{call.name}: {summary}"[:200]
         self.supervisor.progress(self.swarm_id, self.agent_id, last=last, turns=self.turns,
                                  tool=call.name)

@@ -10,6 +10,11 @@ pipeline, and runs the flush hooks (the children's Flower events, batched).
 So a running child costs no thread of its own, no command a second, and no round trip
 for its progress: under load, every blocking call of a thread is another wait for the
 GIL behind all the others, so fewer calls per turn make every turn shorter.
+
+A second thread, the watchdog, never touches Redis: it stops a child at its wall-time
+deadline, and stops a child whose lease this worker could not renew in time (Redis
+unreachable, the host cut off) *before* the lease can run out on the server and another
+worker take the run over: so a command never runs on two hosts at once.
 """
 
 from __future__ import annotations
@@ -46,7 +51,12 @@ class Watched:
     event: threading.Event = field(default_factory=threading.Event)
     """Set on cancel, at the deadline, or when the lease is lost: kills a running command."""
     start: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` when the run began (earlier claims of it included)."""
     timed_out: bool = False
+    lease_lost: bool = False
+    valid_until: float = float("inf")
+    """``time.monotonic()`` by which the lease must be renewed again (set by the
+    supervisor from the time each renewal was sent, so it ends before the server's)."""
 
 
 class Supervisor:
@@ -54,6 +64,8 @@ class Supervisor:
 
     def __init__(self, redis_: redis.Redis, lease: float, poll: float = POLL,
                  flush_every: float = FLUSH) -> None:
+        """``lease`` is the lease's length in seconds; a child is stopped when it has gone
+        unrenewed for ``lease - margin`` (:meth:`margin`)."""
         self.redis = redis_
         self.ledger = Ledger(redis_)
         self.lease = lease
@@ -65,19 +77,35 @@ class Supervisor:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
         self._next_check = 0.0
         self._next_renewal = 0.0
         self._progress: list[Progress] = []
         self._tokens: Counter[str] = Counter()
 
-    def watch(self, child: Watched) -> Watched:
-        """Start watching ``child`` (and start the thread on first use)."""
+    @property
+    def margin(self) -> float:
+        """Seconds before the lease's end at which an unrenewed child is stopped: time to
+        kill its command, at least one poll, at most a third of the lease."""
+        return min(self.lease / 3, max(2 * self.poll, 1.0))
+
+    def watch(self, child: Watched, claimed_at: float | None = None) -> Watched:
+        """Start watching ``child``, whose lease was claimed by a call sent at
+        ``claimed_at`` (``time.monotonic()``; default now), and start the threads on
+        first use."""
+        if child.token:
+            sent = time.monotonic() if claimed_at is None else claimed_at
+            child.valid_until = sent + self.lease - self.margin
         with self._lock:
             self._children.add(child)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, daemon=True,
                                                 name="swarm-supervisor")
                 self._thread.start()
+            if self._watchdog is None or not self._watchdog.is_alive():
+                self._watchdog = threading.Thread(target=self._watch_clock, daemon=True,
+                                                  name="swarm-watchdog")
+                self._watchdog.start()
         return child
 
     def forget(self, child: Watched) -> None:
@@ -137,16 +165,34 @@ class Supervisor:
             except Exception:  # the thread must outlive a bug in a hook
                 log.exception("supervisor pass failed")
 
-    def check(self, children: list[Watched]) -> None:
-        """One pass over ``children``: deadlines, cancel flags, and leases when due."""
+    def _watch_clock(self) -> None:
+        while True:
+            time.sleep(self.poll / 2)
+            with self._lock:
+                children = list(self._children)
+            self.expire(children)
+
+    def expire(self, children: list[Watched]) -> None:
+        """Stop the children past their wall-time deadline or their lease (no Redis)."""
         now = time.monotonic()
-        live = []
         for child in children:
-            if not child.event.is_set() and now - child.start >= child.limit:
+            if child.event.is_set():
+                continue
+            if now - child.start >= child.limit:
                 child.timed_out = True
                 child.event.set()
-            if not child.event.is_set():
-                live.append(child)
+            elif now >= child.valid_until:
+                log.warning("run %s: lease not renewed for %.1f s (Redis unreachable?); "
+                            "stopping its commands before another worker takes it over",
+                            child.run_id, self.lease - self.margin)
+                child.lease_lost = True
+                child.event.set()
+
+    def check(self, children: list[Watched]) -> None:
+        """One pass over ``children``: deadlines, cancel flags, and leases when due."""
+        self.expire(children)
+        now = time.monotonic()
+        live = [child for child in children if not child.event.is_set()]
         if not live:
             return
         flags = self.ledger.cancelled([c.agent_id for c in live])
@@ -160,14 +206,16 @@ class Supervisor:
     def renew(self, children: list[Watched]) -> None:
         if not children:
             return
-        until = time.time() + self.lease
+        sent = time.monotonic()
         with self.redis.pipeline(transaction=False) as pipe:
             for child in children:
-                self.ledger.renew(child.run_id, child.token, self.lease, client=pipe,
-                                  until=until)
+                self.ledger.renew(child.run_id, child.token, self.lease, client=pipe)
             renewed = pipe.execute()
         for child, ok in zip(children, renewed, strict=True):
-            if not ok:
+            if ok:
+                child.valid_until = sent + self.lease - self.margin
+            else:
                 # Another worker took the run over (this one was too slow to renew).
                 log.warning("run %s: lease lost to another worker; stopping", child.run_id)
+                child.lease_lost = True
                 child.event.set()

@@ -29,6 +29,7 @@ from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import connect
 from swarm.store.ledger import AgentRecord, Ledger
 from swarm.store.server import EmbeddedServer
+from swarm.testing.proxy import TcpProxy
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, ToolCall
 from tests.helpers import wait_until
@@ -167,6 +168,58 @@ def test_worker_sigkilled_mid_child_is_taken_over_and_settles_once(
     print(f"\nworker SIGKILL: child taken over, parent answered {recovery:.1f} s after the kill")
 
 
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_worker_cut_off_from_redis_stops_its_command_before_its_lease_runs_out(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """A partition: the worker can reach the model but not Redis, so it cannot renew the
+    child's lease. It kills the child's command while the lease is still its own on the
+    server (before any other worker could take the run over), and another worker then
+    carries the child on, without running the command again."""
+    pidfile = tmp_path / "pids"
+    model.responder = ByTask({
+        "ROOT": [agent_calls("VICTIM work"), report],
+        "VICTIM": [Reply(tool_calls=[ToolCall("run_cli", {
+                       "command": f"echo $$ >> {pidfile}; exec sleep 60"})]),
+                   Reply(content="victim recovered")],
+    })
+    swarm.start("coordinator", "coord")
+    host, port = swarm.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    with TcpProxy(host, int(port)) as link:
+        swarm.start("worker", "cut", SWARM_LEASE="4",
+                    SWARM_REDIS_URL=swarm.url.replace(f":{port}", f":{link.port}", 1))
+        swarm.ready()
+        thread, out = swarm.run_in_thread("ROOT go", tmp_path)
+        try:
+            pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text().split(),
+                                 "the command to start")[0])
+            victim = next(a for a in swarm.agents() if "VICTIM" in a.label)
+            link.cut()
+            wait_until(lambda: not alive(pid), "the cut-off worker to kill the command",
+                       timeout=10)
+            killed_by = swarm.redis.time()
+            lease_until = float(swarm.redis.hget(keys.run(victim.run), "lease_until") or 0)
+            # killed (and seen dead) before the lease ran out on the server's clock
+            assert killed_by[0] + killed_by[1] / 1e6 < lease_until
+            swarm.start("worker", "rescuer", SWARM_LEASE="4")
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "the root never got its answer"
+        finally:
+            kill_group_of(pidfile)
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "done:victim recovered"
+    run = swarm.ledger.run(victim.run)
+    assert run is not None and run.attempts == 2 and run.state == "done"
+    assert len(pidfile.read_text().split()) == 1  # the command ran once, on one host
+
+
 def test_coordinator_killed_mid_request_loses_nothing_and_runs_nothing_twice(
         swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
     model.responder = ByTask({
@@ -216,6 +269,52 @@ def test_embedded_server_restart_mid_swarm(swarm: Swarm, model: ScriptedModelSer
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "done:slow done"
     assert swarm.redis.get(keys.hints()) == "a hint that must survive"
+    assert {a.state for a in swarm.agents()} == {"done"}
+
+
+def test_redis_killed_mid_swarm_is_ridden_out_by_the_root(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """Redis SIGKILLed while the root waits for its child, and restarted from its
+    append-only file only once the root said it waits for it: the root collects the answer
+    (before, it exited 1 at once with a raw ConnectionError), and the worker survives the
+    lost broker connection. The worker could not renew the child's lease meanwhile, so it
+    stopped the command; another claim finishes the child."""
+    pidfile, stderr = tmp_path / "pid", tmp_path / "root.err"
+    model.responder = ByTask({
+        "ROOT": [agent_calls("SLOW child"), report],
+        "SLOW": [Reply(tool_calls=[ToolCall("run_cli", {
+                     "command": f"echo $$ > {pidfile}; exec sleep 60"})]),
+                 Reply(content="slow done")],
+    })
+    swarm.start("coordinator", "coord")
+    worker = swarm.start("worker", "w1", SWARM_LEASE="2")
+    swarm.ready()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with stderr.open("wb") as err:
+        root = subprocess.Popen(
+            [sys.executable, "-m", "swarm", "run", "--yes", "--workers", "0", "-C",
+             str(workspace), "ROOT outage"], env=swarm.env(SWARM_BASE_URL=model.base_url),
+            stdout=subprocess.PIPE, stderr=err)
+    try:
+        wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(),
+                   "the child's command")
+        status = swarm.server.status()
+        assert status.pid is not None
+        os.kill(status.pid, signal.SIGKILL)
+        wait_until(lambda: b"stopped answering" in stderr.read_bytes(),
+                   "the root to say Redis stopped answering")
+        assert root.poll() is None, stderr.read_text()
+        assert swarm.server.ensure() == f"redis://127.0.0.1:{status.port}/0"
+        answer, _ = root.communicate(timeout=90)
+    finally:
+        kill_group_of(pidfile)
+        if root.poll() is None:
+            root.kill()
+    assert root.returncode == 0, stderr.read_text()
+    assert answer.decode().strip() == "done:slow done"
+    assert "is back after" in stderr.read_text()
+    assert worker.poll() is None  # the lost broker connection did not kill the worker
     assert {a.state for a in swarm.agents()} == {"done"}
 
 
