@@ -25,6 +25,7 @@ import pytest
 import redis as redis_lib
 import uvicorn
 from celery import Celery
+from click.testing import CliRunner
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -32,6 +33,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult
 
 from swarm.broker.app import QUEUE
+from swarm.cli import main
 from swarm.config import Settings
 from swarm.serve.app import create_app
 from swarm.serve.auth import Authenticator
@@ -43,8 +45,6 @@ from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 from tests.helpers import wait_until
 from tests.test_serve_process import processes_of
-
-pytestmark = pytest.mark.slow
 
 TOKEN = "mcp-test-token-7c1d"
 SCRIPTS = {
@@ -90,11 +90,13 @@ async def whole_job_with_an_approval(session: ClientSession) -> None:
                           "list_approvals", "answer_approval"}
     assert tools["job_status"].annotations and tools["job_status"].annotations.read_only_hint
 
+    started = time.monotonic()
     waited = structured(await session.call_tool(
         "submit_job", {"task": "MCPASK check it", "approve": "ask", "wait_seconds": 60},
         progress_callback=on_progress))
     job = waited["id"]
     assert waited["state"] == "running", waited
+    assert time.monotonic() - started < 30  # the wait ended when the approval came
     (approval,) = waited["approvals"]
     assert approval["job"] == job and approval["tool"] == "run_cli"
     assert "echo approved-run" in approval["summary"]
@@ -171,6 +173,23 @@ def run(session: Session, *scenarios: Callable[[ClientSession], Awaitable[None]]
 # -- swarm mcp over stdio -----------------------------------------------------------------
 
 
+def test_swarm_mcp_help_says_how_to_register_it() -> None:
+    result = CliRunner().invoke(main, ["mcp", "-h"])
+    assert result.exit_code == 0
+    assert "claude mcp add swarm" in result.stdout and "[mcp_servers.swarm]" in result.stdout
+
+
+def test_swarm_mcp_errors_are_messages(tmp_path: Path) -> None:
+    env = {"SWARM_HOME": str(tmp_path), "SWARM_REDIS_URL": "redis://127.0.0.1:1/0"}
+    unreachable = CliRunner().invoke(main, ["mcp"], env=env)
+    assert unreachable.exit_code == 1, unreachable.output
+    assert "cannot reach Redis" in unreachable.output
+    assert "Traceback" not in unreachable.output
+    missing = CliRunner().invoke(main, ["mcp", "--workspace", str(tmp_path / "nope")], env=env)
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+@pytest.mark.slow
 def test_swarm_mcp_over_stdio_runs_a_job_with_an_approval_and_cancels_one(
         tmp_path: Path, model: ScriptedModelServer) -> None:
     home = tmp_path / "home"
@@ -248,6 +267,7 @@ def http_session(url: str, headers: dict[str, str]) -> Session:
     return session
 
 
+@pytest.mark.slow
 def test_mcp_over_http_runs_a_job_with_an_approval_and_cancels_one(
         served: tuple[str, redis_lib.Redis]) -> None:
     url, _ = served
@@ -262,6 +282,7 @@ SUBMIT = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
     "name": "submit_job", "arguments": {"task": "MCPASK", "approve": "all"}}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
                                      {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"},
                                      {"Authorization": "Bearer"}],
