@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -215,6 +216,33 @@ def test_swarm_mcp_over_stdio_runs_a_job_with_an_approval_and_cancels_one(
             os.kill(pid, signal.SIGKILL)
     jobs = [path for path in (home / "jobs").iterdir() if path.is_dir()]
     assert len(jobs) == 2  # each job got a fresh folder under the default root
+
+
+@pytest.mark.slow
+def test_swarm_mcp_stopped_by_sigterm_leaves_no_process_behind(tmp_path: Path) -> None:
+    """An agent may SIGTERM the server with its stdin still open: it stops gracefully and
+    its embedded server, coordinator and worker stop with it."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    env["SWARM_HOME"] = str(home)
+    proc = subprocess.Popen([sys.executable, "-m", "swarm", "mcp"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        while b"swarm mcp on stdio" not in (line := proc.stderr.readline()):
+            assert line, f"swarm mcp exited with code {proc.wait()}"
+        started = processes_of(home)
+        assert len(started) >= 4 and any("valkey" in a for a in started.values()), started
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+        assert not processes_of(home)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in processes_of(home):
+            os.kill(pid, signal.SIGKILL)
 
 
 # -- /mcp on swarm serve ------------------------------------------------------------------
