@@ -144,7 +144,8 @@ def answer_of(service: Service, job_id: str) -> JobAnswer:
 
 def build_server(service: Service) -> MCPServer[Any]:
     """An MCP server whose tools act on ``service``'s jobs and approvals."""
-    server: MCPServer[Any] = MCPServer("swarm", instructions=INSTRUCTIONS, version=__version__)
+    server: MCPServer[Any] = MCPServer("swarm", instructions=INSTRUCTIONS, version=__version__,
+                                       log_level="WARNING")
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False,
                                              open_world_hint=True))
