@@ -230,8 +230,10 @@ def test_swarm_mcp_stopped_by_sigterm_leaves_no_process_behind(tmp_path: Path) -
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stderr is not None
+        said = b""
         while b"swarm mcp on stdio" not in (line := proc.stderr.readline()):
-            assert line, f"swarm mcp exited with code {proc.wait()}"
+            said += line
+            assert line, f"swarm mcp exited with code {proc.wait()}: {said.decode()}"
         started = processes_of(home)
         assert len(started) >= 4 and any("valkey" in a for a in started.values()), started
         proc.send_signal(signal.SIGTERM)
