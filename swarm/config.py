@@ -116,7 +116,7 @@ KNOBS: dict[str, Knob] = {
     "serve_port": Knob(("SWARM_SERVE_PORT",), "port of the HTTP API", read_by="swarm serve --port"),
     "serve_root": Knob(("SWARM_SERVE_ROOT",),
                        "folder API jobs' workspaces must lie in (default SWARM_HOME/jobs)",
-                       read_by="swarm serve --root"),
+                       read_by="swarm serve --root, swarm mcp --root"),
     "serve_token": Knob(("SWARM_SERVE_TOKEN",),
                         "one API bearer token from the environment, beside `swarm token` ones",
                         read_by="swarm serve"),

@@ -23,7 +23,8 @@ every message says what to check or how to fix it::
     │   ├── BudgetExceeded          the swarm used its token budget
     │   ├── LeaseLost               a worker lost a child's lease (another worker has it)
     │   └── Parked                  the agent waits for its children (not a failure)
-    └── RuntimeUnavailable          no coordinator or worker answers (berserk mode)
+    ├── RuntimeUnavailable          no coordinator or worker answers (berserk mode)
+    └── RequestError                a request to `swarm serve` / `swarm mcp` cannot be done
 """
 
 from __future__ import annotations
@@ -108,6 +109,16 @@ class Parked(AgentStopped):
 
 class RuntimeUnavailable(SwarmError):
     """Berserk mode needs a coordinator and workers, and none answered."""
+
+
+class RequestError(SwarmError):
+    """A request to the swarm's services (HTTP API, MCP server) that cannot be done: an
+    unknown job, an approval answered already, a workspace outside the root. ``status`` is
+    the HTTP status that fits; the MCP server sends the message as a tool error."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Cancelled(AgentStopped):

@@ -31,9 +31,10 @@ from swarm.broker.app import QUEUE
 from swarm.cli import main
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest
-from swarm.serve.app import Service, create_app
+from swarm.serve.app import create_app
 from swarm.serve.auth import Authenticator, hash_token
 from swarm.serve.models import MAX_TASK
+from swarm.serve.service import Service
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import connect
@@ -294,6 +295,30 @@ def wait_pending(api: TestClient) -> dict[str, Any]:
         time.sleep(0.02)
     (approval,) = pending
     return cast("dict[str, Any]", approval)
+
+
+def test_an_answered_approval_leaves_the_list_before_its_child_reads_the_answer(
+        api: TestClient, redis: redis_lib.Redis) -> None:
+    """Pending means unanswered: a client that lists again right after answering (an MCP
+    client waiting for the job, say) must not see its answered request as waiting."""
+    holding, release = threading.Event(), threading.Event()
+
+    def child_busy() -> bool:  # the child is held before it looks for the answer
+        holding.set()
+        release.wait(10)
+        return False
+
+    thread, got = ask_in_thread(redis, "s-answered", timeout=30, cancelled=child_busy)
+    approval = wait_pending(api)
+    assert holding.wait(10)
+    answer = api.post(f"/v1/approvals/{approval['id']}", headers=AUTH,
+                      json={"decision": "approve"})
+    assert answer.status_code == 200, answer.text
+    assert api.get("/v1/approvals", headers=AUTH).json() == []
+    assert ApprovalQueue(redis, "s-answered").pending() == []
+    release.set()
+    thread.join(timeout=10)
+    assert got == [("approve", "answered by a person")]
 
 
 def test_a_second_answer_gets_409_and_an_unknown_id_404(api: TestClient,

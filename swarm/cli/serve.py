@@ -1,4 +1,5 @@
-"""``swarm serve`` (the HTTP API) and ``swarm token`` (its tokens)."""
+"""``swarm serve`` (the HTTP API, and MCP at /mcp), ``swarm token`` (its tokens) and
+``swarm mcp`` (the same MCP tools over stdio, for a desktop agent)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -87,17 +88,28 @@ class GracefulStop:
     def run(self, server: uvicorn.Server) -> None:
         """Serve until a signal (or an error) stops ``server``."""
         self.server = server
+        self.call(server.run)
+
+    def call(self, serve: Callable[[], None]) -> None:
+        """Run ``serve`` (a signal interrupts it like Ctrl-C); signals after it are ignored."""
         try:
-            server.run()
+            serve()
         finally:
             self.done = True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.done:
+            return
         if self.server is None:
             raise KeyboardInterrupt
-        if not self.done:
-            self.server.handle_exit(signum, frame)
+        self.server.handle_exit(signum, frame)
 
+
+root_option = click.option(
+    "--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+    envvar="SWARM_SERVE_ROOT",
+    help="Folder jobs work under: a job's workspace must lie inside it; a job without one "
+         "gets a fresh folder here. [default: SWARM_HOME/jobs; env: SWARM_SERVE_ROOT]")
 
 workers_option = click.option(
     "--workers", type=click.IntRange(min=0), default=None,
@@ -110,20 +122,17 @@ workers_option = click.option(
               help="Address to listen on. [env: SWARM_SERVE_HOST]")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True,
               envvar="SWARM_SERVE_PORT", help="Port. [env: SWARM_SERVE_PORT]")
-@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=None,
-              envvar="SWARM_SERVE_ROOT",
-              help="Folder jobs work under: a job's workspace must lie inside it; a job "
-                   "without one gets a fresh folder here. [default: SWARM_HOME/jobs; "
-                   "env: SWARM_SERVE_ROOT]")
+@root_option
 @workers_option
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info",
                                                 "debug"]), default="info", show_default=True)
 @handle_errors
 def serve(host: str, port: int, root: Path | None, workers: int | None, log_level: str) -> None:
-    """Serve the HTTP API: submit, watch, cancel and approve jobs (OpenAPI at /openapi.json).
+    """Serve the HTTP API: submit, watch, cancel and approve jobs (OpenAPI at /openapi.json),
+    and the same as MCP tools over Streamable HTTP at /mcp (see `swarm mcp -h`).
 
-    Every request needs `Authorization: Bearer TOKEN`: SWARM_SERVE_TOKEN (one token, from
-    the environment) or tokens from `swarm token create`. Jobs run on the same Redis,
+    Every request needs `Authorization: Bearer TOKEN` (/mcp too): SWARM_SERVE_TOKEN (one
+    token, from the environment) or tokens from `swarm token create`. Jobs run on the same Redis,
     coordinators and workers as `swarm run`: with no SWARM_REDIS_URL the embedded server,
     a local coordinator and a worker start with the service and stop with it.
 
@@ -136,9 +145,10 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
     import uvicorn
 
     from swarm.broker.app import configure
-    from swarm.serve.app import Service, create_app
+    from swarm.serve.app import create_app
     from swarm.serve.auth import Authenticator
     from swarm.serve.jobs import jobs_root
+    from swarm.serve.service import Service
 
     settings = settings_from()
     token = os.environ.get("SWARM_SERVE_TOKEN", "")
@@ -150,12 +160,64 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
         with local_runtime(store, settings, workers):
             service = Service(store.redis, configure(store.url), settings,
                               jobs_root(settings.home, str(root) if root else None), auth)
-            click.echo(f"swarm serve on http://{host}:{port} (OpenAPI at /openapi.json; "
+            click.echo(f"swarm serve on http://{host}:{port} (OpenAPI at /openapi.json, MCP "
+                       f"at /mcp; "
                        f"store {store.masked_url}; jobs under {service.root})", err=True)
             config = uvicorn.Config(create_app(service), host=host, port=port,
                                     log_level=log_level, timeout_graceful_shutdown=3,
                                     server_header=False)
             stop.run(uvicorn.Server(config))
+
+
+@click.command("mcp", context_settings=CTX)
+@root_option
+@click.option("-C", "--workspace", default=None,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Folder jobs that name none work in, e.g. the project the agent works on "
+                   "(default: a fresh folder under --root).")
+@workers_option
+@handle_errors
+def mcp(root: Path | None, workspace: Path | None, workers: int | None) -> None:
+    """Serve the swarm as MCP tools over stdio, for an agent that starts it (Claude Code,
+    Codex, ...): submit a job (optionally waiting, with progress), its status tree, its
+    answer, cancel it, list and answer approvals.
+
+    Set up like `swarm serve`: the model settings (SWARM_BASE_URL, SWARM_MODEL,
+    SWARM_API_KEY) in its environment, and with no SWARM_REDIS_URL the embedded server, a
+    local coordinator and a worker start with it and stop when the agent closes it. Its
+    stdout is the protocol; messages go to stderr. No token: the agent that starts it is
+    trusted (over HTTP, `swarm serve` serves the same tools at /mcp behind its tokens).
+
+    \b
+    Claude Code (jobs work in the current project unless they name a folder):
+      claude mcp add swarm -e SWARM_BASE_URL=http://127.0.0.1:8080/v1 \\
+          -- swarm mcp --workspace "$PWD" --root "$PWD"
+    Codex (~/.codex/config.toml):
+      [mcp_servers.swarm]
+      command = "swarm"
+      args = ["mcp", "--workspace", "/path/to/project", "--root", "/path/to/project"]
+      env = { SWARM_BASE_URL = "http://127.0.0.1:8080/v1" }
+      env_vars = ["SWARM_API_KEY"]
+      startup_timeout_sec = 60
+      tool_timeout_sec = 3600
+    """
+    from swarm.broker.app import configure
+    from swarm.serve.jobs import jobs_root
+    from swarm.serve.mcp import run_stdio
+    from swarm.serve.service import Service
+
+    settings = settings_from()
+    # The agent closes stdin to stop it, or sends SIGTERM: either way the local processes
+    # stop and the embedded server is released (signals during that cleanup are ignored).
+    with GracefulStop() as stop, open_store(settings) as store, \
+            local_runtime(store, settings, workers):
+        service = Service(store.redis, configure(store.url), settings,
+                          jobs_root(settings.home, str(root) if root else None),
+                          workspace=workspace.resolve() if workspace else None)
+        click.echo(f"swarm mcp on stdio (store {store.masked_url}; jobs under {service.root})",
+                   err=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.call(lambda: run_stdio(service))
 
 
 @click.group(context_settings=CTX)

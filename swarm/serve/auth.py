@@ -21,6 +21,9 @@ import redis
 from swarm.store import keys
 
 TOKEN_PREFIX = "swm_"
+#: The 401's message (HTTP API and /mcp).
+UNAUTHORIZED = ("missing or wrong token: send `Authorization: Bearer <token>` with "
+                "SWARM_SERVE_TOKEN or a token from `swarm token create`")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm.config import Settings
+from swarm.errors import RequestError
 from swarm.runtime.root import INHERITED
 
 
@@ -20,12 +21,11 @@ def inherited_settings(settings: Settings) -> dict[str, Any]:
     return {name: getattr(settings, name) for name in INHERITED if name in settings.explicit}
 
 
-class WorkspaceError(ValueError):
+class WorkspaceError(RequestError):
     """A workspace that is not allowed (``status`` 403) or cannot be made (409)."""
 
     def __init__(self, message: str, status: int = 403) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(message, status)
 
 
 def jobs_root(home: Path, override: str | None = None) -> Path:

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from swarm.domain.approval import Decision
+
 #: Longest task, in characters.
 MAX_TASK = 256 * 1024
 #: Largest request body, in bytes (a task at its limit, JSON-escaped, fits).
@@ -15,12 +17,12 @@ MAX_BODY = 2 * 1024 * 1024
 WORKSPACE_PATTERN = r"^/?(?:[^/\x00]{1,63}/+)*[^/\x00]{0,63}$"
 
 JobStateName = Literal["queued", "running", "done", "failed", "cancelled"]
+#: Job and approval ids.
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
 
 
 class Limits(BaseModel):
@@ -112,15 +114,33 @@ class Approval(BaseModel):
     created: float
 
 
+class JobStatus(Job):
+    """A job with its agents drawn as a tree, one line each (for a model to read)."""
+
+    tree: str
+
+
+class JobAnswer(BaseModel):
+    """Where a job stands after waiting for it: settled (``answer`` or ``error``), or still
+    going, maybe with approvals that wait for an answer."""
+
+    id: str
+    state: JobStateName
+    answer: str | None = None
+    error: str | None = None
+    approvals: list[Approval] = Field(
+        default_factory=list, description="tool calls of this job waiting for an answer")
+
+
 class ApprovalAnswer(Strict):
-    decision: Literal["approve", "deny", "always"] = Field(
+    decision: Decision = Field(
         description="always: approve, and approve this tool for the rest of the job")
 
 
 class ApprovalDone(BaseModel):
     id: str
     job: str
-    decision: Literal["approve", "deny", "always"]
+    decision: Decision
 
 
 class ErrorItem(BaseModel):

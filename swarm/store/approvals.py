@@ -94,10 +94,18 @@ class ApprovalQueue:
             self.redis.hdel(keys.approvals(self.swarm_id), approval_id)
 
     def pending(self) -> list[Pending]:
-        """Requests waiting for an answer, oldest first."""
+        """Requests waiting for an answer, oldest first (not those answered already whose
+        child has yet to read the answer)."""
         rows = cast("dict[str, str]", self.redis.hgetall(keys.approvals(self.swarm_id)))
+        if not rows:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for approval_id in rows:
+                pipe.exists(keys.approval_answered(approval_id))
+            closed = pipe.execute()
         out = [Pending(**{k: v for k, v in json.loads(raw).items()
-                          if k in Pending.__dataclass_fields__}) for raw in rows.values()]
+                          if k in Pending.__dataclass_fields__})
+               for raw, done in zip(rows.values(), closed, strict=True) if not done]
         return sorted(out, key=lambda p: p.created)
 
     def answer(self, approval_id: str, decision: Decision) -> bool:

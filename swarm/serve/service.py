@@ -1,0 +1,193 @@
+"""What the swarm's services do with jobs and approvals, whatever speaks for them: the HTTP
+API (:mod:`swarm.serve.app`) and the MCP server (:mod:`swarm.serve.mcp`) both call these.
+
+Submit a job, look it up, cancel it, follow its events until it settles; list the pending
+approvals and answer one. A request that cannot be done raises
+:class:`~swarm.errors.RequestError` with the HTTP status that fits. Everything here but
+:meth:`Service.follow` is blocking (Redis): async callers run it in a thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import anyio.to_thread
+import redis
+from celery import Celery
+
+from swarm.config import Settings
+from swarm.domain.approval import Decision
+from swarm.errors import RequestError
+from swarm.runtime.jobs import job_state, submit_job
+from swarm.serve.auth import Authenticator
+from swarm.serve.jobs import inherited_settings, inside_root, new_job_folder
+from swarm.serve.models import Approval, ApprovalDone, CancelResult, Job, JobRequest
+from swarm.store import keys
+from swarm.store.approvals import CANCELLED, TIMED_OUT, ApprovalQueue, outcome
+from swarm.store.ledger import Ledger
+
+SETTLED_JOB = ("done", "failed", "cancelled")
+#: Limits where 0 means "no cap".
+UNCAPPED_AT_ZERO = ("max_turns", "token_budget")
+#: Seconds one XREAD of a job's events blocks (a gone client is noticed this fast).
+READ_BLOCK = 1.0
+#: Where the answer to "which approvals are pending?" is, for messages.
+LIST_HINT = "GET /v1/approvals, the list_approvals tool or `swarm approve` lists the pending ones"
+
+Entry = tuple[str, dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Events of a job read at once (maybe none); ``final`` is the job's settled state on
+    the last batch, once every event before the settling was read."""
+
+    entries: list[Entry]
+    final: str = ""
+
+
+@dataclass
+class Service:
+    """What the services work with: the store, the Celery app, the service's settings
+    (whose explicit ones jobs inherit, as children inherit a ``swarm run``'s), the jobs
+    root, the API's tokens (the HTTP API needs them; ``swarm mcp`` over stdio does not)
+    and where jobs that name no workspace work (default: a fresh folder under the root)."""
+
+    redis: redis.Redis
+    celery: Celery
+    settings: Settings
+    root: Path
+    auth: Authenticator | None = None
+    workspace: Path | None = None
+    ledger: Ledger = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = Ledger(self.redis)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def job_settings(self, body: JobRequest) -> dict[str, Any]:
+        """The service's explicit settings, the request's limits on top (they may only
+        tighten the service's own), and ``yes`` for ``approve: all``."""
+        given = inherited_settings(self.settings)
+        limits = body.limits.model_dump(exclude_none=True) if body.limits is not None else {}
+        for name, wanted in limits.items():
+            cap = int(getattr(self.settings, name))
+            if name in UNCAPPED_AT_ZERO:  # 0 means no cap
+                given[name] = wanted if not cap or 0 < wanted < cap else cap
+            else:
+                given[name] = min(wanted, cap)
+        given["yes"] = body.approve == "all"
+        return given
+
+    def submit(self, body: JobRequest, source: str) -> str:
+        """Queue a root agent for ``body.task`` on the workers; returns the job's id."""
+        if body.workspace:
+            workspace = inside_root(self.root, body.workspace)
+        elif self.workspace is not None:
+            workspace = self.workspace
+        else:
+            workspace = new_job_folder(self.root)
+        return submit_job(self.ledger, self.celery, body.task, workspace,
+                          self.job_settings(body), source=source)
+
+    def job(self, job_id: str) -> Job:
+        """The job as it stands; 404 when there is none."""
+        state = job_state(self.ledger, job_id)
+        if not state:
+            raise RequestError(f"no job {job_id!r}", 404)
+        info = self.ledger.swarm(job_id)
+        return Job(**state, source=info.get("source", ""), workspace=info.get("workspace", ""),
+                   task=info.get("task", ""))
+
+    def cancel(self, job_id: str, reason: str) -> CancelResult:
+        """Cancel the job and every agent under it (idempotent)."""
+        job = self.job(job_id)
+        flagged = self.ledger.cancel(job_id, reason)
+        return CancelResult(id=job_id, state=job.state, flagged=flagged)
+
+    def settled(self, job_id: str) -> str:
+        """The job's final state once it has settled, else ""."""
+        state = job_state(self.ledger, job_id).get("state", "")
+        if state in SETTLED_JOB:
+            return str(state)
+        info = self.ledger.swarm(job_id)  # a `swarm run` root's swarm settles this way
+        if info.get("settled"):
+            return {"done": "done", "cancelled": "cancelled"}.get(info.get("state", ""), "failed")
+        return ""
+
+    async def follow(self, job_id: str, last: str = "0-0") -> AsyncGenerator[Batch, None]:
+        """The job's events after ``last`` ("0-0": all), a batch per read of at most
+        :data:`READ_BLOCK` seconds (empty when nothing came), until the batch that carries
+        the settled state. Redis errors propagate."""
+        key = keys.events(job_id)
+
+        def read(block: float) -> list[Entry]:
+            got: Any = self.redis.xread({key: last}, count=200, block=int(block * 1000))
+            return cast("list[Entry]", got[0][1]) if got else []
+
+        final = ""
+        while True:
+            draining = bool(final)  # settled before this read: this read drains the rest
+            entries = await anyio.to_thread.run_sync(read, 0.25 if final else READ_BLOCK)
+            if not final and not entries:
+                final = await anyio.to_thread.run_sync(self.settled, job_id)
+            if entries:
+                last = entries[-1][0]
+            if draining and not entries:
+                yield Batch([], final)
+                return
+            yield Batch(entries)
+
+    # -- approvals ----------------------------------------------------------------------------
+
+    def pending(self, job: str | None) -> list[Approval]:
+        """Tool calls waiting for a person, oldest first, across jobs or of ``job``."""
+        if job is not None:
+            if not self.ledger.swarm(job):
+                raise RequestError(f"no job {job!r}", 404)
+            swarm_ids = [job]
+        else:
+            head, tail = keys.approvals("\0").split("\0")
+            swarm_ids = sorted({str(k)[len(head):-len(tail)] for k in
+                                self.redis.scan_iter(match=keys.approvals("*"), count=1000)})
+        out = [Approval(id=p.id, job=p.swarm, agent=p.agent, tool=p.tool, summary=p.summary,
+                        reason=p.reason, created=p.created)
+               for sid in swarm_ids for p in ApprovalQueue(self.redis, sid).pending()]
+        return sorted(out, key=lambda a: a.created)
+
+    def answer(self, approval_id: str, decision: Decision, job: str | None) -> ApprovalDone:
+        """Approve or deny a pending tool call (``always``: the tool for the whole job)."""
+        job_id = self.find_approval(approval_id, job)
+        if not ApprovalQueue(self.redis, job_id).answer(approval_id, decision):
+            self.refuse_if_closed(approval_id)
+            raise RequestError(f"approval {approval_id!r} is no longer pending", 404)
+        return ApprovalDone(id=approval_id, job=job_id, decision=decision)
+
+    def find_approval(self, approval_id: str, job: str | None) -> str:
+        """The job holding the pending approval ``approval_id``; else 409 when it was
+        answered (or timed out), 404 when it is unknown."""
+        if job is not None:
+            if self.redis.hexists(keys.approvals(job), approval_id):
+                return job
+        else:
+            for approval in self.pending(None):
+                if approval.id == approval_id:
+                    return approval.job
+        self.refuse_if_closed(approval_id)
+        raise RequestError(f"no approval {approval_id!r} is pending"
+                           + (f" in job {job!r}" if job is not None else "")
+                           + f"; {LIST_HINT}", 404)
+
+    def refuse_if_closed(self, approval_id: str) -> None:
+        """409 when the approval ``approval_id`` was answered already or timed out."""
+        how = outcome(self.redis, approval_id)
+        if how is None:
+            return
+        why = {TIMED_OUT: "no one answered in time, so it was denied",
+               CANCELLED: "its agent was cancelled"}.get(how, f"it was answered already ({how})")
+        raise RequestError(f"approval {approval_id!r} is not pending: {why}", 409)
