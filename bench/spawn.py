@@ -66,8 +66,8 @@ from swarm.store import keys
 from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
 from swarm.store.server import EmbeddedServer
-from swarm.testing.scripts import ByTask, task_of, turn_of
 from swarm.testing.handler import Handler, HTTPServer
+from swarm.testing.scripts import ByTask, task_of, turn_of
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall, review_command
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -31,6 +31,9 @@ from swarm.domain import history
 from swarm.domain.session import Session
 from swarm.errors import LockError
 from swarm.llm.client import LLMClient
+from swarm.mcp_client import config as mcp_config
+from swarm.mcp_client.config import McpConfig
+from swarm.mcp_client.tools import McpTools
 from swarm.store import keys
 from swarm.store.connection import Store, open_store
 from swarm.store.hints import HomeHints
@@ -80,11 +83,14 @@ def build_agent(
     cancel: threading.Event | None = None,
     guard: Callable[[], None] | None = None,
     before_step: Callable[[Agent], None] | None = None,
+    mcp: McpConfig | None = None,
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
-    ``cancel`` kills a running command when set; ``guard`` and ``before_step`` are the
-    agent's (:class:`Agent`): the root's session lock, a child's limits."""
+    ``cancel`` kills a running command (and abandons an MCP call) when set; ``guard`` and
+    ``before_step`` are the agent's (:class:`Agent`): the root's session lock, a child's
+    limits. ``mcp`` lists its MCP servers (a root reads them from its folder, a child
+    inherits its swarm's)."""
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
@@ -107,6 +113,10 @@ def build_agent(
         spawner=spawner,
         guard=guard,
         before_step=before_step,
+        mcp=McpTools(mcp, log_dir=settings.home / "logs", output_cap=settings.output_cap,
+                     call_timeout=settings.command_timeout,
+                     start_timeout=settings.mcp_start_timeout, cancel=cancel)
+        if mcp is not None and (mcp.servers or mcp.problems) else None,
     )
 
 
@@ -185,7 +195,7 @@ def local_agent(
                     hints=HomeHints(store.redis, settings.home), approver=approver,
                     observer=observer,
                     spawner=spawner(store, session) if spawner is not None else None,
-                    guard=guard)
+                    guard=guard, mcp=mcp_config.load(workspace, settings.home))
                 yield LocalRun(agent, store, sessions, resumed, repaired)
             finally:
                 model.close()
