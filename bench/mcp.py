@@ -4,12 +4,12 @@ The server is the SDK-built notes server of the tests (``tests/mcp_notes_server.
 configured in ``SWARM_HOME/mcp.json`` of the root, so the children inherit it.
 
 - shared: a cluster with ONE worker process of N + 16 threads; a warm-up job without MCP;
-  the worker's RSS at rest; then a job of N children whose T turns each call
-  ``mcp__notes__add_note``. Counted afterwards: the notes server processes under the worker
-  (started lazily by the first child, shared by the rest), their RSS, the worker's RSS, the
-  notes the server holds (one per call: every call reached the one server), the job's wall
-  and how long the children took to make their first model call after the fan-out (the
-  first child waits for the server to start).
+  the worker's RSS at rest; a job of N children with a shell command per turn (the
+  baseline); then the same job whose children call ``mcp__notes__add_note`` instead.
+  Counted afterwards: the notes server processes under the worker (started by the first
+  child that needs one, shared by the rest) and their RSS, the worker's RSS, the job's wall,
+  and how long after the fan-out the children made their first model call, beside the
+  baseline's (a child asks for its tools first, so it waits for the server to start).
 - start: in this process, one server started cold through :class:`McpTools` (process, MCP
   initialize, tools/list), 5 times: median seconds, and its RSS.
 - per child: N servers started at once, as N children that each had their own would start
@@ -89,6 +89,8 @@ def shared(n: int, turns: int, latency: float) -> dict[str, Any]:
         for _ in range(5):
             rest.append(rss_kb(worker))
             time.sleep(0.1)
+        plain = JobScript(new_tag(), n, turns)
+        base = analyse(plain, run_root(cluster, model, plain, max_parallel=max(64, n)))
         (cluster.home / "mcp.json").write_text(json.dumps(
             {"mcpServers": {"notes": notes_spec().to_json()}}))
         script = McpScript(new_tag(), n, turns)
@@ -98,12 +100,16 @@ def shared(n: int, turns: int, latency: float) -> dict[str, Any]:
         servers = servers_under(worker)
         server_rss = sum(rss_kb(p) for p in servers)
         after = rss_kb(worker)
-    spawn = sorted(times.spawn)
+    spawn, plain_spawn = sorted(times.spawn), sorted(base.spawn)
     return {"n": n, "turns": turns, "mcp_calls": n * turns, "job_wall": run.wall,
             "server_processes_on_worker": len(servers), "server_rss_mib": server_rss / 1024,
             "worker_rss_rest_mib": min(rest) / 1024, "worker_rss_after_mib": after / 1024,
-            "first_request_after_fanout_s": {"min": spawn[0], "median": statistics.median(
-                spawn), "max": spawn[-1]} if spawn else {}}
+            "first_request_after_fanout_s": spread(spawn),
+            "without_mcp_first_request_after_fanout_s": spread(plain_spawn)}
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    return {"min": xs[0], "median": statistics.median(xs), "max": xs[-1]} if xs else {}
 
 
 def cold_start(tmp: Path, repeats: int = 5) -> dict[str, Any]:
@@ -165,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(out: dict[str, Any]) -> list[str]:
     s, start, naive = out["shared"], out["start"], out["per_child"]
-    first = s["first_request_after_fanout_s"]
+    first, plain = s["first_request_after_fanout_s"], s["without_mcp_first_request_after_fanout_s"]
     return [
         f"7. MCP: {s['n']} children on one worker using one stdio server "
         f"(tests/mcp_notes_server.py), {s['turns']} MCP call(s) each",
@@ -175,7 +181,9 @@ def report(out: dict[str, Any]) -> list[str]:
         f"{s['server_rss_mib']:.0f} MiB; worker {s['worker_rss_rest_mib']:.0f} -> "
         f"{s['worker_rss_after_mib']:.0f} MiB; job {s['job_wall']:.2f} s; children's first "
         f"model call {first.get('min', 0):.2f} / {first.get('median', 0):.2f} / "
-        f"{first.get('max', 0):.2f} s after the fan-out (min / median / max)",
+        f"{first.get('max', 0):.2f} s after the fan-out (min / median / max; the same job "
+        f"with a shell command instead: {plain.get('min', 0):.2f} / "
+        f"{plain.get('median', 0):.2f} / {plain.get('max', 0):.2f} s)",
         f"  one per child: {naive['processes']} processes, {naive['summed_rss_mib']:.0f} MiB "
         f"summed, {naive['seconds_all_ready']:.1f} s until all listed their tools"
         + (f" ({naive['failed']} failed)" if naive["failed"] else ""),

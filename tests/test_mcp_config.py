@@ -4,6 +4,8 @@ why, tool names, and approval policies for MCP tools (globs, annotations)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,13 @@ def test_review_uses_the_servers_annotations_not_the_llm_reviewer() -> None:
     assert reviewed == []  # the shell reviewer is for commands, not MCP tools
     assert gate.check(ApprovalRequest("run_cli", {}, "ls")).allowed
     assert reviewed == ["ls"]
+
+
+def test_processes_without_mcp_servers_do_not_load_the_sdk() -> None:
+    """The SDK takes seconds to import: the CLI, workers and the API load it only for an
+    agent that has servers."""
+    code = ("import sys, swarm.cli, swarm.workers.tasks, swarm.serve.app, swarm.runtime.build; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

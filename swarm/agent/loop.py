@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarm import telemetry
 from swarm.agent import compaction
@@ -36,8 +36,10 @@ from swarm.domain.messages import ChatResult, Message, StreamEvent
 from swarm.domain.session import Session
 from swarm.domain.spawn import SpawnCall
 from swarm.errors import Interrupted, Parked, ToolError, TurnLimitReached
-from swarm.mcp_client.tools import McpTools
 from swarm.text import plural
+
+if TYPE_CHECKING:  # the MCP SDK takes seconds to import: only agents with servers load it
+    from swarm.mcp_client.tools import McpTools
 
 log = logging.getLogger(__name__)
 

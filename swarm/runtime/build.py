@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -33,12 +34,14 @@ from swarm.errors import LockError
 from swarm.llm.client import LLMClient
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
-from swarm.mcp_client.tools import McpTools
 from swarm.store import keys
 from swarm.store.connection import Store, open_store
 from swarm.store.hints import HomeHints
 from swarm.store.locks import RedisLock
 from swarm.store.sessions import RedisSessionStore
+
+if TYPE_CHECKING:
+    from swarm.mcp_client.tools import McpTools
 
 
 def new_session(workspace: Path, session_id: str = "") -> Session:
@@ -113,11 +116,21 @@ def build_agent(
         spawner=spawner,
         guard=guard,
         before_step=before_step,
-        mcp=McpTools(mcp, log_dir=settings.home / "logs", output_cap=settings.output_cap,
-                     call_timeout=settings.command_timeout,
-                     start_timeout=settings.mcp_start_timeout, cancel=cancel)
-        if mcp is not None and (mcp.servers or mcp.problems) else None,
+        mcp=mcp_tools(settings, mcp, cancel) if mcp is not None else None,
     )
+
+
+def mcp_tools(settings: Settings, mcp: McpConfig, cancel: threading.Event | None
+              ) -> McpTools | None:
+    """The agent's MCP tools; None without servers, and then the MCP SDK (seconds to
+    import) is not loaded."""
+    if not (mcp.servers or mcp.problems):
+        return None
+    from swarm.mcp_client.tools import McpTools
+
+    return McpTools(mcp, log_dir=settings.home / "logs", output_cap=settings.output_cap,
+                    call_timeout=settings.command_timeout,
+                    start_timeout=settings.mcp_start_timeout, cancel=cancel)
 
 
 @dataclass
