@@ -7,8 +7,9 @@ the server's memory.
 Tools: ``count_notes`` and ``list_notes`` (read-only), ``add_note`` (additive),
 ``delete_notes`` (destructive), ``token_digest`` (read-only: a digest of ``NOTES_TOKEN``
 from its environment, so a test can tell the server got a secret without seeing it),
-``picture`` (an image), ``fail`` (an error result) and ``crash`` (the process exits in the
-middle of the call). With ``NOTES_PIDS=DIR`` it writes its pid to ``DIR/<pid>`` at start.
+``picture`` (an image), ``wait`` (answers after some seconds), ``fail`` (an error result)
+and ``crash`` (the process exits in the middle of the call). With ``NOTES_PIDS=DIR`` it
+writes its pid to ``DIR/<pid>`` at start.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+import anyio
 from mcp.server.mcpserver import Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -71,6 +73,13 @@ def token_digest() -> str:
 def picture() -> Image:
     """A tiny picture."""
     return Image(data=PNG, format="png")
+
+
+@server.tool(annotations=READ_ONLY)
+async def wait(seconds: float) -> str:
+    """Answers after ``seconds``."""
+    await anyio.sleep(seconds)
+    return f"waited {seconds:g} s"
 
 
 @server.tool(annotations=READ_ONLY)

@@ -10,6 +10,8 @@ import json
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,7 +55,7 @@ def test_stdio_tools_schemas_hints_and_results(tmp_path: Path) -> None:
     tools = mcp.tools()
     assert set(tools) == {f"mcp__notes__{t}" for t in (
         "count_notes", "list_notes", "add_note", "delete_notes", "token_digest", "picture",
-        "fail", "crash")}
+        "wait", "fail", "crash")}
     add = tools["mcp__notes__add_note"].schema["function"]
     assert add["parameters"]["required"] == ["text"]
     assert add["description"] == "Add a note."
@@ -82,6 +84,21 @@ def test_results_are_capped_head_and_tail(tmp_path: Path) -> None:
     head, cut, tail = listed.partition(" characters cut ...]")
     assert cut and head.startswith("{") and "AAAA" in head
     assert "THE-END" in tail and tail.rstrip().endswith("}")
+
+
+def test_a_cancelled_agent_abandons_its_call_and_the_server_goes_on(tmp_path: Path) -> None:
+    cancel = threading.Event()
+    mcp = tools_for(load(notes_folder(tmp_path), tmp_path / "home"), tmp_path, cancel=cancel)
+    mcp.tools()
+    timer = threading.Timer(0.5, cancel.set)
+    timer.start()
+    began = time.monotonic()
+    with pytest.raises(McpServerError, match="call to MCP server notes was abandoned: "
+                                             "cancelled"):
+        mcp.call("mcp__notes__wait", {"seconds": 60})
+    assert time.monotonic() - began < 10
+    cancel.clear()
+    assert mcp.call("mcp__notes__wait", {"seconds": 0}) == "waited 0 s"
 
 
 def free_port() -> int:
