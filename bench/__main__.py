@@ -9,6 +9,7 @@ Parts (``--only NAME[,NAME]``):
 - ``memory``    resident memory per concurrent child in a worker (threads pool)
 - ``workers``   the same N on 1, 2 and 4 worker processes, and on two "hosts"
 - ``redis``     Redis commands and bytes per child and turn, memory per 1,000 children, TTLs
+- ``mcp``       N children on one worker sharing one MCP server, beside one server per child
 
 ``--smoke`` runs a tiny size of each (about a minute; results go to ``*-smoke.json``).
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 from bench.common import RESULTS, log, neutral_env, results_dir, write_result
 
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp")
 MODULES = {"workers": "across", "redis": "redis_cost"}
 
 
@@ -85,6 +86,12 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("redis")
     g.add_argument("--redis-n", type=int, default=200,
                    help="children of the Redis cost runs (default 200)")
+    g = p.add_argument_group("mcp")
+    g.add_argument("--mcp-n", type=int, default=64,
+                   help="children sharing one MCP server, and servers started one per child "
+                   "(default 64)")
+    g.add_argument("--mcp-turns", type=int, default=1,
+                   help="MCP calls per child (default 1)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     p.add_argument("--results", type=Path, default=None,
                    help="directory for the JSON and PNG (default bench/results/)")
@@ -94,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
 SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 2,
          "repeat_max": 1, "latency": 0.05,
          "turns": 2, "workers": 1, "concurrency": 16, "processes_n": 3, "memory_sizes": [5],
-         "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4}
+         "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "mcp_n": 3}
 
 
 def display(path: Path) -> str:

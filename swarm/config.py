@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,8 @@ KNOBS: dict[str, Knob] = {
     "backoff_max": Knob(("SWARM_BACKOFF_MAX",), "longest wait between tries, seconds"),
     "stream": Knob(("SWARM_STREAM",), "stream answers (1) or not (0)"),
     "approval": Knob(("SWARM_APPROVAL",),
-                     "per-tool policies, e.g. 'run_cli=review,*=once' (always|never|once|review)"),
+                     "per-tool policies, e.g. 'run_cli=review,mcp__github__*=always,*=once' "
+                     "(always|never|once|review; globs allowed)"),
     "yes": Knob(("SWARM_YES",), "approve every tool call"),
     "lock_ttl": Knob(("SWARM_LOCK_TTL",), "seconds a session lock lives without renewal"),
     "session_ttl": Knob(("SWARM_SESSION_TTL",), "seconds an idle session is kept in Redis"),
@@ -93,6 +95,9 @@ KNOBS: dict[str, Knob] = {
     "sandbox": Knob(("SWARM_SANDBOX",),
                     "run commands in bubblewrap: auto (when installed), bwrap, none"),
     "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",), "let sandboxed commands use the network"),
+    "mcp_start_timeout": Knob(("SWARM_MCP_START_TIMEOUT",),
+                              "seconds an MCP server has to start and list its tools; "
+                              "past that it is skipped"),
     "wait_notice": Knob(("SWARM_WAIT_NOTICE",),
                         "seconds between 'waiting for MODEL at URL' lines while the model is "
                         "silent and stderr is not a terminal; 0 = no waiting notices"),
@@ -170,6 +175,7 @@ class Settings:
     sandbox: str = "none"
     sandbox_network: bool = True
     wait_notice: float = 10.0
+    mcp_start_timeout: float = 30.0
     explicit: frozenset[str] = frozenset()
     """The settings given by a flag, an environment variable or :meth:`with_` (not defaults)."""
 
@@ -224,7 +230,7 @@ class Settings:
         for name in ("command_timeout", "command_timeout_max", "output_cap", "context_length",
                      "retries", "lock_ttl", "session_ttl", "connect_timeout", "read_timeout",
                      "max_depth", "max_children", "max_parallel", "child_timeout",
-                     "approval_timeout", "lease", "reclaim_idle"):
+                     "approval_timeout", "lease", "reclaim_idle", "mcp_start_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be a positive number")
         for name in ("max_turns", "backoff_max", "token_budget"):
@@ -232,8 +238,12 @@ class Settings:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be 0 or more")
 
     def policy_for(self, tool: str) -> str:
-        """The approval policy of ``tool``: its own entry, else ``*``, else ``once``."""
-        return self.approval.get(tool, self.approval.get("*", "once"))
+        """The approval policy of ``tool``: its own entry, else that of the longest glob
+        matching it (``mcp__github__*``; ``*`` is the shortest), else ``once``."""
+        if tool in self.approval:
+            return self.approval[tool]
+        globs = [p for p in self.approval if any(c in p for c in "*?[") and fnmatchcase(tool, p)]
+        return self.approval[max(globs, key=len)] if globs else "once"
 
     @property
     def embedded(self) -> bool:

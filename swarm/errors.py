@@ -15,6 +15,7 @@ every message says what to check or how to fix it::
     │   ├── StoreUnavailableError   cannot reach Redis, or the embedded server did not start
     │   └── LockError               the session is held by another swarm process
     ├── ToolError                   a tool call the model made cannot run (returned to the model)
+    │   └── McpServerError          an MCP server did not start, or failed or died during a call
     ├── AgentStopped                the loop stopped before an answer
     │   ├── TurnLimitReached        --max-turns reached
     │   ├── Interrupted             the user pressed Ctrl-C
@@ -81,6 +82,10 @@ class LockError(StoreError):
 
 class ToolError(SwarmError):
     """A tool call cannot be run; the message goes back to the model as the result."""
+
+
+class McpServerError(ToolError):
+    """An MCP server could not be started or reached, or it failed or died during a call."""
 
 
 class AgentStopped(SwarmError):

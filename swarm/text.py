@@ -1,4 +1,5 @@
-"""Counts in text shown to people: ``1 line``, ``2 lines``."""
+"""Text shown to people and models: counts (``1 line``, ``2 lines``), URLs without their
+credentials, and long results cut in the middle."""
 
 from __future__ import annotations
 
@@ -28,3 +29,13 @@ def public_url(url: str) -> str:
         return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
     except ValueError:  # a malformed URL: show none of it rather than a secret
         return "the configured endpoint"
+
+
+def cap_middle(text: str, cap: int) -> str:
+    """``text`` cut to its first and last ``cap // 2`` characters when longer than ``cap``,
+    with a marker of how much was cut (so no tool result floods the context)."""
+    if len(text) <= cap:
+        return text
+    half = max(cap // 2, 1)
+    cut = len(text) - 2 * half
+    return f"{text[:half]}\n[... {cut} characters cut ...]\n{text[-half:]}"

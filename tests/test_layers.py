@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "swarm"
 LAYERS: list[set[str]] = [
     {"__init__", "errors", "faults", "procs", "text", "secrets", "domain", "cache", "patches"},
     {"config", "telemetry"},
-    {"store", "llm"},
+    {"store", "llm", "mcp_client"},
     {"agent"},
     {"runtime", "broker"},
     {"coordinator", "workers"},

@@ -5,9 +5,13 @@ Policies (set per tool with ``SWARM_APPROVAL``, e.g. ``run_cli=review,*=once``):
 - ``always``  ask before every call
 - ``never``   never ask: the call runs
 - ``once``    ask the first time; after an approval the tool runs freely for the session
+- ``review``  an LLM reviewer at temperature 0 passes read-only commands; others are asked.
+              An MCP tool is judged by its server's annotations instead: one marked
+              ``readOnlyHint`` runs, any other (``destructiveHint``, or no hint) is asked
 
-Whatever the policy, a person who answers ``always`` approves that tool for the session.
-- ``review``  an LLM reviewer at temperature 0 passes read-only commands; others are asked
+A tool's policy is its own entry, else the longest glob that matches it
+(``mcp__github__*=always``), else ``*``. Whatever the policy, a person who answers
+``always`` approves that tool for the session.
 
 ``--yes`` approves everything. The loop never reads stdin: it calls the
 :class:`~swarm.agent.protocols.Approver` it was given. Silence is not consent:
@@ -16,6 +20,7 @@ an approver that cannot get an answer denies.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import platform
 import sys
@@ -94,12 +99,16 @@ class ApprovalGate:
         if request.tool in self.approved_tools:
             return Verdict(True, "approved earlier this session")
         reason = f"policy {policy} for {request.tool}"
-        if policy == "review":
+        if policy == "review" and request.read_only is not None:
+            if request.read_only:
+                return Verdict(True, "its server marks it read-only")
+            reason = ("its server marks it destructive" if request.destructive
+                      else "its server does not mark it read-only")
+        elif policy == "review":
             if self.reviewer is not None and self.reviewer(request.summary):
                 return Verdict(True, "reviewer: read-only")
             reason = "the safety reviewer did not pass it as read-only"
-        answer = self.approver(ApprovalRequest(
-            request.tool, request.arguments, request.summary, reason, request.agent_id))
+        answer = self.approver(dataclasses.replace(request, reason=reason))
         if answer.decision == "always":
             self.approved_tools.add(request.tool)
             return Verdict(True, "approved for the session")

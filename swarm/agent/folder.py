@@ -24,6 +24,7 @@ from typing import Any, Literal
 import jsonschema
 
 from swarm.errors import ToolError
+from swarm.text import cap_middle
 
 INSTRUCTION_FILES = ("AGENTS.md", ".swarm/instructions.md")
 INSTRUCTIONS_CAP = 20_000
@@ -108,7 +109,7 @@ class TypedTool:
             except (TypeError, ValueError) as exc:  # e.g. a circular structure
                 raise ToolError(f"{self.name} returned a value that cannot be sent as JSON: "
                                 f"{exc}") from exc
-        return _cap(result, output_cap)
+        return cap_middle(result, output_cap)
 
 
 class AgentFolder:
@@ -189,15 +190,6 @@ class AgentFolder:
 
 class _Skip(Exception):
     """A tool file that cannot be used; the message says why."""
-
-
-def _cap(text: str, cap: int) -> str:
-    """``text`` cut to its first and last ``cap // 2`` characters when longer than ``cap``."""
-    if len(text) <= cap:
-        return text
-    half = max(cap // 2, 1)
-    cut = len(text) - 2 * half
-    return f"{text[:half]}\n[... {cut} characters cut ...]\n{text[-half:]}"
 
 
 def _summary(path: Path) -> str:

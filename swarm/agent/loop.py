@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarm import telemetry
 from swarm.agent import compaction
@@ -37,6 +37,9 @@ from swarm.domain.session import Session
 from swarm.domain.spawn import SpawnCall
 from swarm.errors import Interrupted, Parked, ToolError, TurnLimitReached
 from swarm.text import plural
+
+if TYPE_CHECKING:  # the MCP SDK takes seconds to import: only agents with servers load it
+    from swarm.mcp_client.tools import McpTools
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,8 @@ class Agent:
     config: AgentConfig = field(default_factory=AgentConfig)
     spawner: Spawner | None = None
     """Offers the ``agent`` tool when set (berserk mode)."""
+    mcp: McpTools | None = None
+    """The tools of the agent's MCP servers (``mcp__<server>__<tool>``)."""
     guard: Callable[[], None] | None = None
     """Called before every save; raises to stop an agent that lost its session lock."""
     before_step: Callable[[Agent], None] | None = None
@@ -248,8 +253,11 @@ class Agent:
             return call.error
         summary = self.summary(call)
         if call.name not in ("load_skill", "leave_memory_hints"):
+            mcp = self.mcp.tools().get(call.name) if self.mcp is not None else None
             verdict = self.gate.check(ApprovalRequest(
-                call.name, call.arguments, summary, agent_id=self.config.agent_id))
+                call.name, call.arguments, summary, agent_id=self.config.agent_id,
+                read_only=mcp.read_only if mcp is not None else None,
+                destructive=mcp is not None and mcp.destructive))
             if not verdict.allowed:
                 return (f"denied: this call was not allowed ({verdict.reason}). "
                         "Do not retry it as it is; find another way or explain what you need.")
@@ -277,6 +285,8 @@ class Agent:
             if self.hints is not None:
                 self.hints.save(str(args["hints"]))
             return "Memory hints saved. The conversation is being compacted now."
+        if self.mcp is not None and call.name in self.mcp:
+            return self.mcp.call(call.name, args)
         return self._typed[call.name].call(args, self.env.workspace)
 
     # -- tools and context -----------------------------------------------------------------
@@ -289,6 +299,10 @@ class Agent:
         if self.spawner is not None:
             schemas.append(AGENT)
         schemas.extend(t.schema() for t in self._typed.values())
+        if self.mcp is not None:
+            schemas.extend(self.mcp.schemas())
+            for notice in self.mcp.notices():
+                self.observer.on_notice(notice)
         if self.crisis_index() is not None:
             schemas.append(LEAVE_MEMORY_HINTS)
         return {tool_name(s): s for s in schemas}

@@ -20,6 +20,12 @@ class ApprovalRequest:
     reason: str = ""
     """Why a person is asked (the policy, or what the reviewer said)."""
     agent_id: str = ""
+    read_only: bool | None = None
+    """What the tool says of itself (an MCP server's ``readOnlyHint``); None when it says
+    nothing (``run_cli``, typed tools): the ``review`` policy then asks the LLM reviewer."""
+    destructive: bool = False
+    """The tool says it may destroy (an MCP tool that is not read-only, unless its
+    ``destructiveHint`` is false)."""
 
 
 @dataclass(frozen=True)

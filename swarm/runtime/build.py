@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -31,11 +32,16 @@ from swarm.domain import history
 from swarm.domain.session import Session
 from swarm.errors import LockError
 from swarm.llm.client import LLMClient
+from swarm.mcp_client import config as mcp_config
+from swarm.mcp_client.config import McpConfig
 from swarm.store import keys
 from swarm.store.connection import Store, open_store
 from swarm.store.hints import HomeHints
 from swarm.store.locks import RedisLock
 from swarm.store.sessions import RedisSessionStore
+
+if TYPE_CHECKING:
+    from swarm.mcp_client.tools import McpTools
 
 
 def new_session(workspace: Path, session_id: str = "") -> Session:
@@ -80,11 +86,14 @@ def build_agent(
     cancel: threading.Event | None = None,
     guard: Callable[[], None] | None = None,
     before_step: Callable[[Agent], None] | None = None,
+    mcp: McpConfig | None = None,
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
-    ``cancel`` kills a running command when set; ``guard`` and ``before_step`` are the
-    agent's (:class:`Agent`): the root's session lock, a child's limits."""
+    ``cancel`` kills a running command (and abandons an MCP call) when set; ``guard`` and
+    ``before_step`` are the agent's (:class:`Agent`): the root's session lock, a child's
+    limits. ``mcp`` lists its MCP servers (a root reads them from its folder, a child
+    inherits its swarm's)."""
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
@@ -107,7 +116,21 @@ def build_agent(
         spawner=spawner,
         guard=guard,
         before_step=before_step,
+        mcp=mcp_tools(settings, mcp, cancel) if mcp is not None else None,
     )
+
+
+def mcp_tools(settings: Settings, mcp: McpConfig, cancel: threading.Event | None
+              ) -> McpTools | None:
+    """The agent's MCP tools; None without servers, and then the MCP SDK (seconds to
+    import) is not loaded."""
+    if not (mcp.servers or mcp.problems):
+        return None
+    from swarm.mcp_client.tools import McpTools
+
+    return McpTools(mcp, log_dir=settings.home / "logs", output_cap=settings.output_cap,
+                    call_timeout=settings.command_timeout,
+                    start_timeout=settings.mcp_start_timeout, cancel=cancel)
 
 
 @dataclass
@@ -185,7 +208,7 @@ def local_agent(
                     hints=HomeHints(store.redis, settings.home), approver=approver,
                     observer=observer,
                     spawner=spawner(store, session) if spawner is not None else None,
-                    guard=guard)
+                    guard=guard, mcp=mcp_config.load(workspace, settings.home))
                 yield LocalRun(agent, store, sessions, resumed, repaired)
             finally:
                 model.close()

@@ -20,6 +20,7 @@ from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.session import Session
 from swarm.errors import Cancelled, Parked
+from swarm.mcp_client.config import McpConfig
 from swarm.runtime.local import LocalCluster, alive, wait_for
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store.approvals import ApprovalQueue
@@ -31,7 +32,8 @@ from swarm.text import plural
 #: What the children inherit from the root's settings (never secrets).
 INHERITED = ("model", "base_url", "yes", "max_turns", "approval", "max_depth", "max_children",
              "max_parallel", "token_budget", "child_timeout", "command_timeout",
-             "command_timeout_max", "output_cap", "context_length", "stream", "approval_timeout")
+             "command_timeout_max", "output_cap", "context_length", "stream", "approval_timeout",
+             "mcp_start_timeout")
 #: Seconds to wait for a deployment's coordinator and workers to answer.
 ANSWER_TIMEOUT = 5.0
 
@@ -57,6 +59,9 @@ class RootSwarm:
     """The root left while its children go on (``swarm attach`` picks it up)."""
     model_id: str = ""
     """The model the root resolved; children use the same one."""
+    mcp: McpConfig = field(default_factory=McpConfig)
+    """The root's MCP servers, recorded with the swarm for its children (as configured:
+    ``${VAR}`` references, never their values)."""
     _last_event: str = field(default="0-0", init=False)
 
     def __post_init__(self) -> None:
@@ -74,7 +79,8 @@ class RootSwarm:
         inherited = self.inherited()
         if not self.ledger.swarm(self.swarm_id):
             self.ledger.create_swarm(self.swarm_id, self.swarm_id, self.session.workspace,
-                                     self.task, inherited, socket.gethostname(), self.session.id)
+                                     self.task, inherited, socket.gethostname(), self.session.id,
+                                     mcp=self.mcp.to_json())
         self.ensure_runtime()
 
     def ensure_runtime(self) -> None:
@@ -106,6 +112,8 @@ class RootSwarm:
         """``agent.run(task)``, parking and resuming as often as the model goes berserk."""
         self.task = task
         self.model_id = agent.model.model
+        if agent.mcp is not None:
+            self.mcp = agent.mcp.config
         try:
             return agent.run(task)
         except Parked as parked:

@@ -64,7 +64,8 @@ COORDINATORS = "coordinators"
 
 
 def swarm(swarm_id: str) -> str:
-    """Hash: one swarm (root agent, workspace, task, settings that children inherit, state)."""
+    """Hash: one swarm (root agent, workspace, task, settings and MCP servers that children
+    inherit, state)."""
     return f"{PREFIX}swarm:{swarm_id}"
 
 

@@ -389,17 +389,21 @@ class Ledger:
     def create_swarm(self, swarm_id: str, root_id: str, workspace: str, task: str,
                      settings: dict[str, Any], host: str, session_id: str,
                      kind: str = "root", state: str = "running",
-                     job: RunRecord | None = None, source: str = "") -> None:
+                     job: RunRecord | None = None, source: str = "",
+                     mcp: dict[str, Any] | None = None) -> None:
         """Create a swarm and its root agent (idempotent). ``kind`` is ``root`` for a root
         in a terminal, ``job`` for a root that runs as a task (HTTP jobs, schedules),
-        whose queued ``job`` run is written in the same transaction."""
+        whose queued ``job`` run is written in the same transaction. ``mcp`` is the root's
+        MCP configuration for its children (a job's root records its own when it starts:
+        :meth:`record_mcp`)."""
         now = time.time()
         with self.redis.pipeline() as pipe:
             pipe.hsetnx(keys.swarm(swarm_id), "id", swarm_id)
             pipe.hset(keys.swarm(swarm_id), mapping={
                 "root": root_id, "workspace": workspace, "task": task[:500],
                 "settings": json.dumps(settings), "created": now, "state": "running",
-                **({"source": source} if source else {})})
+                **({"source": source} if source else {}),
+                **({"mcp": json.dumps(mcp)} if mcp is not None else {})})
             pipe.zadd(keys.swarms_index(), {swarm_id: now}, nx=True)
             pipe.hset(keys.agent(root_id), mapping={
                 "id": root_id, "swarm": swarm_id, "parent": "", "depth": 0, "kind": kind,
@@ -431,6 +435,20 @@ class Ledger:
     def swarm_settings(self, swarm_id: str) -> dict[str, Any]:
         raw = self.redis.hget(keys.swarm(swarm_id), "settings")
         return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else {}
+
+    def swarm_mcp(self, swarm_id: str) -> dict[str, Any] | None:
+        """The MCP configuration recorded with the swarm; None before it is recorded."""
+        raw = self.redis.hget(keys.swarm(swarm_id), "mcp")
+        return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else None
+
+    def record_mcp(self, swarm_id: str, config: dict[str, Any]) -> dict[str, Any]:
+        """Record a job root's MCP configuration for its children, unless one is recorded
+        already (a replayed or taken-over root): returns the one recorded."""
+        with self.redis.pipeline() as pipe:
+            pipe.hsetnx(keys.swarm(swarm_id), "mcp", json.dumps(config))
+            pipe.hget(keys.swarm(swarm_id), "mcp")
+            _, raw = pipe.execute()
+        return cast("dict[str, Any]", json.loads(raw))
 
     def latest_swarm(self) -> str | None:
         ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), 0, 0))

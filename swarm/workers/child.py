@@ -34,6 +34,8 @@ from swarm.config import Settings
 from swarm.domain.history import repair
 from swarm.errors import AgentStopped, Cancelled, LeaseLost, ModelError, Parked
 from swarm.errors import StoreError as SwarmStoreError
+from swarm.mcp_client import config as mcp_config
+from swarm.mcp_client.config import McpConfig
 from swarm.runtime.build import build_agent, new_session
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store.approvals import ApprovalQueue, QueueApprover
@@ -71,6 +73,7 @@ class ChildRunner:
         self.supervisor = Supervisor(self.redis, self.settings.lease)
         self.models = ModelClients()
         self._settings: TTLCache[str, dict[str, Any]] = TTLCache(SETTINGS_TTL)
+        self._mcp: TTLCache[str, McpConfig] = TTLCache(SETTINGS_TTL)
 
     def run(self, run_id: str, *, resume: bool = False,
             send: Callable[..., None] | None = None, traceparent: str = "") -> dict[str, Any]:
@@ -173,6 +176,7 @@ class ChildRunner:
                 cancel=control.event,
                 guard=control.check_lease,
                 before_step=control.before_step,
+                mcp=self.mcp_servers(swarm_id, record, workspace.path, settings),
             )
             state, result = self._answer(agent, run, resume)
         except Parked:
@@ -252,6 +256,26 @@ class ChildRunner:
         :data:`SETTINGS_TTL` seconds per swarm: a fan-out's siblings share one read."""
         return self._settings.get_or_load(swarm_id,
                                           lambda: self.ledger.swarm_settings(swarm_id))
+
+    def mcp_servers(self, swarm_id: str, record: AgentRecord, workspace: Path,
+                    settings: Settings) -> McpConfig:
+        """The MCP servers recorded with the swarm (as configured, ``${VAR}`` unexpanded:
+        they expand from this worker's environment). A job's root reads them from its
+        workspace and ``SWARM_HOME`` and records them for its children."""
+        cached = self._mcp.get(swarm_id)
+        if cached is not None:
+            return cached
+        raw = self.ledger.swarm_mcp(swarm_id)
+        if raw is None and record.kind == "job":
+            read = mcp_config.load(workspace, settings.home)
+            for problem in read.problems:
+                log.warning("job %s: %s", swarm_id, problem)
+            raw = self.ledger.record_mcp(swarm_id, read.to_json())
+        if raw is None:  # a swarm from before swarms recorded their MCP servers
+            return McpConfig()
+        config = McpConfig.from_json(raw)
+        self._mcp.put(swarm_id, config)
+        return config
 
     def _workspace(self, record: AgentRecord, swarm_id: str) -> ws.Workspace:
         if record.workspace:
