@@ -30,7 +30,6 @@ from starlette.routing import Route
 from swarm import __version__
 from swarm.errors import ConfigError, RequestError, StoreError
 from swarm.serve.auth import UNAUTHORIZED
-from swarm.serve.mcp import McpEndpoint
 from swarm.serve.models import (
     ID_PATTERN,
     MAX_BODY,
@@ -148,6 +147,9 @@ def create_app(service: Service) -> FastAPI:
     if auth is None:
         raise ConfigError("the HTTP API needs its tokens: build the Service with an "
                           "Authenticator")
+    # The SDK takes a while to import: only a process that builds the app pays for it.
+    from swarm.serve.mcp import McpEndpoint
+
     mcp = McpEndpoint(service, auth)
     app = FastAPI(
         title="swarm", version=__version__, openapi_url=None, docs_url=None, redoc_url=None,
