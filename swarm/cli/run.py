@@ -68,8 +68,9 @@ def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: st
     about on the terminal (closed stdin denies); --yes approves everything.
 
     When the model calls the `agent` tool, its children run as Celery tasks: on the
-    embedded default, a coordinator and local workers are started for them and stopped
-    at the end.
+    embedded default, a coordinator and local workers start in the background as the
+    run starts (they boot while the model thinks) and stop on their own once the
+    answer is printed.
 
     Interrupted (Ctrl-C, a closed terminal): on the embedded default the children are
     cancelled with it; with SWARM_REDIS_URL they keep running on the deployment and
