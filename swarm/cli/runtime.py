@@ -50,12 +50,16 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     hide_from_proc(sys.argv[1:])
     settings = settings_from()
     # Every child's prompt names the tools' versions (once per process, ~0.3 s of
-    # subprocesses unless kept on disk) and checks calls with jsonschema: both are
-    # prepared while Celery starts, not when the first child needs them.
+    # subprocesses unless kept on disk): gathered while Celery starts. Checking a child's
+    # calls needs jsonschema (~0.1 s of CPU): imported once the worker is ready, so it
+    # does not delay that, and before a first child needs it.
     threading.Thread(target=tool_versions, args=(tools_cache(settings),), daemon=True,
                      name="probe").start()
-    tools.prewarm()
+    from celery.signals import worker_ready
+
     from swarm.broker.app import configure
+
+    worker_ready.connect(lambda **_: tools.prewarm(), weak=False)
 
     exit_with_parent()
     # Until Celery takes SIGTERM over, it unwinds: on the embedded default this process is a
