@@ -10,6 +10,8 @@ Parts (``--only NAME[,NAME]``):
 - ``workers``   the same N on 1, 2 and 4 worker processes, and on two "hosts"
 - ``redis``     Redis commands and bytes per child and turn, memory per 1,000 children, TTLs
 - ``mcp``       N children on one worker sharing one MCP server, beside one server per child
+- ``cold``      the real ``swarm run`` command from process start to exit: cold on the
+                embedded default and on a running deployment, phase by phase (bench.cold)
 
 ``--smoke`` runs a tiny size of each (about a minute; results go to ``*-smoke.json``).
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 from bench.common import RESULTS, log, neutral_env, results_dir, write_result
 
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold")
 MODULES = {"workers": "across", "redis": "redis_cost"}
 
 
@@ -44,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
                     "the model is a scripted OpenAI-compatible server in this process with a "
                     "fixed latency per answer. Prints tables, writes bench/results/*.json and "
                     "a plot (bench/results/scaling.png, when matplotlib is installed: "
-                    "pip install -e '.[bench]'). The full set takes about 8 minutes on 2 cores.",
+                    "pip install -e '.[bench]'). The full set takes about 10 minutes on 2 cores.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="parts: " + ", ".join(PARTS))
     p.add_argument("--smoke", action="store_true",
@@ -92,6 +94,16 @@ def parser() -> argparse.ArgumentParser:
                    "(default 64)")
     g.add_argument("--mcp-turns", type=int, default=1,
                    help="MCP calls per child (default 1)")
+    g = p.add_argument_group("cold")
+    g.add_argument("--cold-repeats", type=int, default=5,
+                   help="`swarm run` processes per row; medians are reported (default 5)")
+    g.add_argument("--cold-sizes", type=ints, default=[1, 50, 200],
+                   help="children of the cold jobs (default 1,50,200)")
+    g.add_argument("--cold-workers", type=int, default=4,
+                   help="--workers of the cold jobs with more than one child (default 4)")
+    g.add_argument("--cold-ab", type=Path, default=None, metavar="SRC",
+                   help="alternate every cold job with one of the swarm in source tree SRC "
+                        "(e.g. `git worktree add /tmp/base HEAD~1`): an A/B in one run")
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     p.add_argument("--results", type=Path, default=None,
                    help="directory for the JSON and PNG (default bench/results/)")
@@ -101,7 +113,8 @@ def parser() -> argparse.ArgumentParser:
 SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 2,
          "repeat_max": 1, "latency": 0.05,
          "turns": 2, "workers": 1, "concurrency": 16, "processes_n": 3, "memory_sizes": [5],
-         "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "mcp_n": 3}
+         "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "mcp_n": 3,
+         "cold_repeats": 1, "cold_sizes": [1, 3], "cold_workers": 1}
 
 
 def display(path: Path) -> str:

@@ -19,6 +19,22 @@ SECRET_VARS = ("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY", "SWARM_REDIS_UR
 FD_VAR = "SWARM_SECRETS_FD"
 
 
+def handover(env: dict[str, str]) -> tuple[dict[str, str], int | None]:
+    """For a process about to be started that calls :func:`hide_from_proc`: ``env`` without
+    the secret variables, and the read end of a pipe holding them (pass it to the process
+    with ``pass_fds``, then close it), so it need not re-execute itself to hide them.
+    (``env``, None) when there is no secret."""
+    found = {name: env[name] for name in SECRET_VARS if env.get(name)}
+    if not found:
+        return env, None
+    read, write = os.pipe()
+    os.write(write, json.dumps(found).encode())  # a few hundred bytes: fits the pipe buffer
+    os.close(write)
+    out = {k: v for k, v in env.items() if k not in found}
+    out[FD_VAR] = str(read)
+    return out, read
+
+
 def hide_from_proc(argv: list[str]) -> None:
     """Re-exec ``python -m swarm *argv`` without secrets in the environment, or, in the
     re-executed process, take them back from the pipe. Returns when that is done."""
@@ -27,15 +43,10 @@ def hide_from_proc(argv: list[str]) -> None:
         with os.fdopen(int(fd), "r") as pipe:
             os.environ.update(json.load(pipe))
         return
-    found = {name: os.environ[name] for name in SECRET_VARS if os.environ.get(name)}
-    if not found:
+    env, read = handover(dict(os.environ))
+    if read is None:
         return
-    read, write = os.pipe()
-    os.write(write, json.dumps(found).encode())  # a few hundred bytes: fits the pipe buffer
-    os.close(write)
     os.set_inheritable(read, True)
-    env = {k: v for k, v in os.environ.items() if k not in found}
-    env[FD_VAR] = str(read)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "swarm", *argv], env)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold")
 
 pytestmark = [
     pytest.mark.slow,
@@ -43,10 +43,13 @@ def test_bench_smoke_runs_every_part(tmp_path: Path) -> None:
     assert all(j["wall"] > 0 for j in scaling["jobs"])
     # smoke: N=1 twice (the median job of the two reported), N=4 above --repeat-max, once
     assert [len(j["walls"]) for j in scaling["jobs"]] == [2, 1]
+    cold = json.loads((tmp_path / "cold-smoke.json").read_text())
+    assert set(cold["rows"]) == {"cold_1", "cold_3", "warm_1"}
+    assert all(r["wall"] > 0 for r in cold["rows"].values())
     processes = json.loads((tmp_path / "processes-smoke.json").read_text())
     assert len(processes["ways"]) == 4
     for heading in ("1. spawn", "2. scaling", "3. the same job", "4. memory",
-                    "5. across workers", "6. Redis cost"):
+                    "5. across workers", "6. Redis cost", "7. cold start"):
         assert heading in done.stdout, done.stdout[-3000:]
     try:
         import matplotlib  # noqa: F401

@@ -160,16 +160,17 @@ def test_berserk_on_the_embedded_default_starts_and_stops_everything(
     assert result.returncode == 0, result.stderr
     assert result.stdout == "3 children answered\n"
     assert result.stderr.count("] done") == 3
-    # Coordinator, worker and server were started for the job and are gone with it.
-    assert not EmbeddedServer(home).status().running
+    # Coordinator, worker and server were started for the job and stop on their own once
+    # it has answered (the command does not wait for them).
+    wait_until(lambda: not EmbeddedServer(home).status().running, "the server to stop")
     import re
 
     worker_log = (home / "logs" / "worker-0.log").read_text()
     cli_pid = re.search(r"local0-(\d+)@", worker_log)
     assert cli_pid, worker_log[-2000:]
-    leftovers = subprocess.run(["pgrep", "-f", f"-{cli_pid.group(1)}@"],
-                               capture_output=True, text=True).stdout
-    assert leftovers == ""
+    wait_until(lambda: subprocess.run(["pgrep", "-f", f"-{cli_pid.group(1)}@"],
+                                      capture_output=True, text=True).stdout == "",
+               "the local coordinator and worker to stop")
     for log in (home / "logs").glob("*.log"):
         assert "Traceback" not in log.read_text(), log.read_text()[-2000:]
     # A second job right after: the first one's workers are gone, so it starts its own

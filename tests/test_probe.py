@@ -81,3 +81,26 @@ def test_tool_versions_probed_once_per_process(
     assert probe.probe_runs == runs + 1
     (tmp_path / "new_file").touch()
     assert "new_file" in probe_environment(tmp_path)  # the listing is not cached
+
+
+def test_tool_versions_kept_on_disk_until_a_tool_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir, cache = tmp_path / "bin", tmp_path / "home" / "cache" / "tools.json"
+    bin_dir.mkdir()
+    tool = bin_dir / "jq"
+    tool.write_text("#!/bin/sh\necho jq-9.9\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    probe.clear_cache()
+    runs = probe.probe_runs
+    assert probe.tool_versions(cache) == {"jq": "jq-9.9"}
+    assert probe.probe_runs == runs + 1 and cache.exists()
+    probe.clear_cache()  # a new process: only the file remembers
+    assert probe.tool_versions(cache) == {"jq": "jq-9.9"}
+    assert probe.probe_runs == runs + 1  # not probed again
+    tool.write_text("#!/bin/sh\necho jq-10.0 upgraded\n")  # another size: a new tool
+    probe.clear_cache()
+    assert probe.tool_versions(cache) == {"jq": "jq-10.0 upgraded"}
+    assert probe.probe_runs == runs + 2
+    probe.clear_cache()

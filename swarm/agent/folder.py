@@ -19,12 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
-
-import jsonschema
+from typing import TYPE_CHECKING, Any, Literal
 
 from swarm.errors import ToolError
 from swarm.text import cap_middle
+
+if TYPE_CHECKING:  # jsonschema is imported when a tool is checked (see swarm.agent.tools)
+    import jsonschema
 
 INSTRUCTION_FILES = ("AGENTS.md", ".swarm/instructions.md")
 INSTRUCTIONS_CAP = 20_000
@@ -73,7 +74,9 @@ class TypedTool:
     @cached_property
     def _validator(self) -> jsonschema.Draft202012Validator:
         # Built once: jsonschema.validate() would check the schema itself on every call.
-        return jsonschema.Draft202012Validator(self.parameters)
+        from jsonschema import Draft202012Validator
+
+        return Draft202012Validator(self.parameters)
 
     def call(self, arguments: dict[str, Any], workspace: Path, *,
              output_cap: int = OUTPUT_CAP) -> str:
@@ -89,7 +92,9 @@ class TypedTool:
             raise ToolError(f"{self.name}: arguments must be a JSON object")
         required = set(self.parameters.get("required", []))
         kwargs = {k: v for k, v in arguments.items() if v is not None or k in required}
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(kwargs))
+        from jsonschema.exceptions import best_match
+
+        error = best_match(self._validator.iter_errors(kwargs))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path)
             raise ToolError(
@@ -222,9 +227,11 @@ def _load_tool(path: Path) -> TypedTool:
     if override is not None:
         if not isinstance(override, dict):
             raise _Skip("PARAMETERS must be a dict holding a JSON schema")
+        from jsonschema import Draft202012Validator, SchemaError
+
         try:
-            jsonschema.Draft202012Validator.check_schema(override)
-        except jsonschema.SchemaError as exc:
+            Draft202012Validator.check_schema(override)
+        except SchemaError as exc:
             raise _Skip(f"PARAMETERS is not a valid JSON schema: {exc.message}") from None
         parameters = override
     else:

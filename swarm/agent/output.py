@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 SCHEMA_PROMPT = """
 
 Your final answer must be ONLY a JSON value (no prose, no code fences) that matches this JSON
@@ -40,6 +38,8 @@ def check_output(answer: str, schema: dict[str, Any]) -> tuple[Any, str]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, f"the answer is not JSON ({exc.msg} at char {exc.pos})"
+    from jsonschema import Draft202012Validator
+
     errors = sorted(Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))
     if errors:
         return None, "; ".join(

@@ -2,12 +2,17 @@
 
 Tool versions are probed once per process (and PATH) and cached: a worker running
 many agents in threads must not re-run a dozen ``--version`` commands per child.
+Given a cache file (``SWARM_HOME/cache/tools.json``), they are also kept on disk, keyed
+by PATH and by each tool's resolved path, size and modification time, so the next
+process starts without the ~0.3 s of subprocesses unless a tool changed.
 The date and the workspace listing are read fresh every time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import getpass
+import json
 import os
 import platform
 import shutil
@@ -71,8 +76,45 @@ def _version(path: str, args: tuple[str, ...]) -> str:
     return line[:_LINE_MAX]
 
 
-def tool_versions() -> dict[str, str]:
-    """``{tool: first line of its version output}`` for the tools found on PATH; cached."""
+#: PATHs whose tool versions a cache file keeps (the most recent ones).
+DISK_KEEP = 8
+
+
+def _stamp(path: str) -> str:
+    """What changes when the tool at ``path`` is replaced: its target, size and mtime."""
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return ""
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _read_disk(cache_file: Path) -> dict[str, dict[str, dict[str, str]]]:
+    try:
+        data = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_disk(cache_file: Path, key: str, stamps: dict[str, str],
+                versions: dict[str, str]) -> None:
+    data = _read_disk(cache_file)
+    data.pop(key, None)
+    data[key] = {"stamps": stamps, "versions": versions}
+    for old in list(data)[:-DISK_KEEP]:
+        del data[old]
+    with contextlib.suppress(OSError):  # a cache: never worth failing for
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, cache_file)
+
+
+def tool_versions(cache_file: Path | None = None) -> dict[str, str]:
+    """``{tool: first line of its version output}`` for the tools found on PATH; cached
+    in the process, and in ``cache_file`` when given (see the module's docstring)."""
     global probe_runs
     key = os.environ.get("PATH", "")
     with _cache_lock:  # held while probing so concurrent first callers probe only once
@@ -80,10 +122,18 @@ def tool_versions() -> dict[str, str]:
         if cached is not None:
             return cached
         found = {name: p for name in TOOLS if (p := shutil.which(name, path=key))}
-        with ThreadPoolExecutor(max_workers=max(len(found), 1)) as pool:
-            futures = {name: pool.submit(_version, p, TOOLS[name]) for name, p in found.items()}
-        versions = {name: f.result() or "(version unknown)" for name, f in futures.items()}
-        probe_runs += 1
+        stamps = {name: _stamp(p) for name, p in found.items()}
+        kept = _read_disk(cache_file).get(key) if cache_file is not None else None
+        if kept and kept.get("stamps") == stamps and isinstance(kept.get("versions"), dict):
+            versions = dict(kept["versions"])
+        else:
+            with ThreadPoolExecutor(max_workers=max(len(found), 1)) as pool:
+                futures = {name: pool.submit(_version, p, TOOLS[name])
+                           for name, p in found.items()}
+            versions = {name: f.result() or "(version unknown)" for name, f in futures.items()}
+            probe_runs += 1
+            if cache_file is not None:
+                _write_disk(cache_file, key, stamps, versions)
         _cache[key] = versions
         return versions
 
@@ -150,9 +200,10 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def probe_environment(workspace: Path) -> str:
-    """The environment block of the system prompt: date, OS, shell, user, tools, workspace."""
-    versions = tool_versions()
+def probe_environment(workspace: Path, cache_file: Path | None = None) -> str:
+    """The environment block of the system prompt: date, OS, shell, user, tools, workspace
+    (``cache_file``: see :func:`tool_versions`)."""
+    versions = tool_versions(cache_file)
     now = datetime.now().astimezone()
     lines = [
         f"date: {now:%A %Y-%m-%d %H:%M:%S} {now.tzname()} (UTC{now:%z})",

@@ -70,6 +70,11 @@ def configure(redis_url: str) -> Celery:
     return app
 
 
+def store_url() -> str:
+    """The Redis URL the app points at, as swarm spells it (``unix://`` for a socket)."""
+    return str(app.conf.broker_url or "").replace("redis+socket://", "unix://")
+
+
 if os.environ.get("SWARM_REDIS_URL"):
     configure(os.environ["SWARM_REDIS_URL"])
 
@@ -88,7 +93,7 @@ class _Heartbeat:
         from swarm.store.connection import connect
 
         self.key = keys.heartbeat("worker", str(getattr(sender, "hostname", "worker")))
-        self.redis = connect(str(app.conf.broker_url).replace("redis+socket://", "unix://"))
+        self.redis = connect(store_url())
         threading.Thread(target=self.beat, name="swarm-heartbeat", daemon=True).start()
 
     def beat(self) -> None:

@@ -1,29 +1,66 @@
-"""The ``swarm`` group: every subcommand, registered in one place."""
+"""The ``swarm`` group: every subcommand, registered in one place.
+
+A subcommand's module is imported when that subcommand runs (or ``--help`` lists them
+all): ``swarm run`` never pays for the imports of ``swarm serve`` or ``swarm worker``
+(Celery, FastAPI), so it reaches its first model request sooner.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import click
 
 from swarm import __version__
-from swarm.cli import (
-    chat,
-    control,
-    demo,
-    logs,
-    report,
-    run,
-    runtime,
-    schedule,
-    serve,
-    sessions,
-    status,
-)
 from swarm.cli.options import CONTEXT
 
+#: Subcommand name -> (module under swarm.cli, attribute).
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run", "run"),
+    "attach": ("run", "attach"),
+    "chat": ("chat", "chat"),
+    "sessions": ("sessions", "sessions"),
+    "status": ("status", "status"),
+    "top": ("status", "top"),
+    "logs": ("logs", "logs"),
+    "report": ("report", "report"),
+    "worker": ("runtime", "worker"),
+    "coordinator": ("runtime", "coordinator"),
+    "flower": ("runtime", "flower"),
+    "demo": ("demo", "demo"),
+    "cancel": ("control", "cancel"),
+    "approve": ("control", "approve"),
+    "serve": ("serve", "serve"),
+    "token": ("serve", "token"),
+    "mcp": ("serve", "mcp"),
+    "schedule": ("schedule", "schedule"),
+    "beat": ("schedule", "beat"),
+}
 
-@click.group(context_settings=CONTEXT)
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported by name, when used."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = SUBCOMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module = importlib.import_module(f"swarm.cli.{target[0]}")
+        command: click.Command = getattr(module, target[1])
+        return command
+
+    def all_commands(self) -> dict[str, click.Command]:
+        """Every subcommand by name (imports them all)."""
+        ctx = click.Context(self)
+        found = {name: self.get_command(ctx, name) for name in self.list_commands(ctx)}
+        return {name: command for name, command in found.items() if command is not None}
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(__version__, "-V", "--version")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug) to stderr.")
 def main(verbose: int) -> None:
@@ -37,23 +74,3 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
-
-
-main.add_command(run.run)
-main.add_command(run.attach)
-main.add_command(chat.chat)
-main.add_command(sessions.sessions)
-main.add_command(status.status)
-for command in (status.top, logs.logs, report.report):
-    main.add_command(command)
-main.add_command(runtime.worker)
-main.add_command(runtime.coordinator)
-main.add_command(runtime.flower)
-main.add_command(demo.demo)
-main.add_command(control.cancel)
-main.add_command(control.approve)
-main.add_command(serve.serve)
-main.add_command(serve.token)
-main.add_command(serve.mcp)
-main.add_command(schedule.schedule)
-main.add_command(schedule.beat)

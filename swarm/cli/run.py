@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from swarm import telemetry
+from swarm.agent import tools
 from swarm.agent.approval import TerminalApprover
 from swarm.agent.protocols import Spawner
-from swarm.cli.live import LiveTree
 from swarm.cli.options import Abort, agent_options, handle_errors, interrupt_on_term, settings_from
 from swarm.cli.render import TerminalView, same_destination
 from swarm.config import Settings
@@ -21,6 +22,9 @@ from swarm.runtime.build import local_agent
 from swarm.runtime.root import RootSwarm
 from swarm.store.connection import Store, open_store
 from swarm.store.ledger import Ledger
+
+if TYPE_CHECKING:  # rich: imported when the swarm is first shown
+    from swarm.cli.live import LiveTree
 
 EXIT_TURN_LIMIT = 3
 EXIT_CANCELLED = 4
@@ -64,8 +68,9 @@ def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: st
     about on the terminal (closed stdin denies); --yes approves everything.
 
     When the model calls the `agent` tool, its children run as Celery tasks: on the
-    embedded default, a coordinator and local workers are started for them and stopped
-    at the end.
+    embedded default, a coordinator and local workers start in the background as the
+    run starts (they boot while the model thinks) and stop on their own once the
+    answer is printed.
 
     Interrupted (Ctrl-C, a closed terminal): on the embedded default the children are
     cancelled with it; with SWARM_REDIS_URL they keep running on the deployment and
@@ -107,47 +112,59 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
         # they wait for `swarm approve` (and are denied when no one answers in time).
         root = RootSwarm(settings, store, workers=workers, swarm_id=attach)
         roots.append(root)
+        root.prestart()  # local workers boot while the model thinks
         spawner = root.spawner(store, session)
-        tree = view.swarm_view(store.redis, root.swarm_id)
-        trees.append(tree)
-        root.on_event = tree.on_swarm_event
+
+        def tree() -> LiveTree:
+            # Made with the swarm's first event: a job that never fans out needs no tree
+            # (nor rich), and the first spawn is written before it is drawn.
+            if not trees:
+                trees.append(view.swarm_view(store.redis, root.swarm_id))
+            return trees[0]
+
+        root.on_event = lambda event: tree().on_swarm_event(event)
         root.notice = view.on_notice
         if sys.stdin.isatty():
 
             def ask(request: ApprovalRequest) -> Decision:
-                tree.pause()  # stop drawing before the prompt
+                tree().pause()  # stop drawing before the prompt
                 return approver(request).decision
 
             root.ask = ask
         return spawner
 
-    with local_agent(settings, workspace, approver=approver, observer=view,
-                     new=new, spawner=spawner, keep_parked=bool(attach)) as local:
-        root = roots[0]
-        if local.repaired:
-            view.on_notice("the last run stopped mid-step; its unfinished tool calls were "
-                           "marked interrupted")
-        state = "failed"
-        try:
-            with telemetry.span("swarm", task=task[:200], workspace=str(workspace)):
-                answer = (root.attach(local.agent, local.sessions) if attach
-                          else root.run(local.agent, task, local.sessions))
-            state = "done"
-        except TurnLimitReached as exc:
-            raise TurnLimitExit(str(exc)) from None
-        except Cancelled as exc:
-            state = "cancelled"
-            raise CancelledExit(f"{exc}; the session is saved") from None
-        except (Interrupted, KeyboardInterrupt):
-            state = "cancelled"
-            raise InterruptedExit(
-                "interrupted; the session is saved" + root.on_interrupt()) from None
-        finally:
-            for tree in trees:
-                tree.close()
-            root.finish(state)
+    try:
+        with local_agent(settings, workspace, approver=approver, observer=view,
+                         new=new, spawner=spawner, keep_parked=bool(attach)) as local:
+            root = roots[0]
+            if local.repaired:
+                view.on_notice("the last run stopped mid-step; its unfinished tool calls "
+                               "were marked interrupted")
+            state = "failed"
+            tools.prewarm()  # while the model thinks about its first answer
+            try:
+                with telemetry.span("swarm", task=task[:200], workspace=str(workspace)):
+                    answer = (root.attach(local.agent, local.sessions) if attach
+                              else root.run(local.agent, task, local.sessions))
+                state = "done"
+            except TurnLimitReached as exc:
+                raise TurnLimitExit(str(exc)) from None
+            except Cancelled as exc:
+                state = "cancelled"
+                raise CancelledExit(f"{exc}; the session is saved") from None
+            except (Interrupted, KeyboardInterrupt):
+                state = "cancelled"
+                raise InterruptedExit(
+                    "interrupted; the session is saved" + root.on_interrupt()) from None
+            finally:
+                for tree in trees:
+                    tree.close()
+                root.finish(state)
+                root.close()  # before the store closes: the local processes are told
+                telemetry.flush()
+    finally:
+        for root in roots:  # also when the agent could not be built (say, a wrong model id)
             root.close()
-            telemetry.flush()
     return answer
 
 

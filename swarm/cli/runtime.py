@@ -11,7 +11,7 @@ from types import FrameType
 
 import click
 
-from swarm.cli.options import Abort, handle_errors, settings_from
+from swarm.cli.options import Abort, handle_errors, interrupt_on_term, settings_from
 from swarm.store import keys
 from swarm.store.connection import open_store
 
@@ -37,7 +37,11 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     Start one on every machine that should work for the swarm; each needs the model
     settings (SWARM_BASE_URL, SWARM_API_KEY, ...) in its own environment.
     """
-    from swarm.broker.app import configure
+    import threading
+
+    from swarm.agent import tools
+    from swarm.agent.probe import tool_versions
+    from swarm.runtime.build import tools_cache
     from swarm.runtime.local import exit_with_parent
     from swarm.secrets import hide_from_proc
 
@@ -45,7 +49,22 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     # out of what they can read in /proc/$PPID/environ.
     hide_from_proc(sys.argv[1:])
     settings = settings_from()
+    # Every child's prompt names the tools' versions (once per process, ~0.3 s of
+    # subprocesses unless kept on disk): gathered while Celery starts. Checking a child's
+    # calls needs jsonschema (~0.1 s of CPU): imported once the worker is ready, so it
+    # does not delay that, and before a first child needs it.
+    threading.Thread(target=tool_versions, args=(tools_cache(settings),), daemon=True,
+                     name="probe").start()
+    from celery.signals import worker_ready
+
+    from swarm.broker.app import configure
+
+    worker_ready.connect(lambda **_: tools.prewarm(), weak=False)
+
     exit_with_parent()
+    # Until Celery takes SIGTERM over, it unwinds: on the embedded default this process is a
+    # user of the server, and the last user to leave stops it.
+    interrupt_on_term()
     with open_store(settings) as store:
         app = configure(store.url)
         app.worker_main([
@@ -72,6 +91,7 @@ def coordinator(name: str | None) -> None:
     logging.getLogger("swarm").setLevel(logging.INFO)
     settings = settings_from()
     exit_with_parent()
+    interrupt_on_term()  # until the service's own handler: leave the server as its user
     with open_store(settings) as store:
         service = Coordinator(store.redis, configure(store.url), settings,
                               name=name or socket.gethostname())

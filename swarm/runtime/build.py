@@ -50,14 +50,19 @@ def new_session(workspace: Path, session_id: str = "") -> Session:
                    workspace=str(workspace), messages=[], usage={}, created=now, updated=now)
 
 
-def prompt_builder(workspace: Path, folder: AgentFolder, extra: str = ""
-                   ) -> Callable[[str], str]:
+def tools_cache(settings: Settings) -> Path:
+    """Where the tools' versions are kept between processes (see swarm.agent.probe)."""
+    return settings.home / "cache" / "tools.json"
+
+
+def prompt_builder(workspace: Path, folder: AgentFolder, extra: str = "",
+                   tools_file: Path | None = None) -> Callable[[str], str]:
     """A function of the memory hints that gives the whole system prompt.
 
     The environment probe and the agent folder are read once per agent, not per turn.
     """
     parts = PromptParts(
-        environment=probe_environment(workspace),
+        environment=probe_environment(workspace, tools_file),
         instructions=folder.instructions(),
         skills=[(s.name, s.summary) for s in folder.skills()],
         tool_errors=folder.typed_tools()[1],
@@ -101,7 +106,7 @@ def build_agent(
                              sandbox=settings.sandbox, network=settings.sandbox_network),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
-        system_prompt=prompt_builder(workspace, folder, extra_prompt),
+        system_prompt=prompt_builder(workspace, folder, extra_prompt, tools_cache(settings)),
         store=store,
         hints=hints,
         folder=folder,
@@ -174,7 +179,8 @@ def local_agent(
     workspace = workspace.resolve()
     # The probe's tool versions take ~0.3 s of subprocesses: gather them while the store
     # starts and the model is looked up.
-    threading.Thread(target=tool_versions, daemon=True, name="probe").start()
+    threading.Thread(target=tool_versions, args=(tools_cache(settings),), daemon=True,
+                     name="probe").start()
     with open_store(settings) as store:
         sessions = RedisSessionStore(store.redis, ttl=settings.session_ttl)
         session_id = keys.session_id_for(str(workspace))
@@ -199,6 +205,8 @@ def local_agent(
                 session.messages = history.repair(session.messages)
                 session.parked = ""
                 repaired = True
+            # Before the model is looked up: a spawner may start processes in the background.
+            made = spawner(store, session) if spawner is not None else None
             model = LLMClient.from_settings(settings)
             try:
                 model.resolve_model()
@@ -206,9 +214,8 @@ def local_agent(
                 agent = build_agent(
                     settings, workspace, model, session, store=sessions,
                     hints=HomeHints(store.redis, settings.home), approver=approver,
-                    observer=observer,
-                    spawner=spawner(store, session) if spawner is not None else None,
-                    guard=guard, mcp=mcp_config.load(workspace, settings.home))
+                    observer=observer, spawner=made, guard=guard,
+                    mcp=mcp_config.load(workspace, settings.home))
                 yield LocalRun(agent, store, sessions, resumed, repaired)
             finally:
                 model.close()

@@ -1,8 +1,10 @@
 """Local processes for the embedded default: one coordinator and N worker processes.
 
-``swarm run`` starts them the first time its agent goes berserk (a job that never
-calls ``agent`` starts nothing) and stops them when it exits. Their logs go to
-``SWARM_HOME/logs/``.
+``swarm run`` starts them in the background as it starts (they boot while the model
+thinks about its first answer) and lets them go when it exits: :meth:`LocalCluster.release`
+signals them and returns at once; they stop on their own, the embedded server after the
+last of them (they are its users, like the ``swarm run`` that started them). Their logs go
+to ``SWARM_HOME/logs/``.
 """
 
 from __future__ import annotations
@@ -30,18 +32,34 @@ log = logging.getLogger(__name__)
 STOP_GRACE = 5.0
 
 
+#: Heartbeat names of the processes a ``swarm run`` starts for itself start with this.
+LOCAL_PREFIX = "local"
+
+
 def alive(redis_: redis.Redis, kind: str) -> list[str]:
     """Names of live coordinators or workers (``kind``), from their heartbeat keys."""
     prefix = keys.heartbeat(kind, "")
     return sorted(str(k)[len(prefix):] for k in redis_.scan_iter(match=prefix + "*", count=200))
 
 
+def shared(names: list[str]) -> list[str]:
+    """The names that are not another ``swarm run``'s own local processes (those stop
+    with their run, so no other run can count on them)."""
+    return [n for n in names if not n.startswith(LOCAL_PREFIX)]
+
+
 def wait_for(redis_: redis.Redis, timeout: float,
-             procs: list[subprocess.Popen[bytes]] | None = None) -> None:
-    """Wait until a coordinator and a worker answer; raise :class:`RuntimeUnavailable`."""
+             procs: list[subprocess.Popen[bytes]] | None = None,
+             names: list[tuple[str, str]] | None = None) -> None:
+    """Wait until a coordinator and a worker answer (``names``: these (kind, name) ones);
+    raise :class:`RuntimeUnavailable`."""
     deadline = time.monotonic() + timeout
     while True:
-        missing = [k for k in ("coordinator", "worker") if not alive(redis_, k)]
+        if names:
+            here = redis_.exists(*(keys.heartbeat(k, n) for k, n in names))
+            missing = [] if here == len(names) else sorted({k for k, _ in names})
+        else:
+            missing = [k for k in ("coordinator", "worker") if not alive(redis_, k)]
         if not missing:
             return
         for proc in procs or []:
@@ -54,17 +72,23 @@ def wait_for(redis_: redis.Redis, timeout: float,
                 f"no {' and no '.join(missing)} answered within {timeout:.0f} s on this Redis. "
                 "Start them (`swarm coordinator`, `swarm worker`) where SWARM_REDIS_URL points, "
                 "or pass --workers N to run local ones")
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
 class LocalCluster:
-    """A coordinator and ``workers`` worker processes on ``redis_url``."""
+    """A coordinator and ``workers`` worker processes on ``redis_url``.
+
+    ``embedded``: ``redis_url`` is the embedded server of ``home``, which the processes then
+    use as its users (through ``SWARM_HOME``, not ``SWARM_REDIS_URL``): the server stays up
+    until the last of them has stopped, so :meth:`release` need not wait for them.
+    """
 
     def __init__(self, redis_url: str, home: Path, workers: int = 1, concurrency: int = 64,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, embedded: bool = False) -> None:
         self.extra_env = dict(env or {})
         """Set in the processes' environment on top of this one's (tests plant keys here)."""
         self.redis_url = redis_url
+        self.embedded = embedded
         self.home = home
         self.workers = max(1, workers)
         self.concurrency = max(1, concurrency)
@@ -72,27 +96,58 @@ class LocalCluster:
         self.names: list[tuple[str, str]] = []
         self._logs: list[IO[bytes]] = []
 
-    def _spawn(self, name: str, *args: str) -> None:
+    def _spawn(self, name: str, *args: str, secrets: bool = False) -> None:
+        """Start ``swarm ARGS``; ``secrets``: hand the secret variables over through a pipe
+        (as :func:`swarm.secrets.hide_from_proc` does), so it need not re-execute itself."""
+        from swarm.secrets import handover
+
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")  # noqa: SIM115  (closed in stop())
         self._logs.append(out)
-        env = {**os.environ, **self.extra_env, "SWARM_REDIS_URL": self.redis_url,
-               "SWARM_HOME": str(self.home), "SWARM_PARENT_PID": str(os.getpid())}
-        self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "swarm", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True))
+        env = {**os.environ, **self.extra_env, "SWARM_HOME": str(self.home),
+               "SWARM_PARENT_PID": str(os.getpid())}
+        if self.embedded:
+            env.pop("SWARM_REDIS_URL", None)
+        else:
+            env["SWARM_REDIS_URL"] = self.redis_url
+        fds: tuple[int, ...] = ()
+        if secrets:
+            env, fd = handover(env)
+            fds = (fd,) if fd is not None else ()
+        try:
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "swarm", *args], env=env, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def start(self) -> LocalCluster:
         host = socket.gethostname()
         pid = os.getpid()
-        self._spawn("coordinator", "coordinator", "--name", f"local-{pid}@{host}")
-        self.names = [("coordinator", f"local-{pid}@{host}")]
+        self._spawn("coordinator", "coordinator", "--name", f"{LOCAL_PREFIX}-{pid}@{host}")
+        self.names = [("coordinator", f"{LOCAL_PREFIX}-{pid}@{host}")]
         for i in range(self.workers):
             self._spawn(f"worker-{i}", "worker", "--concurrency", str(self.concurrency),
-                        "--hostname", f"local{i}-{pid}@{host}")
-            self.names.append(("worker", f"local{i}-{pid}@{host}"))
+                        "--hostname", f"{LOCAL_PREFIX}{i}-{pid}@{host}", secrets=True)
+            self.names.append(("worker", f"{LOCAL_PREFIX}{i}-{pid}@{host}"))
         return self
+
+    def release(self, redis_: redis.Redis) -> None:
+        """Let the processes go without waiting for them: nobody counts on them from now
+        on (their heartbeats are deleted) and they are told to stop (SIGTERM), which they
+        do on their own, finishing what they run (nothing, at the end of a job)."""
+        with contextlib.suppress(redis.RedisError):
+            redis_.delete(*(keys.heartbeat(kind, name) for kind, name in self.names))
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for out in self._logs:
+            out.close()
+        self.procs.clear()
+        self._logs.clear()
 
     def stop(self) -> None:
         """Stop every process: SIGTERM, then SIGKILL after :data:`STOP_GRACE` seconds."""

@@ -1,9 +1,10 @@
 """The root agent's side of berserk mode, in the user's terminal.
 
 The root creates its swarm the first time its model calls ``agent``, makes sure a
-coordinator and workers are there (starting local ones on the embedded default),
-parks while the children work — showing their progress — and carries on when the
-coordinator wakes it with their results.
+coordinator and workers are there (on the embedded default, local ones, which ``swarm
+run`` starts in the background as it starts: :meth:`RootSwarm.prestart`), parks while the
+children work — showing their progress — and carries on when the coordinator wakes it
+with their results.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.session import Session
 from swarm.errors import Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
-from swarm.runtime.local import LocalCluster, alive, wait_for
+from swarm.runtime.local import LocalCluster, alive, shared, wait_for
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import Outage, Store
@@ -83,21 +84,34 @@ class RootSwarm:
                                      mcp=self.mcp.to_json())
         self.ensure_runtime()
 
+    def local_workers(self) -> int:
+        """Local worker processes this root needs: ``workers`` if given; else, on the
+        embedded default, 1 unless a coordinator and a worker already serve this Redis
+        (another run's own local processes do not count: they stop with it)."""
+        if self.workers is not None:
+            return self.workers
+        if not self.store.embedded:
+            return 0
+        redis_ = self.store.redis
+        running = shared(alive(redis_, "coordinator")) and shared(alive(redis_, "worker"))
+        return 0 if running else 1
+
+    def prestart(self) -> None:
+        """Start the local coordinator and workers now, in the background, if this root
+        would need them: they boot while the model thinks, and are ready (or nearly) when
+        it first calls ``agent``. A job that never does lets them go at the end."""
+        if self.cluster is None and (workers := self.local_workers()):
+            self.cluster = LocalCluster(self.store.url, self.settings.home, workers,
+                                        self.settings.max_parallel,
+                                        embedded=self.store.embedded).start()
+
     def ensure_runtime(self) -> None:
         """Make sure a coordinator and workers serve this Redis (start local ones if asked)."""
-        redis_ = self.store.redis
-        if self.workers is None:
-            # Embedded default: start local processes unless some already serve this Redis.
-            running = alive(redis_, "coordinator") and alive(redis_, "worker")
-            workers = 1 if self.store.embedded and not running else 0
+        self.prestart()
+        if self.cluster is not None:
+            wait_for(self.store.redis, 30.0, self.cluster.procs, self.cluster.names)
         else:
-            workers = self.workers
-        if workers:
-            self.cluster = LocalCluster(self.store.url, self.settings.home, workers,
-                                        self.settings.max_parallel).start()
-            wait_for(redis_, 30.0, self.cluster.procs)
-        else:
-            wait_for(redis_, ANSWER_TIMEOUT)
+            wait_for(self.store.redis, ANSWER_TIMEOUT)
 
     def inherited(self) -> dict[str, Any]:
         """The root's settings its children use: those the user gave (flags, environment),
@@ -200,8 +214,9 @@ class RootSwarm:
             self.ledger.finish_swarm(self.swarm_id, state, root_id=self.swarm_id)
 
     def close(self) -> None:
+        """Let the local processes go (they stop on their own; the process need not wait)."""
         if self.cluster is not None:
-            self.cluster.stop()
+            self.cluster.release(self.store.redis)
             self.cluster = None
 
 

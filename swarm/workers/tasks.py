@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any
 
 from celery import Task
 
-from swarm.broker.app import app
+from swarm.broker.app import app, store_url
 from swarm.broker.events import BufferedEvents
 from swarm.config import Settings
 from swarm.store.connection import connect
@@ -22,7 +21,8 @@ log = logging.getLogger(__name__)
 def runner() -> ChildRunner:
     """The process's runner, built on first use from the worker's environment."""
     settings = Settings.from_env()
-    url = settings.redis_url or os.environ.get("SWARM_REDIS_URL", "")
+    # A local worker of the embedded default has no SWARM_REDIS_URL: the app knows the URL.
+    url = settings.redis_url or store_url()
     child_runner = ChildRunner(settings, connect(url))
     child_runner.supervisor.flush_hooks.append(_events.flush)
     return child_runner
