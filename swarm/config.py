@@ -91,8 +91,11 @@ KNOBS: dict[str, Knob] = {
     "reclaim_idle": Knob(("SWARM_RECLAIM_IDLE",),
                          "seconds before a dead coordinator's pending requests are taken over"),
     "sandbox": Knob(("SWARM_SANDBOX",),
-                    "run commands in bubblewrap: auto (when installed), bwrap, none"),
+                    "run commands in bubblewrap: auto (when a trial works), bwrap, none; "
+                    "workers default to auto, the root in a terminal to none"),
     "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",), "let sandboxed commands use the network"),
+    "sandbox_env": Knob(("SWARM_SANDBOX_ENV",),
+                        "comma-separated names of more variables sandboxed commands get"),
     "wait_notice": Knob(("SWARM_WAIT_NOTICE",),
                         "seconds between 'waiting for MODEL at URL' lines while the model is "
                         "silent and stderr is not a terminal; 0 = no waiting notices"),
@@ -169,6 +172,7 @@ class Settings:
     reclaim_idle: int = 15
     sandbox: str = "none"
     sandbox_network: bool = True
+    sandbox_env: str = ""
     wait_notice: float = 10.0
     explicit: frozenset[str] = frozenset()
     """The settings given by a flag, an environment variable or :meth:`with_` (not defaults)."""

@@ -89,7 +89,9 @@ def build_agent(
     return Agent(
         model=model,
         env=LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
-                             sandbox=settings.sandbox, network=settings.sandbox_network),
+                             sandbox=settings.sandbox, network=settings.sandbox_network,
+                             hide=(settings.home,), pass_env=tuple(
+                                 n.strip() for n in settings.sandbox_env.split(",") if n.strip())),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
         system_prompt=prompt_builder(workspace, folder, extra_prompt),
@@ -123,6 +125,12 @@ class LocalRun:
     @property
     def redis(self) -> redis.Redis:
         return self.store.redis
+
+    @property
+    def unconfined(self) -> str:
+        """A one-line notice when the root's commands run unconfined, else ""."""
+        env = self.agent.env
+        return env.choice.notice if isinstance(env, LocalEnvironment) else ""
 
 
 def owner_info(workspace: Path) -> dict[str, object]:

@@ -21,6 +21,7 @@ from typing import IO
 
 import redis
 
+from swarm import secrets
 from swarm.errors import RuntimeUnavailable, SwarmError
 from swarm.store import keys
 
@@ -79,9 +80,16 @@ class LocalCluster:
         self._logs.append(out)
         env = {**os.environ, **self.extra_env, "SWARM_REDIS_URL": self.redis_url,
                "SWARM_HOME": str(self.home), "SWARM_PARENT_PID": str(os.getpid())}
-        self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "swarm", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True))
+        # The secrets go by a pipe, never in the environment the process's /proc shows.
+        env, fd = secrets.handover(env)
+        try:
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "swarm", *args], env=env, stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=(fd,) if fd >= 0 else ()))
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def start(self) -> LocalCluster:
         host = socket.gethostname()
@@ -113,7 +121,8 @@ class LocalCluster:
             from swarm.store.connection import connect
 
             connect(self.redis_url, retries=0).delete(
-                *(keys.heartbeat(kind, name) for kind, name in self.names))
+                *(keys.heartbeat(kind, name) for kind, name in self.names),
+                *(keys.worker_sandbox(name) for kind, name in self.names if kind == "worker"))
         for out in self._logs:
             out.close()
         self.procs.clear()
