@@ -4,7 +4,8 @@ A sandboxed command runs (docs/deploy.md has the table of what is and is not con
 
 - as uid/gid 65534 in its own user namespace, with no capabilities and ``no_new_privs``, in
   its own session and pid/ipc/uts namespaces with a private ``/proc``, killed with its runner;
-- on a read-only filesystem but for the workspace, with a private ``/tmp``, ``/dev/shm``
+- on a read-only filesystem but for the workspace (a child also sees its parent's workspace,
+  read-only), with a private ``/tmp``, ``/dev/shm``
   and ``$HOME`` (tmpfs of :data:`TMP_SIZE` bytes each) and ``SWARM_HOME`` and ``/run``
   hidden under empty read-only tmpfs (the workspace is bound back when it lies under one);
 - under a seccomp filter: the calls of :data:`REFUSED` and ``clone`` of a namespace fail
@@ -135,14 +136,18 @@ def cgroup_base() -> Path | None:
     if os.geteuid() != 0:
         return None
     v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
-    if (v1 / "cgroup.procs").exists():
-        return v1
+    base = v1 if (v1 / "cgroup.procs").exists() else None
     try:
-        if "pids" in (v2 / "cgroup.subtree_control").read_text().split():
-            return v2
+        if base is None and "pids" in (v2 / "cgroup.subtree_control").read_text().split():
+            base = v2
     except OSError:
         pass
-    return None
+    if base is not None:  # those of processes killed mid-command
+        for old in base.glob("swarm-box-*-*"):
+            if not Path(f"/proc/{old.name.split('-')[2]}").exists():
+                with contextlib.suppress(OSError):
+                    old.rmdir()
+    return base
 
 
 def new_cgroup() -> Path | None:
@@ -199,6 +204,8 @@ class Box:
     home: str = ""
     """The runner's home, replaced by an empty private one (its keys, dotfiles and caches
     stay out of reach; tools installed under it too)."""
+    read_only: tuple[str, ...] = ()
+    """Folders shown read-only even where hidden (a child's parent's workspace)."""
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,
              cgroup: Path | None = None) -> list[str]:
@@ -221,6 +228,7 @@ class Box:
         # or SWARM_HOME hidden again inside a workspace that holds it. A hidden folder is
         # made read-only before anything is mounted in it (a remount reaches submounts).
         mounts = [(path, "hide") for path in hidden] + [(ws, "~bind")]
+        mounts += [(str(Path(p).resolve()), "ro") for p in self.read_only if os.path.isdir(p)]
         if self.home and os.path.isdir(self.home) and Path(self.home).resolve() != Path("/"):
             mounts.append((str(Path(self.home).resolve()), "home"))
         for path, kind in sorted(mounts, key=lambda m: (len(Path(m[0]).parts), m[1])):
@@ -228,6 +236,8 @@ class Box:
                 box += ["--bind", path, path]
             elif kind == "home":
                 box += ["--size", str(TMP_SIZE), "--tmpfs", path]
+            elif kind == "ro":
+                box += ["--ro-bind", path, path]
             else:
                 inside = Path(ws).is_relative_to(path) and ws != path
                 box += ["--tmpfs", path, *(["--dir", ws] if inside else []),
@@ -305,7 +315,7 @@ class Choice:
 
 
 def choose(mode: str, *, worker: bool = False, network: bool = True,
-           hide: Iterable[Path] = ()) -> Choice:
+           hide: Iterable[Path] = (), read_only: Iterable[Path] = ()) -> Choice:
     """The sandbox for ``SWARM_SANDBOX`` ``mode``. ``auto`` uses bubblewrap when the trial
     works; when it does not, a worker refuses children and a root runs unconfined with a
     notice. ``bwrap`` that does not work raises :class:`ConfigError` (refuses, on a worker)."""
@@ -318,7 +328,7 @@ def choose(mode: str, *, worker: bool = False, network: bool = True,
         binary = shutil.which("bwrap")
         assert binary is not None
         return Choice(Box(binary, network, tuple(str(p) for p in hide),
-                          os.environ.get("HOME", "")))
+                          os.environ.get("HOME", ""), tuple(str(p) for p in read_only)))
     if worker:
         return Choice(None, refuse=f"{found.reason}; or set SWARM_SANDBOX=none on this "
                                    "worker to run commands unconfined")

@@ -183,6 +183,7 @@ class LocalEnvironment:
         network: bool = True,
         hide: tuple[Path, ...] = (),
         pass_env: tuple[str, ...] = (),
+        read_only: tuple[Path, ...] = (),
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -190,7 +191,7 @@ class LocalEnvironment:
         self.output_cap = output_cap
         self.cancel = cancel
         self.extra_env = dict(extra_env or {})
-        self.choice = choose(sandbox, network=network, hide=hide)
+        self.choice = choose(sandbox, network=network, hide=hide, read_only=read_only)
         """Where commands run (``SWARM_SANDBOX``: ``none``, ``auto`` or ``bwrap``)."""
         self.pass_env = pass_env
         self._env: dict[str, str] | None = None

@@ -111,10 +111,10 @@ def status(swarm_id: str | None, as_json: bool) -> None:
                f"{plural(len(coordinators), 'coordinator')} alive; "
                "Flower: `swarm flower` (http://127.0.0.1:5555); `swarm logs AGENT_ID` shows "
                "a conversation")
-    for summary, names in boxes.items():
-        click.echo(f"  sandbox of {', '.join(names)}: {summary}")
     for line in tree_lines(snapshot, color):
         click.echo(line)
+    for summary, names in boxes.items():
+        click.echo(f"sandbox of {', '.join(names)}: {summary}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

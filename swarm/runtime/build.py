@@ -80,17 +80,19 @@ def build_agent(
     cancel: threading.Event | None = None,
     guard: Callable[[], None] | None = None,
     before_step: Callable[[Agent], None] | None = None,
+    read_only: tuple[Path, ...] = (),
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
     ``cancel`` kills a running command when set; ``guard`` and ``before_step`` are the
-    agent's (:class:`Agent`): the root's session lock, a child's limits."""
+    agent's (:class:`Agent`): the root's session lock, a child's limits. ``read_only``
+    folders are seen by sandboxed commands (a child's parent's workspace)."""
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
         env=LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
                              sandbox=settings.sandbox, network=settings.sandbox_network,
-                             hide=(settings.home,), pass_env=tuple(
+                             hide=(settings.home,), read_only=read_only, pass_env=tuple(
                                  n.strip() for n in settings.sandbox_env.split(",") if n.strip())),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,

@@ -175,6 +175,8 @@ class ChildRunner:
                 agent_id=run.agent,
                 cancel=control.event,
                 before_step=control.before_step,
+                read_only=(Path(record.parent_workspace),)
+                if record.parent_workspace and record.parent_host == self.host else (),
             )
             state, result = self._answer(agent, run, resume)
         except Parked:
