@@ -57,6 +57,22 @@ def test_swarm_home_is_hidden_but_a_workspace_in_it_is_not(tmp_path: Path) -> No
 
 
 @needs_sandbox
+def test_a_childs_parent_workspace_is_shown_read_only_even_in_swarm_home(
+        tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    parent, ws = home / "jobs" / "j1", home / "workspaces" / "s1" / "a1"
+    for folder in (parent, ws):
+        folder.mkdir(parents=True)
+    (parent / "data.txt").write_text("from the parent\n")
+    env = LocalEnvironment(ws, sandbox="bwrap", hide=(home,), read_only=(parent,))
+    result = env.execute(f"cat {parent}/data.txt; echo x > {parent}/new.txt; echo w=$?; "
+                         "echo mine > mine.txt", 10)
+    assert result.output.startswith("from the parent\n"), result.output
+    assert "Read-only file system" in result.output and "w=1" in result.output
+    assert (ws / "mine.txt").read_text() == "mine\n" and not (parent / "new.txt").exists()
+
+
+@needs_sandbox
 def test_a_swarm_home_inside_the_workspace_stays_hidden(tmp_path: Path) -> None:
     home = tmp_path / ".swarm"
     home.mkdir()

@@ -238,9 +238,10 @@ class Box:
                 box += ["--size", str(TMP_SIZE), "--tmpfs", path]
             elif kind == "ro":
                 box += ["--ro-bind", path, path]
-            else:
-                inside = Path(ws).is_relative_to(path) and ws != path
-                box += ["--tmpfs", path, *(["--dir", ws] if inside else []),
+            else:  # mount points of what is shown inside it are made before it is read-only
+                inside = [m for m, k in mounts if k in ("ro", "~bind") and m != path
+                          and Path(m).is_relative_to(path)]
+                box += ["--tmpfs", path, *(a for m in inside for a in ("--dir", m)),
                         "--remount-ro", path]
         box += ["--chdir", ws, "--seccomp", str(seccomp_fd)]
         if not self.network:
