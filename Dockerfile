@@ -9,9 +9,11 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Agents run shell commands with bash; children may work in git worktrees.
+# Agents run shell commands with bash, in bubblewrap (with libseccomp's filter); children
+# may work in git worktrees.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends bash git ca-certificates procps \
+      bubblewrap libseccomp2 \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src

@@ -93,11 +93,14 @@ KNOBS: dict[str, Knob] = {
     "reclaim_idle": Knob(("SWARM_RECLAIM_IDLE",),
                          "seconds before a dead coordinator's pending requests are taken over"),
     "sandbox": Knob(("SWARM_SANDBOX",),
-                    "run commands in bubblewrap: auto (when installed), bwrap, none"),
+                    "run commands in bubblewrap: auto (when a trial works), bwrap, none; "
+                    "workers default to auto, the root in a terminal to none"),
     "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",), "let sandboxed commands use the network"),
     "mcp_start_timeout": Knob(("SWARM_MCP_START_TIMEOUT",),
                               "seconds an MCP server has to start and list its tools; "
                               "past that it is skipped"),
+    "sandbox_env": Knob(("SWARM_SANDBOX_ENV",),
+                        "comma-separated names of more variables sandboxed commands get"),
     "wait_notice": Knob(("SWARM_WAIT_NOTICE",),
                         "seconds between 'waiting for MODEL at URL' lines while the model is "
                         "silent and stderr is not a terminal; 0 = no waiting notices"),
@@ -174,6 +177,7 @@ class Settings:
     reclaim_idle: int = 15
     sandbox: str = "none"
     sandbox_network: bool = True
+    sandbox_env: str = ""
     wait_notice: float = 10.0
     mcp_start_timeout: float = 30.0
     explicit: frozenset[str] = frozenset()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import threading
@@ -19,7 +18,8 @@ from pathlib import Path
 
 from swarm import procs
 from swarm.agent.protocols import CommandResult
-from swarm.errors import ConfigError, ToolError
+from swarm.agent.sandbox import choose, environment, new_cgroup, program_fd, remove_cgroup
+from swarm.errors import ToolError
 from swarm.secrets import SECRET_VARS
 
 QUIET_VARS = {"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb", "GIT_TERMINAL_PROMPT": "0"}
@@ -170,18 +170,6 @@ class _Group:
         return bool(self.members)
 
 
-def sandbox_binary(mode: str) -> str | None:
-    """The bubblewrap binary for ``SWARM_SANDBOX`` ``mode``: ``none`` -> None, ``auto`` ->
-    bwrap when installed, ``bwrap`` -> bwrap or a :class:`ConfigError` saying how to get it."""
-    if mode == "none":
-        return None
-    found = shutil.which("bwrap")
-    if found is None and mode == "bwrap":
-        raise ConfigError("SWARM_SANDBOX=bwrap but bubblewrap is not installed: install it "
-                          "(apt-get install bubblewrap) or set SWARM_SANDBOX=auto or none")
-    return found
-
-
 class LocalEnvironment:
     """An :class:`~swarm.agent.protocols.Environment` running ``bash -c`` on this host."""
 
@@ -193,6 +181,9 @@ class LocalEnvironment:
         extra_env: dict[str, str] | None = None,
         sandbox: str = "none",
         network: bool = True,
+        hide: tuple[Path, ...] = (),
+        pass_env: tuple[str, ...] = (),
+        read_only: tuple[Path, ...] = (),
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -200,30 +191,23 @@ class LocalEnvironment:
         self.output_cap = output_cap
         self.cancel = cancel
         self.extra_env = dict(extra_env or {})
-        self.bwrap = sandbox_binary(sandbox)
-        self.network = network
+        self.choice = choose(sandbox, network=network, hide=hide, read_only=read_only)
+        """Where commands run (``SWARM_SANDBOX``: ``none``, ``auto`` or ``bwrap``)."""
+        self.pass_env = pass_env
         self._env: dict[str, str] | None = None
 
     def env(self) -> dict[str, str]:
-        """The commands' environment (see :func:`child_env`), built at the first command:
-        copying ``os.environ`` for each was a quarter of a command's CPU in a worker."""
+        """The commands' environment, built at the first command (copying ``os.environ``
+        for each was a quarter of a command's CPU in a worker): unconfined, all of it but
+        secrets (:func:`child_env`); sandboxed, what :data:`~swarm.agent.sandbox.PASSED` names."""
         if self._env is None:
-            self._env = child_env(self.extra_env)
+            if self.choice.box is None:
+                self._env = child_env(self.extra_env)
+            else:
+                self._env = environment(os.environ, self.pass_env)
+                self._env.update(QUIET_VARS)
+                self._env.update(self.extra_env)
         return self._env
-
-    def argv(self, command: str) -> list[str]:
-        """The program that runs ``command``: bash, inside bubblewrap when sandboxed (the
-        workspace writable, the rest of the filesystem read-only, a private /tmp and pid
-        namespace, the network only when allowed)."""
-        if self.bwrap is None:
-            return ["bash", "-c", command]
-        ws = str(self.workspace.resolve())
-        box = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-               "--tmpfs", "/tmp", "--bind", ws, ws, "--chdir", ws, "--die-with-parent",
-               "--unshare-pid"]
-        if not self.network:
-            box.append("--unshare-net")
-        return [*box, "bash", "-c", command]
 
     def execute(self, command: str, timeout: int) -> CommandResult:
         """Run ``command`` in the workspace for at most ``timeout`` seconds.
@@ -241,20 +225,38 @@ class LocalEnvironment:
                 "the command contains a NUL byte (\\0), which no program argument can hold; "
                 "remove it, or produce the byte inside the command, e.g. printf '\\0'"
             )
+        box = self.choice.box
+        fd = program_fd() if box is not None else -1
+        cgroup = new_cgroup() if box is not None else None
+        argv = ["bash", "-c", command] if box is None else \
+            box.argv(command, self.workspace, fd, cgroup)
         try:
-            proc = subprocess.Popen(
-                self.argv(command),
-                cwd=self.workspace,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=self.env(),
-            )
-        except OSError as exc:
-            raise ToolError(f"cannot start bash: {exc}; is bash installed and on PATH?") from exc
-        except ValueError as exc:  # a NUL byte in the environment or the workspace path
-            raise ToolError(f"cannot start bash: {exc}") from exc
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=self.workspace,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=self.env(),
+                    pass_fds=(fd,) if fd >= 0 else (),
+                )
+            except OSError as exc:
+                raise ToolError(
+                    f"cannot start bash: {exc}; is bash installed and on PATH?") from exc
+            except ValueError as exc:  # a NUL byte in the environment or the workspace path
+                raise ToolError(f"cannot start bash: {exc}") from exc
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+            return self._run(proc, timeout)
+        finally:
+            if cgroup is not None:
+                remove_cgroup(cgroup)
+
+    def _run(self, proc: subprocess.Popen[bytes], timeout: int) -> CommandResult:
+        """Collect the output of the started ``proc`` (see :meth:`execute`)."""
         assert proc.stdout is not None
         buffer = _CappedBuffer(self.output_cap)
         try:

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.signals import worker_ready, worker_shutdown
 
 from swarm import patches
@@ -79,6 +79,25 @@ if os.environ.get("SWARM_REDIS_URL"):
     configure(os.environ["SWARM_REDIS_URL"])
 
 
+def sandbox_summary() -> str:
+    """Where this worker runs its children's commands, in one line (tried once)."""
+    from swarm.agent import sandbox
+    from swarm.config import Settings
+
+    return sandbox.for_worker(Settings.from_env()).summary
+
+
+class SandboxInfo(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Adds ``swarm_sandbox`` to the worker's stats (``celery inspect stats``, Flower's
+    worker page); a StartStopStep, as only those are asked for their info."""
+
+    def info(self, obj: object) -> dict[str, str]:
+        return {"swarm_sandbox": sandbox_summary()}
+
+
+app.steps["worker"].add(SandboxInfo)
+
+
 class _Heartbeat:
     """This worker's key in Redis while it runs (``swarm run`` checks that someone will run
     children); deleted at shutdown, not left to expire."""
@@ -86,13 +105,18 @@ class _Heartbeat:
     def __init__(self) -> None:
         self.stopped = threading.Event()
         self.key = ""
+        self.sandbox_key = ""
+        self.sandbox = ""
         self.redis: Any = None
 
     def start(self, sender: object, **_: object) -> None:
         from swarm.store import keys
         from swarm.store.connection import connect
 
-        self.key = keys.heartbeat("worker", str(getattr(sender, "hostname", "worker")))
+        name = str(getattr(sender, "hostname", "worker"))
+        self.key = keys.heartbeat("worker", name)
+        self.sandbox_key = keys.worker_sandbox(name)
+        self.sandbox = sandbox_summary()
         self.redis = connect(store_url())
         threading.Thread(target=self.beat, name="swarm-heartbeat", daemon=True).start()
 
@@ -101,14 +125,17 @@ class _Heartbeat:
 
         while not self.stopped.is_set():
             with contextlib.suppress(Exception):  # a Redis blip must not stop the heartbeat
-                self.redis.set(self.key, time.time(), ex=keys.HEARTBEAT_TTL)
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.set(self.key, time.time(), ex=keys.HEARTBEAT_TTL)
+                pipe.set(self.sandbox_key, self.sandbox, ex=keys.HEARTBEAT_TTL)
+                pipe.execute()
             self.stopped.wait(keys.HEARTBEAT_TTL / 3)
 
     def stop(self, sender: object, **_: object) -> None:
         self.stopped.set()
         if self.redis is not None:
             with contextlib.suppress(Exception):
-                self.redis.delete(self.key)
+                self.redis.delete(self.key, self.sandbox_key)
 
 
 _heartbeat = _Heartbeat()

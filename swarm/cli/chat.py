@@ -61,6 +61,8 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
     with local_agent(settings, workspace, approver=approver, observer=view,
                      new=new, spawner=spawner) as local:
         agent, root = local.agent, roots[0]
+        if local.unconfined:
+            view.on_notice(local.unconfined)
         try:
             _loop(agent, root, local.sessions, view, local.resumed)
         finally:

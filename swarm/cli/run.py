@@ -137,6 +137,8 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
         with local_agent(settings, workspace, approver=approver, observer=view,
                          new=new, spawner=spawner, keep_parked=bool(attach)) as local:
             root = roots[0]
+            if local.unconfined:
+                view.on_notice(local.unconfined)
             if local.repaired:
                 view.on_notice("the last run stopped mid-step; its unfinished tool calls "
                                "were marked interrupted")

@@ -30,16 +30,22 @@ CTX = {"help_option_names": ["-h", "--help"]}
 @click.option("-P", "--pool", type=click.Choice(["threads", "prefork", "solo"]),
               default="threads", show_default=True, help="Celery pool.")
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
+@click.option("--check-sandbox", is_flag=True,
+              help="Only try the sandbox here: print where commands would run; exit 1 when "
+                   "this worker would refuse children.")
 @handle_errors
-def worker(concurrency: int, queues: str, hostname: str | None, pool: str, loglevel: str) -> None:
+def worker(concurrency: int, queues: str, hostname: str | None, pool: str, loglevel: str,
+           check_sandbox: bool) -> None:
     """Run children: a Celery worker on SWARM_REDIS_URL (or this SWARM_HOME's embedded server).
 
     Start one on every machine that should work for the swarm; each needs the model
-    settings (SWARM_BASE_URL, SWARM_API_KEY, ...) in its own environment.
+    settings (SWARM_BASE_URL, SWARM_API_KEY, ...) in its own environment. Children's
+    commands run in bubblewrap (SWARM_SANDBOX=auto); a worker where that does not work
+    says so and refuses children, unless SWARM_SANDBOX=none is set.
     """
     import threading
 
-    from swarm.agent import tools
+    from swarm.agent import sandbox, tools
     from swarm.agent.probe import tool_versions
     from swarm.runtime.build import tools_cache
     from swarm.runtime.local import exit_with_parent
@@ -49,6 +55,12 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     # out of what they can read in /proc/$PPID/environ.
     hide_from_proc(sys.argv[1:])
     settings = settings_from()
+    choice = sandbox.for_worker(settings)
+    click.echo(f"sandbox: {choice.summary}", err=True)
+    if check_sandbox:
+        if choice.refuse:
+            raise Abort(f"this worker would refuse children: {choice.refuse}")
+        return
     # Every child's prompt names the tools' versions (once per process, ~0.3 s of
     # subprocesses unless kept on disk): gathered while Celery starts. Checking a child's
     # calls needs jsonschema (~0.1 s of CPU): imported once the worker is ready, so it
@@ -87,8 +99,10 @@ def coordinator(name: str | None) -> None:
     from swarm.broker.app import configure
     from swarm.coordinator.service import Coordinator
     from swarm.runtime.local import exit_with_parent
+    from swarm.secrets import hide_from_proc
 
     logging.getLogger("swarm").setLevel(logging.INFO)
+    hide_from_proc(sys.argv[1:])  # the secrets of `swarm run`'s local one come by a pipe
     settings = settings_from()
     exit_with_parent()
     interrupt_on_term()  # until the service's own handler: leave the server as its user

@@ -7,12 +7,14 @@ import json
 import sys
 
 import click
+import redis
 from rich.console import Console
 
 from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.report.display import Prices, first_line, fmt_duration, fmt_tokens
 from swarm.report.snapshot import AgentView, Snapshot, SnapshotReader
 from swarm.runtime.local import alive
+from swarm.store import keys
 from swarm.store.connection import open_store
 from swarm.text import plural
 
@@ -72,6 +74,15 @@ def tree_lines(snapshot: Snapshot, color: bool = False) -> list[str]:
     return lines
 
 
+def worker_sandboxes(redis_: redis.Redis, workers: list[str]) -> dict[str, list[str]]:
+    """Live workers by where they run commands (what each reports with its heartbeat)."""
+    found: dict[str, list[str]] = {}
+    lines = redis_.mget([keys.worker_sandbox(w) for w in workers]) if workers else []
+    for name, line in zip(workers, lines, strict=True):
+        found.setdefault(str(line or "not reported (an older worker)"), []).append(name)
+    return found
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("swarm_id", required=False)
 @click.option("--json", "as_json", is_flag=True,
@@ -88,6 +99,7 @@ def status(swarm_id: str | None, as_json: bool) -> None:
     with open_store(settings_from()) as store:
         snapshot = load_snapshot(SnapshotReader(store.redis), swarm_id)
         workers, coordinators = alive(store.redis, "worker"), alive(store.redis, "coordinator")
+        boxes = worker_sandboxes(store.redis, workers)
     if as_json:
         click.echo(json.dumps(snapshot.to_json(prices), indent=2, ensure_ascii=False))
         return
@@ -101,6 +113,8 @@ def status(swarm_id: str | None, as_json: bool) -> None:
                "a conversation")
     for line in tree_lines(snapshot, color):
         click.echo(line)
+    for summary, names in boxes.items():
+        click.echo(f"sandbox of {', '.join(names)}: {summary}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -92,18 +92,22 @@ def build_agent(
     guard: Callable[[], None] | None = None,
     before_step: Callable[[Agent], None] | None = None,
     mcp: McpConfig | None = None,
+    read_only: tuple[Path, ...] = (),
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
     ``cancel`` kills a running command (and abandons an MCP call) when set; ``guard`` and
     ``before_step`` are the agent's (:class:`Agent`): the root's session lock, a child's
     limits. ``mcp`` lists its MCP servers (a root reads them from its folder, a child
-    inherits its swarm's)."""
+    inherits its swarm's). ``read_only`` folders are seen by sandboxed commands (a child's
+    parent's workspace)."""
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
         env=LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
-                             sandbox=settings.sandbox, network=settings.sandbox_network),
+                             sandbox=settings.sandbox, network=settings.sandbox_network,
+                             hide=(settings.home,), read_only=read_only, pass_env=tuple(
+                                 n.strip() for n in settings.sandbox_env.split(",") if n.strip())),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
         system_prompt=prompt_builder(workspace, folder, extra_prompt, tools_cache(settings)),
@@ -151,6 +155,12 @@ class LocalRun:
     @property
     def redis(self) -> redis.Redis:
         return self.store.redis
+
+    @property
+    def unconfined(self) -> str:
+        """A one-line notice when the root's commands run unconfined, else ""."""
+        env = self.agent.env
+        return env.choice.notice if isinstance(env, LocalEnvironment) else ""
 
 
 def owner_info(workspace: Path) -> dict[str, object]:

@@ -170,6 +170,11 @@ def heartbeat(kind: str, name: str) -> str:
     return f"{PREFIX}alive:{kind}:{name}"
 
 
+def worker_sandbox(name: str) -> str:
+    """String with the heartbeat's TTL: where worker ``name`` runs commands (one line)."""
+    return f"{PREFIX}sandbox:{name}"
+
+
 # -- the HTTP service and schedules ---------------------------------------------------------
 
 #: An "approval answered" marker lives this long (a second answer gets 409 meanwhile).

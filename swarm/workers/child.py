@@ -27,6 +27,7 @@ from typing import Any
 import redis
 
 from swarm import telemetry
+from swarm.agent import sandbox
 from swarm.agent.loop import Agent
 from swarm.agent.output import ask_for, check_output, retry_message
 from swarm.cache import TTLCache
@@ -74,6 +75,8 @@ class ChildRunner:
         self.models = ModelClients()
         self._settings: TTLCache[str, dict[str, Any]] = TTLCache(SETTINGS_TTL)
         self._mcp: TTLCache[str, McpConfig] = TTLCache(SETTINGS_TTL)
+        self.sandbox = sandbox.for_worker(self.settings)
+        """Where this worker runs its children's commands (tried once, at the first child)."""
 
     def run(self, run_id: str, *, resume: bool = False,
             send: Callable[..., None] | None = None, traceparent: str = "") -> dict[str, Any]:
@@ -137,6 +140,14 @@ class ChildRunner:
             # A worker configured with its own endpoint keeps it (a deployment's workers);
             # one without (local workers, the demo) uses the root's.
             if not (k in ENDPOINT and ENDPOINT & self.settings.explicit)})
+        if self.sandbox.refuse:
+            error = f"worker {self.host} cannot sandbox commands: {self.sandbox.refuse}"
+            self.ledger.settle(run, swarm_id, "failed", {"agent_id": run.agent, "error": error},
+                               {}, token=watched.token)
+            if record.kind == "job":
+                self.ledger.finish_swarm(swarm_id, "failed")
+            return {"run": run.id, "state": "failed"}
+        settings = settings.with_(sandbox="bwrap" if self.sandbox.box else "none")
         if "stream" not in settings.explicit:
             # Nobody watches a child's tokens arrive: whole answers cost the worker less than
             # half the CPU of a parsed stream (and one read instead of one per chunk).
@@ -177,6 +188,8 @@ class ChildRunner:
                 guard=control.check_lease,
                 before_step=control.before_step,
                 mcp=self.mcp_servers(swarm_id, record, workspace.path, settings),
+                read_only=(Path(record.parent_workspace),)
+                if record.parent_workspace and record.parent_host == self.host else (),
             )
             state, result = self._answer(agent, run, resume)
         except Parked:

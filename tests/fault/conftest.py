@@ -30,6 +30,7 @@ MARKER_NAME, MARKER_VALUE = "FAULT_MARKER_VISIBLE", "planted-marker-55"
 WORKER_ENV = {
     "SWARM_API_KEY": SECRET,
     MARKER_NAME: MARKER_VALUE,
+    "SWARM_SANDBOX_ENV": MARKER_NAME,  # sandboxed commands get it, as an operator would allow
     "SWARM_RETRIES": "2",  # one quick retry after a bad answer of the model
     "SWARM_BACKOFF_MAX": "0.05",
 }

@@ -1,0 +1,345 @@
+"""The sandbox of agents' commands: bubblewrap, a seccomp filter, an allowlisted environment.
+
+A sandboxed command runs (docs/deploy.md has the table of what is and is not confined):
+
+- as uid/gid 65534 in its own user namespace, with no capabilities and ``no_new_privs``, in
+  its own session and pid/ipc/uts namespaces with a private ``/proc``, killed with its runner;
+- on a read-only filesystem but for the workspace (a child also sees its parent's workspace,
+  read-only), with a private ``/tmp``, ``/dev/shm``
+  and ``$HOME`` (tmpfs of :data:`TMP_SIZE` bytes each) and ``SWARM_HOME`` and ``/run``
+  hidden under empty read-only tmpfs (the workspace is bound back when it lies under one);
+- under a seccomp filter: the calls of :data:`REFUSED` and ``clone`` of a namespace fail
+  with EPERM (``clone3`` with ENOSYS, so libc falls back to ``clone``);
+- with at most :data:`PIDS` processes and threads: ``RLIMIT_NPROC`` set inside the box, where
+  it counts the box's own user namespace only (one per command); the kernel does not hold
+  uid 0 to it, so a root worker puts each box in a pids cgroup of its own (:func:`new_cgroup`)
+  when it can create one;
+- with an environment built from :data:`PASSED` (plus ``SWARM_SANDBOX_ENV`` names);
+- with the network unless ``SWARM_SANDBOX_NETWORK=0`` (then a network namespace of its own).
+
+Whether this works here is tried once per process with a real command (:func:`probe`).
+Workers default to ``auto`` and refuse children when it fails (:func:`for_worker`); the
+root in a terminal keeps the user's ``SWARM_SANDBOX`` (default ``none``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import functools
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarm.config import Settings
+from swarm.errors import ConfigError
+
+UID = 65534
+"""The uid and gid commands run as inside the box (``nobody`` on most systems)."""
+PIDS = 1024
+"""Processes and threads one command may have at once (a fork bomb stops here)."""
+TMP_SIZE = 512 << 20
+"""Bytes a command may write to its private ``/tmp`` (and as much to ``/dev/shm``)."""
+
+REFUSED = (
+    # mounts: the filesystem stays as the box was built
+    "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "fsconfig",
+    "fsmount", "fspick", "mount_setattr",
+    # other processes' memory
+    "ptrace", "process_vm_readv", "process_vm_writev",
+    # the kernel
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+    "bpf", "perf_event_open", "userfaultfd", "acct", "swapon", "swapoff", "reboot", "syslog",
+    "quotactl", "lookup_dcookie", "uselib", "open_by_handle_at", "name_to_handle_at",
+    # keyrings
+    "add_key", "request_key", "keyctl",
+    # new namespaces (clone with namespace flags is refused by argument below)
+    "unshare", "setns",
+)
+"""System calls a sandboxed command gets EPERM from."""
+
+#: CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME (linux/sched.h).
+CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000,
+                    0x20000000, 0x40000000, 0x00000080)
+
+PASSED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TZ",
+          "TERM", "COLORTERM", "TMPDIR", "EDITOR", "VISUAL",
+          "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+          "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+          "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+          "NODE_EXTRA_CA_CERTS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "UV_INDEX_URL",
+          "VIRTUAL_ENV", "PYTHONPATH", "JAVA_HOME", "GOPATH", "GOROOT", "CARGO_HOME",
+          "RUSTUP_HOME", "GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME",
+          "GIT_COMMITTER_EMAIL")
+"""Variables of the runner's environment a sandboxed command gets (patterns allowed)."""
+
+_TRIAL = ('id -u; grep -E "^(CapEff|NoNewPrivs|Seccomp):" /proc/self/status; '
+          'touch /.swarm-sandbox-trial 2>/dev/null && echo root-writable; '
+          'touch trial && echo workspace-writable')
+_FIX = ("install bubblewrap (apt-get install bubblewrap); in a container, allow user "
+        "namespaces (docs/deploy.md, 'The sandbox')")
+
+
+def environment(source: Mapping[str, str], extra_names: Iterable[str] = ()) -> dict[str, str]:
+    """The variables of ``source`` that :data:`PASSED` or ``extra_names`` name."""
+    patterns = (*PASSED, *extra_names)
+    return {k: v for k, v in source.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+
+
+@functools.cache
+def seccomp_program() -> bytes:
+    """The BPF program of the filter (built with libseccomp through pyseccomp)."""
+    import pyseccomp as sc
+
+    refuse = sc.ERRNO(errno.EPERM)
+    flt = sc.SyscallFilter(defaction=sc.ALLOW)
+    for name in REFUSED:
+        try:
+            flt.add_rule(refuse, name)
+        except (ValueError, RuntimeError, OSError):  # not a call of this architecture
+            continue
+    for flag in CLONE_NAMESPACES:
+        flt.add_rule(refuse, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    with tempfile.TemporaryFile() as out:
+        flt.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def program_fd() -> int:
+    """A pipe's read end holding :func:`seccomp_program`, for ``bwrap --seccomp FD``."""
+    program = seccomp_program()
+    read, write = os.pipe()
+    try:
+        os.write(write, program)  # well under a pipe's buffer
+    finally:
+        os.close(write)
+    return read
+
+
+_CGROUPS = itertools.count()
+_STALE: set[Path] = set()
+
+
+@functools.cache
+def cgroup_base() -> Path | None:
+    """Where a root process can create pids cgroups (cgroup v1 or v2), else None."""
+    if os.geteuid() != 0:
+        return None
+    v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
+    base = v1 if (v1 / "cgroup.procs").exists() else None
+    try:
+        if base is None and "pids" in (v2 / "cgroup.subtree_control").read_text().split():
+            base = v2
+    except OSError:
+        pass
+    if base is not None:  # those of processes killed mid-command
+        for old in base.glob("swarm-box-*-*"):
+            if not Path(f"/proc/{old.name.split('-')[2]}").exists():
+                with contextlib.suppress(OSError):
+                    old.rmdir()
+    return base
+
+
+def new_cgroup() -> Path | None:
+    """A pids cgroup of :data:`PIDS` for one box (root only; None when none can be made)."""
+    base = cgroup_base()
+    if base is None:
+        return None
+    for old in list(_STALE):  # boxes whose processes were still dying at the last try
+        remove_cgroup(old, grace=0)
+    path = base / f"swarm-box-{os.getpid()}-{next(_CGROUPS)}"
+    try:
+        path.mkdir()
+        (path / "pids.max").write_text(f"{PIDS}\n")
+    except OSError:
+        remove_cgroup(path)
+        return None
+    return path
+
+
+def remove_cgroup(path: Path, grace: float = 2.0) -> None:
+    """Remove a box's cgroup, killing what is left in it (its bash has exited: whatever it
+    left in the background dies with the box, as with the box's pid namespace)."""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            try:
+                left = (path / "cgroup.procs").read_text().split()
+            except OSError:
+                left = []
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+            if time.monotonic() < deadline:
+                time.sleep(0.02)
+                continue
+            _STALE.add(path)  # tried again at the next box
+            return
+        _STALE.discard(path)
+        return
+
+
+@dataclass(frozen=True)
+class Box:
+    """How to wrap a command in bubblewrap."""
+
+    binary: str
+    network: bool = True
+    hide: tuple[str, ...] = ()
+    """Folders hidden under an empty read-only tmpfs (``SWARM_HOME``)."""
+    home: str = ""
+    """The runner's home, replaced by an empty private one (its keys, dotfiles and caches
+    stay out of reach; tools installed under it too)."""
+    read_only: tuple[str, ...] = ()
+    """Folders shown read-only even where hidden (a child's parent's workspace)."""
+
+    def argv(self, command: str, workspace: Path, seccomp_fd: int,
+             cgroup: Path | None = None) -> list[str]:
+        """bubblewrap's command line for ``command``; with ``cgroup``, a shell that moves
+        itself there first."""
+        ws = str(workspace.resolve())
+        box = [self.binary, "--unshare-user", "--uid", str(UID), "--gid", str(UID),
+               "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+               "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+               "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+               "--size", str(TMP_SIZE), "--tmpfs", "/tmp", "--remount-ro", "/dev",
+               "--size", str(TMP_SIZE), "--tmpfs", "/dev/shm",
+               # /run holds sockets (docker's, D-Bus) and secrets (/run/secrets); DNS stays.
+               "--tmpfs", "/run", "--ro-bind-try", "/run/systemd/resolve",
+               "/run/systemd/resolve", "--remount-ro", "/run"]
+        hidden = [str(Path(f).resolve()) for f in self.hide if os.path.isdir(f)]
+        if not os.path.islink("/var/run") and os.path.isdir("/var/run"):
+            hidden.append("/var/run")
+        # Outer folders first: the workspace bound back into a hidden SWARM_HOME or home,
+        # or SWARM_HOME hidden again inside a workspace that holds it. A hidden folder is
+        # made read-only before anything is mounted in it (a remount reaches submounts).
+        mounts = [(path, "hide") for path in hidden] + [(ws, "~bind")]
+        mounts += [(str(Path(p).resolve()), "ro") for p in self.read_only if os.path.isdir(p)]
+        if self.home and os.path.isdir(self.home) and Path(self.home).resolve() != Path("/"):
+            mounts.append((str(Path(self.home).resolve()), "home"))
+        for path, kind in sorted(mounts, key=lambda m: (len(Path(m[0]).parts), m[1])):
+            if kind == "~bind":
+                box += ["--bind", path, path]
+            elif kind == "home":
+                box += ["--size", str(TMP_SIZE), "--tmpfs", path]
+            elif kind == "ro":
+                box += ["--ro-bind", path, path]
+            else:  # mount points of what is shown inside it are made before it is read-only
+                inside = [m for m, k in mounts if k in ("ro", "~bind") and m != path
+                          and Path(m).is_relative_to(path)]
+                box += ["--tmpfs", path, *(a for m in inside for a in ("--dir", m)),
+                        "--remount-ro", path]
+        box += ["--chdir", ws, "--seccomp", str(seccomp_fd)]
+        if not self.network:
+            box.append("--unshare-net")
+        # The limit is set inside the box, where the count is of the box's namespace only.
+        box += ["--", "bash", "-c", f'ulimit -u {PIDS} || exit 126; exec bash -c "$1"',
+                "bash", command]
+        if cgroup is None:
+            return box
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *box]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a trial command in the box showed: ``ok``, else why not and how to fix it."""
+
+    ok: bool
+    reason: str = ""
+
+
+@functools.cache
+def probe(network: bool = True) -> Probe:
+    """Run a trial command in the box and check it is confined (once per process)."""
+    binary = shutil.which("bwrap")
+    if binary is None:
+        return Probe(False, f"bubblewrap is not installed: {_FIX}")
+    try:
+        fd = program_fd()
+    except (ImportError, OSError, RuntimeError, ValueError) as exc:
+        return Probe(False, f"no seccomp filter ({type(exc).__name__}: {exc}): install "
+                            "libseccomp2 (apt-get install libseccomp2) and pyseccomp")
+    cgroup = new_cgroup()
+    with tempfile.TemporaryDirectory(prefix="swarm-sandbox-trial-") as trial:
+        try:
+            done = subprocess.run(Box(binary, network).argv(_TRIAL, Path(trial), fd, cgroup),
+                                  cwd=trial, capture_output=True, text=True, timeout=30,
+                                  stdin=subprocess.DEVNULL, pass_fds=(fd,),
+                                  env=environment(os.environ))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Probe(False, f"bubblewrap did not run ({exc}): {_FIX}")
+        finally:
+            os.close(fd)
+            if cgroup is not None:
+                remove_cgroup(cgroup)
+        out = done.stdout.split()
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        return Probe(False, f"bubblewrap failed here ({said}): {_FIX}")
+    expected = [str(UID), "CapEff:", "0000000000000000", "NoNewPrivs:", "1", "Seccomp:", "2"]
+    if out[:7] != expected or "root-writable" in out or out[-1:] != ["workspace-writable"]:
+        return Probe(False, f"a trial command was not confined as expected ({' '.join(out)})")
+    return Probe(True)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a process runs its commands: in ``box``, or unconfined."""
+
+    box: Box | None
+    refuse: str = ""
+    """Set on a worker that cannot sandbox: why, and how to fix it (it runs no children)."""
+    notice: str = ""
+    """A line to tell the person or the log when commands run unconfined."""
+
+    @property
+    def summary(self) -> str:
+        """One line for ``swarm status`` and Flower's worker info."""
+        if self.refuse:
+            return f"unavailable, children refused: {self.refuse}"
+        return f"bwrap (uid {UID}, no capabilities, seccomp)" if self.box else \
+            "none (commands run unconfined)"
+
+
+def choose(mode: str, *, worker: bool = False, network: bool = True,
+           hide: Iterable[Path] = (), read_only: Iterable[Path] = ()) -> Choice:
+    """The sandbox for ``SWARM_SANDBOX`` ``mode``. ``auto`` uses bubblewrap when the trial
+    works; when it does not, a worker refuses children and a root runs unconfined with a
+    notice. ``bwrap`` that does not work raises :class:`ConfigError` (refuses, on a worker)."""
+    unconfined = (f"commands run unconfined as uid {os.getuid()} (SWARM_SANDBOX=none); "
+                  "SWARM_SANDBOX=auto runs them in bubblewrap")
+    if mode == "none":
+        return Choice(None, notice=unconfined)
+    found = probe(network)
+    if found.ok:
+        binary = shutil.which("bwrap")
+        assert binary is not None
+        return Choice(Box(binary, network, tuple(str(p) for p in hide),
+                          os.environ.get("HOME", ""), tuple(str(p) for p in read_only)))
+    if worker:
+        return Choice(None, refuse=f"{found.reason}; or set SWARM_SANDBOX=none on this "
+                                   "worker to run commands unconfined")
+    if mode == "bwrap":
+        raise ConfigError(f"SWARM_SANDBOX=bwrap but {found.reason}; or set "
+                          "SWARM_SANDBOX=auto or none")
+    return Choice(None, notice=f"commands run unconfined: {found.reason}")
+
+
+def for_worker(settings: Settings) -> Choice:
+    """A worker's sandbox: its own ``SWARM_SANDBOX`` (never a swarm's), ``auto`` when unset."""
+    mode = settings.sandbox if "sandbox" in settings.explicit else "auto"
+    return choose(mode, worker=True, network=settings.sandbox_network, hide=(settings.home,))

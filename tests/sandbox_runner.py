@@ -1,0 +1,28 @@
+"""Runs one command the way a worker runs a child's: through swarm's LocalEnvironment with
+SWARM_SANDBOX=bwrap and SWARM_HOME hidden. Started by tests/test_sandbox_escape.py with a
+secret in its environment, as a worker holds the model key; prints the result as JSON.
+
+Usage: python sandbox_runner.py WORKSPACE SWARM_HOME TIMEOUT COMMAND ({pid} in COMMAND is
+replaced by this process's pid).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from swarm.agent.shell import LocalEnvironment
+
+
+def main() -> None:
+    workspace, home, timeout, command = sys.argv[1:5]
+    env = LocalEnvironment(Path(workspace), sandbox="bwrap", hide=(Path(home),))
+    result = env.execute(command.replace("{pid}", str(os.getpid())), int(timeout))
+    print(json.dumps({"output": result.output, "exit_code": result.exit_code,
+                      "uid": os.getuid()}))
+
+
+if __name__ == "__main__":
+    main()
