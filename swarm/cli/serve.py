@@ -210,14 +210,15 @@ def mcp(root: Path | None, workspace: Path | None, workers: int | None) -> None:
     # The agent closes stdin to stop it, or sends SIGTERM: either way the local processes
     # stop and the embedded server is released (signals during that cleanup are ignored).
     with GracefulStop() as stop, open_store(settings) as store, \
-            local_runtime(store, settings, workers):
+            local_runtime(store, settings, workers), contextlib.suppress(KeyboardInterrupt):
+        # A stop from here on (even before serving starts: the agent may have read the
+        # line below) is a clean exit, with the cleanup above.
         service = Service(store.redis, configure(store.url), settings,
                           jobs_root(settings.home, str(root) if root else None),
                           workspace=workspace.resolve() if workspace else None)
         click.echo(f"swarm mcp on stdio (store {store.masked_url}; jobs under {service.root})",
                    err=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            stop.call(lambda: run_stdio(service))
+        stop.call(lambda: run_stdio(service))
 
 
 @click.group(context_settings=CTX)
