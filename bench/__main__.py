@@ -9,6 +9,8 @@ Parts (``--only NAME[,NAME]``):
 - ``memory``    resident memory per concurrent child in a worker (threads pool)
 - ``workers``   the same N on 1, 2 and 4 worker processes, and on two "hosts"
 - ``redis``     Redis commands and bytes per child and turn, memory per 1,000 children, TTLs
+- ``seed``      children seeded with a ~50 MB repository over two "hosts", against empty
+                children: added wall, bytes fetched per host, Redis peak memory
 
 ``--smoke`` runs a tiny size of each (about a minute; results go to ``*-smoke.json``).
 """
@@ -28,7 +30,7 @@ from typing import Any
 
 from bench.common import RESULTS, log, neutral_env, results_dir, write_result
 
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "seed")
 MODULES = {"workers": "across", "redis": "redis_cost"}
 
 
@@ -85,6 +87,15 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("redis")
     g.add_argument("--redis-n", type=int, default=200,
                    help="children of the Redis cost runs (default 200)")
+    g = p.add_argument_group("seed")
+    g.add_argument("--seed-n", type=int, default=200,
+                   help="children of the seeding jobs (default 200)")
+    g.add_argument("--seed-files", type=int, default=5000,
+                   help="files of the synthetic repository (default 5000)")
+    g.add_argument("--seed-mb", type=float, default=50.0,
+                   help="megabytes of the synthetic repository (default 50)")
+    g.add_argument("--seed-repeats", type=int, default=2,
+                   help="seeded and empty jobs, alternated (default 2 of each)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     p.add_argument("--results", type=Path, default=None,
                    help="directory for the JSON and PNG (default bench/results/)")
@@ -94,7 +105,8 @@ def parser() -> argparse.ArgumentParser:
 SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 2,
          "repeat_max": 1, "latency": 0.05,
          "turns": 2, "workers": 1, "concurrency": 16, "processes_n": 3, "memory_sizes": [5],
-         "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4}
+         "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "seed_n": 4,
+         "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1}
 
 
 def display(path: Path) -> str:

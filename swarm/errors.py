@@ -123,3 +123,17 @@ class TimedOut(Cancelled):
 
 class BudgetExceeded(AgentStopped):
     """The swarm's children used the token budget (``SWARM_TOKEN_BUDGET``)."""
+
+
+class WorkspaceError(SwarmError):
+    """A workspace could not be snapshotted, seeded, brought home or restored."""
+
+
+class SnapshotTooLarge(WorkspaceError):
+    """A workspace snapshot is over ``SWARM_SNAPSHOT_MAX`` (or the swarm's total over
+    ``SWARM_SNAPSHOT_SWARM_MAX``); the message says the size, the cap and what to do."""
+
+
+class WorkspaceLost(WorkspaceError):
+    """A workspace that must be restored (a parked parent resumed on another host, a
+    continued child) cannot be: its snapshot is gone or broken."""

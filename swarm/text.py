@@ -28,3 +28,13 @@ def public_url(url: str) -> str:
         return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
     except ValueError:  # a malformed URL: show none of it rather than a secret
         return "the configured endpoint"
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes for people: ``512 B``, ``1.5 KB``, ``61.2 MB``, ``2.0 GB`` (powers of 1000)."""
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
