@@ -521,7 +521,7 @@ def run_root(cluster: Cluster, model: TimedModelServer, script: JobScript, *,
     watchdog.start()
     started = time.perf_counter()
     try:
-        result = CliRunner().invoke(swarm_cli, ["run", "--yes", "--workers", "0", "-C",
+        result = CliRunner().invoke(swarm_cli, ["run", "--yes", "--new", "--workers", "0", "-C",
                                                 str(workspace), script.root_task],
                                     env=env, catch_exceptions=False)
     finally:

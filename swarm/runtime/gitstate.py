@@ -189,7 +189,8 @@ def bundle(repo: Path, sha: str, base: str = "") -> bytes:
     git("update-ref", ref, sha, cwd=repo)
     with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
         path = Path(tmp) / "b.bundle"
-        git("-c", "pack.compression=1", "bundle", "create", "-q", str(path), ref,
+        git("-c", "pack.compression=1", "-c", "pack.window=0", "bundle", "create", "-q",
+            str(path), ref,
             *([f"^{base}"] if base else []), cwd=repo)
         return path.read_bytes()
 
