@@ -79,7 +79,7 @@ class Hosts:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
         env.update(SWARM_REDIS_URL=self.url, SWARM_HOME=str(self.home),
-                   SWARM_BASE_URL=self.model.base_url, SWARM_API_KEY="k", SWARM_RETRIES="1")
+                   SWARM_BASE_URL=self.model.base_url, SWARM_API_KEY="k", SWARM_RETRIES="3")
         log = open(self.base / f"{short}.log", "ab")  # noqa: SIM115
         self.procs[short] = subprocess.Popen(
             ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
