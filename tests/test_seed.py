@@ -217,3 +217,23 @@ def test_a_workspace_that_cannot_be_restored_fails_loudly(redis: redis_lib.Redis
     with pytest.raises(WorkspaceLost, match="could not be restored on hostc"):
         seeds(redis, tmp_path / "home-c", "hostc").restore(SWARM, "p1", sid, sid)
     assert not (tmp_path / "home-c" / "workspaces" / SWARM / "p1").exists()
+
+
+def test_a_child_on_the_parents_host_hands_over_its_folder_without_a_transfer(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("keep\n")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    sid = laptop.take(folder, SWARM)
+    worker = seeds(redis, tmp_path / "home-w", "laptop")  # another SWARM_HOME, same host
+    child = worker.child(SWARM, "a1", sid)
+    (child.path / "made.txt").write_text("made\n")
+    delta = worker.capture(child, SWARM)
+    session = result_session(folder, {"agent_id": "a1", "delta": delta, "seed": sid,
+                                      "host": "laptop", "workspace": str(child.path)})
+    laptop.bring_home(session, folder, SWARM)
+    body = json.loads(session.messages[-1]["content"])
+    assert body["files_at"] == str(child.path)
+    assert (Path(body["files_at"]) / "made.txt").read_text() == "made\n"
+    assert SnapshotStore(redis).hosts(delta) == {"laptop": 0}  # nobody fetched it

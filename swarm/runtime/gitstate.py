@@ -201,7 +201,8 @@ def unbundle(repo: Path, sha: str, data: bytes) -> None:
     with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
         path = Path(tmp) / "b.bundle"
         path.write_bytes(data)
-        git("fetch", "-q", "--no-write-fetch-head", str(path), f"{ref}:{ref}", cwd=repo)
+        git("-c", "gc.auto=0", "-c", "maintenance.auto=false", "fetch", "-q",
+            "--no-write-fetch-head", str(path), f"{ref}:{ref}", cwd=repo)
 
 
 def keep(repo: Path, sha: str) -> None:

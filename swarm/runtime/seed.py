@@ -26,6 +26,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,7 +252,7 @@ class Seeds:
         """Before a parent resumes: its children's work (the results just appended to
         its session) as branches of its repository or files on this host; each result
         is rewritten to say where. True when the session changed (save it)."""
-        changed = False
+        todo: list[tuple[dict[str, Any], dict[str, Any]]] = []
         for message in reversed(session.messages):
             if message.get("role") == "assistant":
                 break
@@ -261,12 +262,14 @@ class Seeds:
                 body = json.loads(str(message.get("content") or ""))
             except ValueError:
                 continue
-            if not isinstance(body, dict) or "delta" not in body:
-                continue
-            self.deliver(body, workspace, swarm_id)
+            if isinstance(body, dict) and "delta" in body:
+                todo.append((message, body))
+        # Each delivery is a few git processes: a wide fan-in runs them side by side.
+        with ThreadPoolExecutor(max_workers=min(8, len(todo) or 1)) as pool:
+            list(pool.map(lambda item: self.deliver(item[1], workspace, swarm_id), todo))
+        for message, body in todo:
             message["content"] = json.dumps(body, ensure_ascii=False, indent=1)
-            changed = True
-        return changed
+        return bool(todo)
 
     def deliver(self, body: dict[str, Any], workspace: Path, swarm_id: str) -> None:
         """One child's result: its ``delta`` made a branch or files here; ``body`` says
@@ -277,7 +280,12 @@ class Seeds:
         on_branch = bool(body.pop("home_branch", False))
         branch = f"swarm/{agent}"
         top = g.git_root(workspace)
+        here = body.pop("host", "") == self.host and Path(str(body.get("workspace", ""))).is_dir()
         try:
+            if (top is None or not seed) and here:
+                # The child's folder is on this host: its files are there, nothing moves.
+                body["files_at"] = str(body["workspace"])
+                return
             if top is not None and seed:
                 repo = g.common_dir(top)
                 if on_branch and g.ok("rev-parse", "--verify", "-q", f"refs/heads/{branch}",

@@ -200,7 +200,7 @@ class ChildRunner:
             state_id = ""
             result["home_error"] = f"its work could not be sent home: {exc}"
         if state_id:
-            result.update(delta=state_id, seed=workspace.seed)
+            result.update(delta=state_id, seed=workspace.seed, host=self.host)
             self.ledger.place(run.agent, str(workspace.path), self.host, state_id)
         if workspace.home_branch:
             result["git_branch"] = workspace.git_branch
