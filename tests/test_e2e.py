@@ -47,15 +47,16 @@ def test_run_on_the_embedded_default_and_resume_after_the_server_restarts(
     assert first.returncode == 0, first.stderr
     assert first.stdout == "wrote answer.txt\n"
     assert (work / "answer.txt").read_text() == "42\n"
-    # The CLI was the server's only user, so the server stopped with it...
-    assert not EmbeddedServer(home).status().running
+    # The CLI and the local processes it started in the background were the server's only
+    # users: once they have stopped on their own, so has the server...
+    wait_until(lambda: not EmbeddedServer(home).status().running, "the server to stop")
     # ...and the next run starts it again from its append-only file, resuming the session.
     second = swarm("run", "--yes", "what does it hold?", env=env, cwd=work)
     assert second.returncode == 0, second.stderr
     assert second.stdout == "it holds 42\n"
     history = [m.get("content") for m in model_server.requests[-1]["messages"]]
     assert history[1] == "write the answer" and history[-1] == "what does it hold?"
-    assert not EmbeddedServer(home).status().running
+    wait_until(lambda: not EmbeddedServer(home).status().running, "the server to stop")
 
 
 def test_sigint_during_a_command_kills_it_and_saves_the_session(
