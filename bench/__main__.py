@@ -12,6 +12,8 @@ Parts (``--only NAME[,NAME]``):
 - ``mcp``       N children on one worker sharing one MCP server, beside one server per child
 - ``cold``      the real ``swarm run`` command from process start to exit: cold on the
                 embedded default and on a running deployment, phase by phase (bench.cold)
+- ``seed``      children seeded with a ~50 MB repository over two "hosts", against empty
+                children: added wall, bytes fetched per host, Redis peak memory
 
 ``--smoke`` runs a tiny size of each (about a minute; results go to ``*-smoke.json``).
 """
@@ -31,7 +33,7 @@ from typing import Any
 
 from bench.common import RESULTS, log, neutral_env, results_dir, write_result
 
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold", "seed")
 MODULES = {"workers": "across", "redis": "redis_cost"}
 
 
@@ -104,6 +106,15 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--cold-ab", type=Path, default=None, metavar="SRC",
                    help="alternate every cold job with one of the swarm in source tree SRC "
                         "(e.g. `git worktree add /tmp/base HEAD~1`): an A/B in one run")
+    g = p.add_argument_group("seed")
+    g.add_argument("--seed-n", type=int, default=200,
+                   help="children of the seeding jobs (default 200)")
+    g.add_argument("--seed-files", type=int, default=5000,
+                   help="files of the synthetic repository (default 5000)")
+    g.add_argument("--seed-mb", type=float, default=50.0,
+                   help="megabytes of the synthetic repository (default 50)")
+    g.add_argument("--seed-repeats", type=int, default=2,
+                   help="seeded and empty jobs, alternated (default 2 of each)")
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     p.add_argument("--results", type=Path, default=None,
                    help="directory for the JSON and PNG (default bench/results/)")
@@ -114,7 +125,8 @@ SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 
          "repeat_max": 1, "latency": 0.05,
          "turns": 2, "workers": 1, "concurrency": 16, "processes_n": 3, "memory_sizes": [5],
          "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "mcp_n": 3,
-         "cold_repeats": 1, "cold_sizes": [1, 3], "cold_workers": 1}
+         "cold_repeats": 1, "cold_sizes": [1, 3], "cold_workers": 1, "seed_n": 4,
+         "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1}
 
 
 def display(path: Path) -> str:

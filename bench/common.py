@@ -430,6 +430,8 @@ class JobScript:
     n: int
     turns: int
     command: str = "echo {i}.{k} >> out.txt"
+    seed: bool = True
+    """Children start from the root's workspace (False: ``seed: false``, empty folders)."""
 
     @property
     def root_task(self) -> str:
@@ -457,7 +459,9 @@ class JobScript:
         task, turn = task_of(request), turn_of(request)
         if task.startswith(f"{self.tag}ROOT"):
             if turn == 0:
-                return Reply(tool_calls=[ToolCall("agent", {"message": self.child_task(i)},
+                extra = {} if self.seed else {"seed": False}
+                return Reply(tool_calls=[ToolCall("agent", {"message": self.child_task(i),
+                                                            **extra},
                                                   id=f"c{i}") for i in range(self.n)])
             return Reply(content=self.root_answer)
         i = self.child_index(task)
@@ -498,11 +502,14 @@ def new_tag() -> str:
 
 
 def run_root(cluster: Cluster, model: TimedModelServer, script: JobScript, *,
-             max_parallel: int, timeout: float = 180.0) -> RootRun:
-    """Run the root of ``script`` as ``swarm run --workers 0`` in this process, on ``cluster``."""
+             max_parallel: int, timeout: float = 180.0,
+             workspace: Path | None = None) -> RootRun:
+    """Run the root of ``script`` as ``swarm run --workers 0`` in this process, on ``cluster``
+    (in ``workspace``; default a new empty folder)."""
     model.responder = script
-    workspace = cluster.home / "jobs" / script.tag
-    workspace.mkdir(parents=True)
+    if workspace is None:
+        workspace = cluster.home / "jobs" / script.tag
+        workspace.mkdir(parents=True)
     env = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
     env.update(model_env(model))
     env.update(SWARM_REDIS_URL=cluster.url, SWARM_HOME=str(cluster.home),
@@ -514,7 +521,7 @@ def run_root(cluster: Cluster, model: TimedModelServer, script: JobScript, *,
     watchdog.start()
     started = time.perf_counter()
     try:
-        result = CliRunner().invoke(swarm_cli, ["run", "--yes", "--workers", "0", "-C",
+        result = CliRunner().invoke(swarm_cli, ["run", "--yes", "--new", "--workers", "0", "-C",
                                                 str(workspace), script.root_task],
                                     env=env, catch_exceptions=False)
     finally:

@@ -92,6 +92,12 @@ KNOBS: dict[str, Knob] = {
                   "seconds a worker's claim on a child lives without renewal; then taken over"),
     "reclaim_idle": Knob(("SWARM_RECLAIM_IDLE",),
                          "seconds before a dead coordinator's pending requests are taken over"),
+    "snapshot_max": Knob(("SWARM_SNAPSHOT_MAX",),
+                         "bytes of files in one workspace snapshot a child is seeded from "
+                         "(over it the agent call is refused, saying so); 0 = no cap"),
+    "snapshot_swarm_max": Knob(("SWARM_SNAPSHOT_SWARM_MAX",),
+                               "bytes of workspace snapshots one swarm may store in Redis; "
+                               "0 = no cap"),
     "sandbox": Knob(("SWARM_SANDBOX",),
                     "run commands in bubblewrap: auto (when a trial works), bwrap, none; "
                     "workers default to auto, the root in a terminal to none"),
@@ -175,6 +181,8 @@ class Settings:
     approval_timeout: int = 300
     lease: int = 30
     reclaim_idle: int = 15
+    snapshot_max: int = 100_000_000
+    snapshot_swarm_max: int = 1_000_000_000
     sandbox: str = "none"
     sandbox_network: bool = True
     sandbox_env: str = ""
@@ -237,7 +245,8 @@ class Settings:
                      "approval_timeout", "lease", "reclaim_idle", "mcp_start_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be a positive number")
-        for name in ("max_turns", "backoff_max", "token_budget"):
+        for name in ("max_turns", "backoff_max", "token_budget", "snapshot_max",
+                     "snapshot_swarm_max"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be 0 or more")
 

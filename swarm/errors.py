@@ -24,6 +24,9 @@ every message says what to check or how to fix it::
     │   ├── BudgetExceeded          the swarm used its token budget
     │   ├── LeaseLost               a worker lost a child's lease (another worker has it)
     │   └── Parked                  the agent waits for its children (not a failure)
+    ├── WorkspaceError              a workspace cannot be snapshotted, seeded or restored
+    │   ├── SnapshotTooLarge        over SWARM_SNAPSHOT_MAX (or SWARM_SNAPSHOT_SWARM_MAX)
+    │   └── WorkspaceLost           a workspace to restore elsewhere is gone or broken
     ├── RuntimeUnavailable          no coordinator or worker answers (berserk mode)
     └── RequestError                a request to `swarm serve` / `swarm mcp` cannot be done
 """
@@ -146,3 +149,17 @@ class LeaseLost(AgentStopped):
     """A worker stopped a child whose run's lease it no longer holds: it could not renew
     it in time (Redis unreachable, the host cut off) or another worker took the run over.
     The run goes on elsewhere; this worker runs no more of its commands."""
+
+
+class WorkspaceError(SwarmError):
+    """A workspace could not be snapshotted, seeded, brought home or restored."""
+
+
+class SnapshotTooLarge(WorkspaceError):
+    """A workspace snapshot is over ``SWARM_SNAPSHOT_MAX`` (or the swarm's total over
+    ``SWARM_SNAPSHOT_SWARM_MAX``); the message says the size, the cap and what to do."""
+
+
+class WorkspaceLost(WorkspaceError):
+    """A workspace that must be restored (a parked parent resumed on another host, a
+    continued child) cannot be: its snapshot is gone or broken."""

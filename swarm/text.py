@@ -39,3 +39,13 @@ def cap_middle(text: str, cap: int) -> str:
     half = max(cap // 2, 1)
     cut = len(text) - 2 * half
     return f"{text[:half]}\n[... {cut} characters cut ...]\n{text[-half:]}"
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes for people: ``512 B``, ``1.5 KB``, ``61.2 MB``, ``2.0 GB`` (powers of 1000)."""
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"

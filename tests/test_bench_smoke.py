@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed")
 
 pytestmark = [
     pytest.mark.slow,

@@ -20,6 +20,7 @@ from click.testing import CliRunner, Result
 from swarm.cli import main
 from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
+from swarm.store.snapshots import SnapshotStore
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
@@ -232,10 +233,11 @@ def test_no_secret_in_ledger_or_task_args(cluster: tuple[str, Path], client: red
                                        Reply(content="looked")]})
     assert swarm_run(cluster, model, tmp_path, "SECRETS").exit_code == 0
     dump = []
+    raw = SnapshotStore(client).raw  # snapshot chunks are binary
     for key in client.scan_iter(count=1000):
         kind = client.type(key)
         if kind == "string":
-            dump.append(str(client.get(key)))
+            dump.append(raw.get(key).decode("utf-8", "replace"))
         elif kind == "hash":
             dump.append(json.dumps(client.hgetall(key)))
         elif kind == "list":
@@ -332,7 +334,7 @@ def test_parked_parents_free_their_slot(cluster: tuple[str, Path], model: Script
     assert result.stdout.strip() == "via via bottom"
 
 
-def test_a_crash_outside_the_loop_fails_the_run_instead_of_hanging(
+def test_a_workspace_that_is_gone_fails_the_run_instead_of_an_empty_folder(
         cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
     def break_workspace_and_continue(request: dict[str, Any]) -> Reply:
         (first,) = results_of(request)
@@ -348,4 +350,65 @@ def test_a_crash_outside_the_loop_fails_the_run_instead_of_hanging(
     })
     result = swarm_run(cluster, model, tmp_path, "CRASH")
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.startswith("failed:internal error: FileExistsError"), result.stdout
+    assert result.stdout.startswith("failed:workspace lost: the workspace of a"), result.stdout
+    assert "no snapshot of it was taken" in result.stdout
+
+
+def _repo_with_work_in_progress(path: Path) -> Path:
+    path.mkdir()
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    (path / "tracked.txt").write_text("committed\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (path / "tracked.txt").write_text("uncommitted\n")
+    (path / "new.txt").write_text("untracked\n")
+    (path / ".env").write_text("API_TOKEN=do-not-ship\n")
+    return path
+
+
+def test_a_child_starts_from_the_parents_uncommitted_and_untracked_files(
+        cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
+    repo = _repo_with_work_in_progress(tmp_path / "repo")
+    model.responder = ByTask({
+        "SEEDROOT": [agent_calls("SEEDKID look"), lambda r: Reply(content=tool_results(r)[0])],
+        "SEEDKID": [Reply(tool_calls=[ToolCall("run_cli", {
+            "command": "cat tracked.txt new.txt; ls -a | grep -c '^.env$' || true"})]),
+            lambda r: Reply(content=tool_results(r)[0])],
+    })
+    result = swarm_run(cluster, model, repo, "SEEDROOT")
+    assert result.exit_code == 0, result.stderr
+    child = json.loads(result.stdout)
+    assert child["answer"].split()[:3] == ["uncommitted", "untracked", "0"], child
+    # The same host: a worktree of the user's repository, no transfer.
+    assert child["git_branch"] == f"swarm/{child['agent_id']}"
+
+
+def test_seed_false_starts_a_child_in_an_empty_folder(
+        cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
+    repo = _repo_with_work_in_progress(tmp_path / "repo")
+    model.responder = ByTask({
+        "EMPTYROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "EMPTYKID look",
+                                                           "seed": False}, id="e")]),
+                      lambda r: Reply(content=tool_results(r)[0])],
+        "EMPTYKID": [Reply(tool_calls=[ToolCall("run_cli", {"command": "ls -A | wc -l"})]),
+                     lambda r: Reply(content=tool_results(r)[0])],
+    })
+    result = swarm_run(cluster, model, repo, "EMPTYROOT")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["answer"].split()[0] == "0"
+
+
+def test_an_agent_call_over_the_snapshot_cap_is_refused_with_what_to_do(
+        cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
+    (tmp_path / "data.bin").write_bytes(b"x" * 5000)
+    model.responder = ByTask({
+        "CAPROOT": [agent_calls("CAPKID never"), lambda r: Reply(content=tool_results(r)[0])],
+        "CAPKID": [Reply(content="should not run")],
+    })
+    result = swarm_run(cluster, model, tmp_path, "CAPROOT", SWARM_SNAPSHOT_MAX="1000")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("error: the child was not started: the workspace "
+                                    "snapshot is 5.0 KB in 1 files; the cap is 1.0 KB "
+                                    "(SWARM_SNAPSHOT_MAX)"), result.stdout
+    assert not [r for r in model.requests if task_of(r) == "CAPKID never"]

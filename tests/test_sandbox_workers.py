@@ -10,7 +10,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner, Result
@@ -87,16 +87,22 @@ def hunting_model(home: Path) -> ScriptedModelServer:
     }))
 
 
-@pytest.mark.skipif(not sandbox.probe().ok, reason="no sandbox here")
-def test_a_default_workers_child_cannot_find_the_model_key(
-        cluster: tuple[str, Path, LocalCluster], tmp_path: Path) -> None:
-    url, home, local = cluster
+def hunt_as_child(url: str, home: Path, tmp_path: Path) -> dict[str, Any]:
+    """A root whose one child hunts for the model key; the child's result."""
     work = tmp_path / "work"
     work.mkdir()
     with hunting_model(home) as model:
         result = swarm_run(url, home, model, work, "ROOT")
     assert result.exit_code == 0, result.output
     (child,) = json.loads(result.stdout)
+    return cast("dict[str, Any]", child)
+
+
+@pytest.mark.skipif(not sandbox.probe().ok, reason="no sandbox here")
+def test_a_default_workers_child_cannot_find_the_model_key(
+        cluster: tuple[str, Path, LocalCluster], tmp_path: Path) -> None:
+    url, home, local = cluster
+    child = hunt_as_child(url, home, tmp_path)
     assert child["state"] == "done", child
     output = child["answer"]
     assert output.startswith("65534\n") and "hunted" in output, output  # ran in the box
@@ -113,12 +119,7 @@ def test_a_default_workers_child_cannot_find_the_model_key(
 def test_a_worker_that_cannot_sandbox_says_so_and_refuses_children(
         cluster: tuple[str, Path, LocalCluster], tmp_path: Path) -> None:
     url, home, _ = cluster
-    work = tmp_path / "work"
-    work.mkdir()
-    with hunting_model(home) as model:
-        result = swarm_run(url, home, model, work, "ROOT")
-    assert result.exit_code == 0, result.output
-    (child,) = json.loads(result.stdout)
+    child = hunt_as_child(url, home, tmp_path)
     assert child["state"] == "failed"
     assert "cannot sandbox commands" in child["error"]
     assert "No permissions to creating new namespace" in child["error"]
@@ -138,12 +139,7 @@ def test_a_worker_that_cannot_sandbox_says_so_and_refuses_children(
 def test_sandbox_none_runs_children_unconfined_on_such_a_worker(
         cluster: tuple[str, Path, LocalCluster], tmp_path: Path) -> None:
     url, home, _ = cluster
-    work = tmp_path / "work"
-    work.mkdir()
-    with hunting_model(home) as model:
-        result = swarm_run(url, home, model, work, "ROOT")
-    assert result.exit_code == 0, result.output
-    (child,) = json.loads(result.stdout)
+    child = hunt_as_child(url, home, tmp_path)
     assert child["state"] == "done", child
     assert child["answer"].startswith(f"{os.getuid()}\n")
     status = CliRunner().invoke(main, ["status"], env={"SWARM_REDIS_URL": url,

@@ -182,7 +182,11 @@ class Agent:
         hints: str | None = None
         calls = [parse_call(raw, offered) for raw in result.tool_calls]
         if any(c.name == "agent" and not c.error for c in calls):
-            self.spawn(calls)
+            done = self.spawn(calls)  # parks, unless no child could be sent
+            for call in calls:
+                self.add_result(call, done[call.id])
+            self.manage_context(result, None, since=answered_from)
+            return None
         for i, call in enumerate(calls):
             try:
                 output = self.execute(call)
@@ -194,9 +198,11 @@ class Agent:
         self.manage_context(result, hints, since=answered_from)
         return None
 
-    def spawn(self, calls: list[Call]) -> None:
+    def spawn(self, calls: list[Call]) -> dict[str, str]:
         """Run the calls that are not ``agent`` calls, hand the ``agent`` calls to the swarm
-        and park: their results (and these) are appended in call order when all settle."""
+        and park: their results (and these) are appended in call order when all settle.
+        When none of the ``agent`` calls can be sent (the spawner refused them all, e.g. a
+        workspace over its snapshot cap), every call's result is returned instead."""
         assert self.spawner is not None
         results: dict[str, str] = {}
         spawns: list[SpawnCall] = []
@@ -207,7 +213,7 @@ class Agent:
                     trace = telemetry.traceparent()
                 spawns.append(SpawnCall(call.id, str(args["message"]),
                                         str(args.get("agent_id", "")), args.get("output_schema"),
-                                        trace))
+                                        trace, empty=args.get("seed") is False))
                 self.observer.on_tool_start(call, self.summary(call))
                 continue
             try:
@@ -215,6 +221,10 @@ class Agent:
             except KeyboardInterrupt:
                 raise self.interrupted(calls, results) from None
             self.observer.on_tool_result(call, results[call.id])
+        spawns, refused = self.spawner.prepare(spawns)
+        results.update(refused)
+        if not spawns:
+            return results
         # Parked is saved before the request exists: the fan-in must never find this
         # session unparked (a load would then "repair" the calls it is about to answer).
         request_id = self.spawner.request_id(self.session.turns, spawns)

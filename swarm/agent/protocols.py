@@ -114,6 +114,12 @@ class Spawner(Protocol):
         """The id the request for ``calls`` made at model call ``turn`` will have (stable)."""
         ...
 
+    def prepare(self, calls: list[SpawnCall]) -> tuple[list[SpawnCall], dict[str, str]]:
+        """Seed the calls (snapshot the parent's workspace once for them): the calls to
+        send, and the results of those that cannot be sent (e.g. a snapshot over its
+        cap), by call id."""
+        ...
+
     def submit(self, request_id: str, turn: int, calls: list[SpawnCall],
                results: dict[str, str]) -> None:
         """Write the spawn request; ``results`` holds the results of the response's other

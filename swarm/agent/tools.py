@@ -68,11 +68,17 @@ AGENT = function_schema(
     "agent",
     "Spawn a copy of yourself with a fresh history and its own workspace to do part of the "
     "job, or continue an earlier child by agent_id. `message` must carry all the context the "
-    "child needs. Several agent calls in one answer run in parallel.",
+    "child needs. Several agent calls in one answer run in parallel. The child starts with a "
+    "copy of your workspace as it is now (committed, uncommitted and untracked files; not "
+    "ignored ones or secrets like .env); its changes come back as branch swarm/<agent_id> "
+    "in your git repository (merge it with `git merge swarm/<agent_id>`), or as files at "
+    "the path named in its result.",
     {
         "message": {"type": "string"},
         "agent_id": {"type": "string"},
         "output_schema": {"type": "object"},
+        "seed": {"type": "boolean",
+                 "description": "false: the child starts in an empty folder (default true)."},
     },
     ["message"],
 )

@@ -216,7 +216,8 @@ class Coordinator:
             accepted.append(NewRun(run, new_agent=not target, depth=depth,
                                    label=label or label_of(call["message"]),
                                    traceparent=str(call.get("traceparent") or ""),
-                                   parent_run=parent.run))
+                                   parent_run=parent.run,
+                                   seed="" if target else str(call.get("seed") or "")))
         spawned = self.ledger.spawn(swarm_id, parent, accepted, limits.max_children,
                                     limits.max_parallel)
         for new in spawned.over:

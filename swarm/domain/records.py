@@ -109,6 +109,13 @@ class AgentRecord:
     last: str = ""
     turns: int = 0
     usage: dict[str, int] = field(default_factory=dict)
+    seed: str = ""
+    """The snapshot its workspace started from ("": an empty folder)."""
+    ws_host: str = ""
+    """The host its workspace is on ("" in records from before workspaces travelled)."""
+    ws_state: str = ""
+    """The snapshot of its workspace as it last parked or settled: a resume or a
+    continuation on another host restores it from this."""
 
     @classmethod
     def from_hash(cls, row: dict[str, str]) -> AgentRecord | None:
@@ -128,7 +135,8 @@ class AgentRecord:
             settled=_float(row.get("settled")),
             parent_workspace=row.get("parent_workspace", ""),
             parent_host=row.get("parent_host"), last=row.get("last", ""),
-            turns=_int(row.get("turns")), usage=usage)
+            turns=_int(row.get("turns")), usage=usage, seed=row.get("seed", ""),
+            ws_host=row.get("ws_host", ""), ws_state=row.get("ws_state", ""))
 
     @property
     def session_id(self) -> str:

@@ -16,3 +16,8 @@ class SpawnCall:
     output_schema: dict[str, Any] | None = None
     traceparent: str = ""
     """The W3C trace context of this call, when telemetry is on (see swarm.telemetry)."""
+    empty: bool = False
+    """The model asked for a child that starts in an empty folder (``seed: false``)."""
+    seed: str = ""
+    """The snapshot of the parent's workspace the child starts from ("" : empty), set by
+    the spawner when it takes the snapshot."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -23,18 +24,20 @@ from swarm.domain.session import Session
 from swarm.errors import Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
 from swarm.runtime.local import LocalCluster, alive, shared, wait_for
+from swarm.runtime.seed import Seeds
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import Outage, Store
 from swarm.store.ledger import Ledger, new_swarm_id
 from swarm.store.sessions import RedisSessionStore
+from swarm.store.snapshots import SnapshotStore
 from swarm.text import plural
 
 #: What the children inherit from the root's settings (never secrets).
 INHERITED = ("model", "base_url", "yes", "max_turns", "approval", "max_depth", "max_children",
              "max_parallel", "token_budget", "child_timeout", "command_timeout",
              "command_timeout_max", "output_cap", "context_length", "stream", "approval_timeout",
-             "mcp_start_timeout")
+             "mcp_start_timeout", "snapshot_max", "snapshot_swarm_max")
 #: Seconds to wait for a deployment's coordinator and workers to answer.
 ANSWER_TIMEOUT = 5.0
 
@@ -67,12 +70,18 @@ class RootSwarm:
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.store.redis)
+        self.seeds = Seeds(SnapshotStore(self.store.redis), self.settings.home,
+                           socket.gethostname(), self.settings.snapshot_max,
+                           self.settings.snapshot_swarm_max)
 
     def spawner(self, store: Store, session: Session) -> RedisSpawner:
         self.session = session
         self.swarm_id = self.swarm_id or new_swarm_id()
+        workspace = Path(session.workspace)
         return RedisSpawner(self.ledger, self.swarm_id, self.swarm_id,
-                            ensure_swarm=self.ensure)
+                            ensure_swarm=self.ensure,
+                            seeder=lambda: self.seeds.take(workspace, self.swarm_id),
+                            host=self.seeds.host)
 
     def ensure(self) -> None:
         """Create the swarm in the ledger and make sure someone will run its children."""
@@ -153,6 +162,9 @@ class RootSwarm:
             self.wait(request_id)
             loaded = sessions.load(agent.session.id)
             assert loaded is not None, "the root session vanished while it was parked"
+            # The children's work comes home (branches, files) before the root goes on.
+            if self.seeds.bring_home(loaded, Path(loaded.workspace), self.swarm_id):
+                sessions.save(loaded)
             agent.session = loaded
             try:
                 return agent.resume()

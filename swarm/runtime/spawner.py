@@ -1,23 +1,33 @@
-"""The parent's side of a spawn: write one request for the coordinators, then park."""
+"""The parent's side of a spawn: seed the calls, write one request for the coordinators,
+then park."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict
 
 from swarm.domain.spawn import SpawnCall
+from swarm.errors import WorkspaceError
 from swarm.store.ledger import Ledger, derive_id
+
+#: Takes the snapshot of the parent's workspace its new children start from; returns its
+#: id, or raises :class:`WorkspaceError` (over a cap, say) with the reason.
+Seeder = Callable[[], str]
 
 
 class RedisSpawner:
     """:class:`swarm.agent.protocols.Spawner` on the ledger and the spawn stream.
 
     ``ensure_swarm`` is called before the first request: the terminal's root agent
-    creates its swarm only when it first goes berserk.
+    creates its swarm only when it first goes berserk. ``seeder`` snapshots the parent's
+    workspace (None: children start empty).
     """
 
     def __init__(self, ledger: Ledger, agent_id: str, swarm_id: str, run_id: str = "",
-                 ensure_swarm: Callable[[], None] | None = None, token: str = "") -> None:
+                 ensure_swarm: Callable[[], None] | None = None, token: str = "",
+                 seeder: Seeder | None = None, host: str = "",
+                 keep_state: bool = False) -> None:
         self.ledger = ledger
         self.agent_id = agent_id
         self.run_id = run_id
@@ -25,16 +35,45 @@ class RedisSpawner:
         """The lease of ``run_id`` (a parent in a worker): parking is fenced by it."""
         self.swarm_id = swarm_id
         self.ensure_swarm = ensure_swarm
+        self.seeder = seeder
+        self.host = host
+        self.keep_state = keep_state
+        """Snapshot the workspace at every park, children seeded or not (a parent in a
+        worker: it may be resumed on another host, which restores it from this)."""
         self.requests = 0
+        self._ensured = False
+        self.snapshot = ""
+        """The snapshot taken for the latest request ("" when none was)."""
 
     def request_id(self, turn: int, calls: list[SpawnCall]) -> str:
         return derive_id("q", self.agent_id, turn, *(c.call_id for c in calls))
 
+    def prepare(self, calls: list[SpawnCall]) -> tuple[list[SpawnCall], dict[str, str]]:
+        """New children that do not ask to start empty get the snapshot of the parent's
+        workspace, taken once for the request; if it cannot be taken, those calls are
+        answered with the reason instead."""
+        self._ensure()  # the swarm's record (and its counters) come first
+        wanted = [c for c in calls if not c.agent_id and not c.empty]
+        self.snapshot = ""
+        if (not wanted and not self.keep_state) or self.seeder is None:
+            return calls, {}
+        try:
+            self.snapshot = self.seeder()
+        except WorkspaceError as exc:
+            refused = {c.call_id: f"error: the child was not started: {exc}" for c in wanted}
+            return [c for c in calls if c.call_id not in refused], refused
+        return [dataclasses.replace(c, seed=self.snapshot) if c in wanted else c
+                for c in calls], {}
+
     def submit(self, request_id: str, turn: int, calls: list[SpawnCall],
                results: dict[str, str]) -> None:
-        if self.ensure_swarm is not None and self.requests == 0:
-            self.ensure_swarm()
+        self._ensure()
         self.requests += 1
         self.ledger.park(request_id, self.agent_id, self.swarm_id, turn,
                          [asdict(c) for c in calls], results, parent_run=self.run_id,
-                         token=self.token)
+                         token=self.token, workspace_state=self.snapshot, host=self.host)
+
+    def _ensure(self) -> None:
+        if self.ensure_swarm is not None and not self._ensured:
+            self.ensure_swarm()
+        self._ensured = True

@@ -75,7 +75,8 @@ def swarm_agents(swarm_id: str) -> str:
 
 
 def swarm_counters(swarm_id: str) -> str:
-    """Hash of counters: ``children`` (ever created), ``tokens`` (used by its children)."""
+    """Hash of counters: ``children`` (ever created), ``tokens`` (used by its children),
+    ``snapshot_bytes`` (stored for its workspaces)."""
     return f"{PREFIX}swarm:{swarm_id}:counters"
 
 
@@ -163,6 +164,34 @@ def events(swarm_id: str) -> str:
 def wake(agent_id: str) -> str:
     """List the coordinator pushes to when a parent waiting in a terminal may go on."""
     return f"{PREFIX}wake:{agent_id}"
+
+
+# -- workspace snapshots (seeds of children, parked and settled workspaces) -----------------
+
+#: A snapshot lives this long after it was last stored or read: longer than the ledger
+#: entries of the runs that start from it.
+SNAPSHOT_TTL = LEDGER_TTL + 24 * 3600
+#: Bytes per chunk of a stored snapshot (one string key each).
+SNAPSHOT_CHUNK = 512 * 1024
+
+
+def snapshot(snapshot_id: str) -> str:
+    """Hash: one stored snapshot (a git bundle): ``size``, ``chunks``, ``sha256``, ``base``
+    (the snapshot it is a delta over, or ""), ``files``, ``origin`` host and ``odb`` (the
+    git object store on that host that has it), ``local`` (its commit over the origin's
+    ``HEAD``), ``subdir``, ``created``."""
+    return f"{PREFIX}snapshot:{snapshot_id}"
+
+
+def snapshot_chunk(snapshot_id: str, index: int) -> str:
+    """String: chunk ``index`` of a snapshot's bundle."""
+    return f"{PREFIX}snapshot:{snapshot_id}:{index}"
+
+
+def snapshot_hosts(snapshot_id: str) -> str:
+    """Hash: where a snapshot is: host -> bytes that host fetched for it (0: it was made
+    there, or reached without a transfer)."""
+    return f"{PREFIX}snapshot:{snapshot_id}:hosts"
 
 
 def heartbeat(kind: str, name: str) -> str:

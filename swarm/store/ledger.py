@@ -31,6 +31,13 @@ MULTI/EXEC transaction)::
 
 ``cancel`` flags an agent's subtree (workers stop it; held runs settle at once).
 
+Where each workspace is (:mod:`swarm.runtime.seed`): a new child's record names the
+snapshot it starts from (``seed``, from its parent's ``agent`` call, written by
+``spawn``); ``park`` records the parent's workspace snapshot and host (``ws_state``,
+``ws_host``) in the same transaction as the request, so a resume elsewhere restores it;
+``place`` records where a workspace was made or restored, and the snapshot a settling
+child left.
+
 Ids are derived from (parent, turn, tool_call id), so a request replayed after a crash
 maps to the same runs; records are created only when absent, and a run settles once.
 Every lease, grace period and wall-time count is on the server's clock (``TIME`` in the
@@ -265,7 +272,7 @@ def result_text(run: RunRecord | None, call_id: str) -> str:
         return json.dumps({"state": "failed", "error": f"no run was recorded for call {call_id}"})
     body: dict[str, Any] = {"agent_id": run.result.get("agent_id", run.agent), "state": run.state}
     for name in ("error", "output", "answer", "workspace", "git_branch", "diffstat",
-                 "files_changed", "usage"):
+                 "files_changed", "usage", "delta", "seed", "home_branch", "host"):
         if run.result.get(name) not in (None, "", [], {}):
             body[name] = run.result[name]
     if "output" in body:
@@ -306,6 +313,8 @@ class NewRun:
     traceparent: str = ""
     parent_run: str = ""
     """The Celery task of the parent's run ("" for a root in a terminal)."""
+    seed: str = ""
+    """The snapshot a new child's workspace starts from ("": an empty folder)."""
 
     @classmethod
     def of(cls, run: RunRecord, record: AgentRecord | None) -> NewRun:
@@ -527,10 +536,13 @@ class Ledger:
 
     def park(self, request_id: str, parent_id: str, swarm_id: str, turn: int,
              calls: list[dict[str, Any]], results: dict[str, str],
-             parent_run: str = "", token: str = "") -> bool:
+             parent_run: str = "", token: str = "", workspace_state: str = "",
+             host: str = "") -> bool:
         """Record a spawn request, park the parent (a parked parent holds no slot: its
         children must be able to run) and put the request on the spawn stream, in one
-        transaction; False (and nothing written) if the request exists already.
+        transaction; False (and nothing written) if the request exists already. With
+        ``workspace_state``, the snapshot of the parent's workspace taken on ``host`` as it
+        parked is recorded with it (a resume on another host restores it).
 
         A parent in a worker parks its run ``parent_run``, fenced by its lease ``token``:
         :class:`~swarm.errors.LeaseLost` if another worker holds the run now."""
@@ -545,6 +557,9 @@ class Ledger:
                                 "this one stops without parking it")
             pipe.multi()
             pipe.hset(keys.agent(parent_id), "state", "parked")
+            if workspace_state:
+                pipe.hset(keys.agent(parent_id), mapping={"ws_state": workspace_state,
+                                                          "ws_host": host})
             if parent_run:
                 self._pause(keys=[run_key], client=pipe)
                 pipe.hset(keys.run(parent_run), mapping={"state": "parked", "lease": ""})
@@ -646,7 +661,7 @@ class Ledger:
                     "swarm": swarm_id, "parent": parent.id, "depth": item.depth,
                     "kind": "child", "workspace": "", "label": item.label,
                     "created": now, "host": "", "parent_workspace": parent.workspace,
-                    "parent_host": parent.host})
+                    "parent_host": parent.host, "seed": item.seed})
                 pipe.expire(akey, self.ttl)
                 pipe.zadd(keys.swarm_agents(swarm_id), {run.agent: now}, nx=True)
             pipe.hset(akey, mapping={"run": run.id, "state": "queued"})
@@ -748,9 +763,15 @@ class Ledger:
             "start_turn": start_turn, "start_index": start_index,
             "result": json.dumps({"usage_at_start": usage})})
 
-    def place(self, agent_id: str, workspace: str) -> None:
-        """The child's workspace is ready at ``workspace``."""
-        self.redis.hset(keys.agent(agent_id), "workspace", workspace)
+    def place(self, agent_id: str, workspace: str, host: str = "", state: str = "") -> None:
+        """The agent's workspace is at ``workspace`` on ``host`` (ready, or restored there);
+        with ``state``, the snapshot it can be restored from elsewhere (as it settled)."""
+        fields: dict[FieldT, EncodableT] = {"workspace": workspace}
+        if host:
+            fields["ws_host"] = host
+        if state:
+            fields["ws_state"] = state
+        self.redis.hset(keys.agent(agent_id), mapping=fields)
 
     def renew(self, run_id: str, token: str, lease: float, *, client: Any = None) -> bool:
         """Push the run's lease to ``lease`` seconds from now (the server's clock) if

@@ -33,17 +33,28 @@ from swarm.agent.output import ask_for, check_output, retry_message
 from swarm.cache import TTLCache
 from swarm.config import Settings
 from swarm.domain.history import repair
-from swarm.errors import AgentStopped, Cancelled, LeaseLost, ModelError, Parked
+from swarm.errors import (
+    AgentStopped,
+    Cancelled,
+    LeaseLost,
+    ModelError,
+    Parked,
+    WorkspaceError,
+    WorkspaceLost,
+)
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
+from swarm.runtime import gitstate
 from swarm.runtime.build import build_agent, new_session
+from swarm.runtime.seed import Seeds
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store.approvals import ApprovalQueue, QueueApprover
 from swarm.store.gate import RedisRateGate
 from swarm.store.hints import HomeHints, SwarmHints
 from swarm.store.ledger import SETTLED, AgentRecord, Ledger, RunRecord, Start
 from swarm.store.sessions import RedisSessionStore
+from swarm.store.snapshots import SnapshotStore
 from swarm.workers import workspace as ws
 from swarm.workers.limits import Control
 from swarm.workers.models import ModelClients
@@ -73,6 +84,7 @@ class ChildRunner:
         self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=False)
         self.supervisor = Supervisor(self.redis, self.settings.lease)
         self.models = ModelClients()
+        self.snapshots = SnapshotStore(self.redis)
         self._settings: TTLCache[str, dict[str, Any]] = TTLCache(SETTINGS_TTL)
         self._mcp: TTLCache[str, McpConfig] = TTLCache(SETTINGS_TTL)
         self.sandbox = sandbox.for_worker(self.settings)
@@ -118,6 +130,14 @@ class ChildRunner:
             return {"run": run.id, "state": "lease lost"}
         except (SwarmStoreError, redis.RedisError):
             raise  # Redis went away: the lease runs out and a worker takes the run over
+        except WorkspaceError as exc:
+            # Never carry on in an empty folder: the run fails, saying why.
+            log.error("run %s: %s", run.id, exc)
+            reason = f"workspace lost: {exc}" if isinstance(exc, WorkspaceLost) \
+                else f"workspace: {exc}"
+            self.ledger.settle(run, swarm_id, "failed",
+                               {"agent_id": run.agent, "error": reason}, {}, token=token)
+            return {"run": run.id, "state": "failed"}
         except Exception as exc:
             # A bug outside the agent's loop: taking the run over would hit it again, and
             # its parent would wait forever. Settle it as failed, with the reason.
@@ -152,7 +172,9 @@ class ChildRunner:
             # Nobody watches a child's tokens arrive: whole answers cost the worker less than
             # half the CPU of a parsed stream (and one read instead of one per chunk).
             settings = dataclasses.replace(settings, stream=False)
-        workspace = self._workspace(record, swarm_id)
+        seeds = Seeds(self.snapshots, self.settings.home, self.host, settings.snapshot_max,
+                      settings.snapshot_swarm_max)
+        workspace = self._workspace(record, swarm_id, seeds)
         session = self.sessions.from_fields(run.agent, start.session_meta,
                                             start.session_messages) \
             or new_session(workspace.path, run.agent)
@@ -165,6 +187,8 @@ class ChildRunner:
             elif request:  # still out: the join resumes it
                 self.ledger.stay_parked(run, swarm_id, watched.token)
                 return {"run": run.id, "state": "parked"}
+        if resume and seeds.bring_home(session, workspace.path, swarm_id):
+            self.sessions.save(session)  # its children's work is here before it goes on
         before = self._snapshot(workspace, run)
         watched.limit = settings.child_timeout
         control = Control(self.redis, swarm_id, watched, settings, self.supervisor,
@@ -180,7 +204,9 @@ class ChildRunner:
                 approver=QueueApprover(queue, settings.approval_timeout, control.cancelled),
                 observer=ProgressReporter(self.supervisor, swarm_id, run.agent, send, control),
                 spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id,
-                                     token=watched.token),
+                                     token=watched.token,
+                                     seeder=lambda: seeds.take(workspace.path, swarm_id),
+                                     host=self.host, keep_state=True),
                 extra_prompt=role_prompt(record.kind, run.agent, record.depth,
                                          workspace.path),
                 agent_id=run.agent,
@@ -202,8 +228,17 @@ class ChildRunner:
             agent_id=run.agent, workspace=str(workspace.path),
             files_changed=ws.changed_files(before, ws.snapshot(workspace.path)),
             usage=_usage_delta(start_usage, session.usage))
-        if workspace.git_branch:
+        try:
+            state_id = seeds.capture(workspace, swarm_id)
+        except WorkspaceError as exc:
+            state_id = ""
+            result["home_error"] = f"its work could not be sent home: {exc}"
+        if state_id:
+            result.update(delta=state_id, seed=workspace.seed, host=self.host)
+            self.ledger.place(run.agent, str(workspace.path), self.host, state_id)
+        if workspace.home_branch:
             result["git_branch"] = workspace.git_branch
+            result["home_branch"] = True
             result["diffstat"] = ws.commit_changes(
                 workspace, f"swarm {run.agent}: {run.message[:60]}")
         self.supervisor.flush()  # its progress goes before its settlement
@@ -214,7 +249,7 @@ class ChildRunner:
 
     def _snapshot(self, workspace: ws.Workspace, run: RunRecord) -> ws.Snapshot:
         """The workspace as it was when this run began (kept on disk across resumes)."""
-        path = workspace.path.parent / f".{run.agent}.{run.id}.snapshot.json"
+        path = workspace.top.parent / f".{run.agent}.{run.id}.snapshot.json"
         try:
             return {k: (v[0], v[1]) for k, v in json.loads(path.read_text()).items()}
         except (OSError, ValueError):
@@ -290,20 +325,45 @@ class ChildRunner:
         self._mcp.put(swarm_id, config)
         return config
 
-    def _workspace(self, record: AgentRecord, swarm_id: str) -> ws.Workspace:
+    def _workspace(self, record: AgentRecord, swarm_id: str, seeds: Seeds) -> ws.Workspace:
+        """The agent's workspace on this host: found where it was made, restored from the
+        snapshot taken as it parked or settled elsewhere, or made from its parent's
+        snapshot. :class:`WorkspaceLost` when it must be restored and cannot be."""
         if record.workspace:
             path = Path(record.workspace)
-            branch = f"swarm/{record.id}" if (path / ".git").is_file() else ""
-            path.mkdir(parents=True, exist_ok=True)
-            return ws.Workspace(path, branch)
-        parent_workspace, parent_host = record.parent_workspace, record.parent_host
-        if parent_host is None:  # written by a coordinator from before they rode along
-            parent = self.ledger.agent(record.parent) or AgentRecord("", "")
-            parent_workspace, parent_host = parent.workspace, parent.host
-        workspace = ws.prepare(self.settings.home, swarm_id, record.id, parent_workspace,
-                               parent_host == self.host)
-        self.ledger.place(record.id, str(workspace.path))
+            here = record.ws_host in ("", self.host)
+            if here and path.is_dir():
+                return _found(path, record, seeds)
+            if record.kind == "job" and not record.ws_state and not path.exists():
+                # A job's folder is named by its submitter, on the worker's own disk.
+                path.mkdir(parents=True)
+                return _found(path, record, seeds)
+            if not record.ws_state:
+                where = f"on {record.ws_host}" if not here else f"at {path}"
+                raise WorkspaceLost(f"the workspace of {record.id} was {where} and no "
+                                    "snapshot of it was taken")
+            workspace = seeds.restore(swarm_id, record.id, record.seed, record.ws_state)
+            self.ledger.place(record.id, str(workspace.path), self.host)
+            return workspace
+        workspace = seeds.child(swarm_id, record.id, record.seed)
+        self.ledger.place(record.id, str(workspace.path), self.host)
         return workspace
+
+
+def _found(path: Path, record: AgentRecord, seeds: Seeds) -> ws.Workspace:
+    """A workspace already on this host (a resume, a continuation, a takeover)."""
+    root = seeds.home / "workspaces" / record.swarm / record.id
+    top = root if root.is_dir() and path.resolve().is_relative_to(root.resolve()) else path
+    git = top / ".git"
+    if not git.is_file():
+        return ws.Workspace(path, root=top)
+    repo = gitstate.common_dir(top)
+    branch = f"swarm/{record.id}"
+    meta = seeds.store.meta(record.seed) if record.seed else None
+    home_branch = meta is not None and meta.local != meta.id and \
+        Path(meta.odb).resolve() == repo.resolve()
+    return ws.Workspace(path, branch, root=top, seed=record.seed, repo=repo,
+                        home_branch=home_branch)
 
 
 def _usage_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

@@ -1,0 +1,252 @@
+"""Git plumbing for workspaces that travel: trees of a folder as its agent sees it,
+deterministic commits of them, bundles, worktrees. Nothing here touches a user's index,
+``HEAD`` or branches other than ``swarm/*`` (each tree is written through a temporary
+index), and nothing here talks to Redis (:mod:`swarm.runtime.seed` does).
+
+What a tree holds: in a git repository, ``HEAD`` plus staged, unstaged and untracked
+files that no ignore rule excludes; in a plain folder, its files minus what
+``.gitignore`` files exclude. In both, ``.swarmignore`` at the top adds rules, and the
+usual secret files (:data:`SECRET_PATTERNS`) are left out unless a ``.swarmignore``
+negation (``!.env.example``) lets one through. Files git already tracks are kept (they
+are in the repository's history already).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from swarm.errors import WorkspaceError
+
+#: Left out of every snapshot unless git tracks them or a ``.swarmignore`` negation
+#: lets them through.
+SECRET_PATTERNS = (".env*", "*.pem", "*.key", "id_rsa*", "id_dsa*", "id_ecdsa*",
+                   "id_ed25519*", ".netrc", ".pgpass", ".npmrc", ".pypirc", "*.p12", "*.pfx",
+                   "*.kdbx", ".aws/", ".ssh/", ".gnupg/", ".docker/config.json",
+                   "credentials.json", "*.tfstate")
+
+#: Commits made for transport are deterministic: the same tree (and parent) gives the same
+#: commit id on every host, so a snapshot's id is its content.
+IDENT = {"GIT_AUTHOR_NAME": "swarm", "GIT_AUTHOR_EMAIL": "swarm@localhost",
+         "GIT_AUTHOR_DATE": "1700000000 +0000", "GIT_COMMITTER_NAME": "swarm",
+         "GIT_COMMITTER_EMAIL": "swarm@localhost", "GIT_COMMITTER_DATE": "1700000000 +0000"}
+
+#: The id of git's empty tree.
+EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+_CLEAN = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
+          "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR")
+
+
+def git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+        timeout: float = 300) -> str:
+    """``git ARGS`` (output stripped); :class:`WorkspaceError` with git's message."""
+    base = {k: v for k, v in os.environ.items() if k not in _CLEAN}
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL,
+                             env={**base, "GIT_TERMINAL_PROMPT": "0", **(env or {})})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WorkspaceError(f"git {args[0]} failed: {exc}") from None
+    if out.returncode != 0:
+        raise WorkspaceError(f"git {' '.join(args[:2])} failed: {out.stderr.strip()[-500:]}")
+    return out.stdout.strip()
+
+
+def ok(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> bool:
+    """Whether ``git ARGS`` succeeds."""
+    try:
+        git(*args, cwd=cwd, env=env)
+    except WorkspaceError:
+        return False
+    return True
+
+
+def inside_git(path: Path) -> bool:
+    """Whether ``path`` or a folder above it has a ``.git`` (no process started)."""
+    path = path.resolve()
+    return any((p / ".git").exists() for p in (path, *path.parents))
+
+
+def git_root(path: Path) -> Path | None:
+    """The top of the git work tree holding ``path``, or None."""
+    if not path.is_dir() or not inside_git(path):
+        return None
+    try:
+        return Path(git("rev-parse", "--show-toplevel", cwd=path))
+    except WorkspaceError:
+        return None
+
+
+def common_dir(top: Path) -> Path:
+    """The repository's git directory shared by its worktrees (objects, refs)."""
+    return Path(git("rev-parse", "--path-format=absolute", "--git-common-dir", cwd=top))
+
+
+def ensure_bare(path: Path) -> Path:
+    """A bare repository at ``path`` (created if missing): a host's cache of snapshots."""
+    if not (path / "objects").is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        git("init", "-q", "--bare", str(path))
+        git("config", "gc.auto", "0", cwd=path)
+    return path
+
+
+@functools.cache
+def _user_excludes() -> tuple[str, ...]:
+    """The lines of the user's global excludes file (read once per process)."""
+    configured = ""
+    with contextlib.suppress(WorkspaceError):
+        configured = git("config", "--global", "--path", "core.excludesFile")
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git" / "ignore"
+    for source in (Path(configured) if configured else None, xdg):
+        if source is not None and source.is_file():
+            return tuple(source.read_text(errors="replace").splitlines())
+    return ()
+
+
+def _index_of(top: Path) -> Path:
+    """The index file of the work tree ``top`` (its own one, for a linked worktree)."""
+    dotgit = top / ".git"
+    if dotgit.is_file():
+        text = dotgit.read_text().strip()
+        if text.startswith("gitdir:"):
+            gitdir = Path(text[len("gitdir:"):].strip())
+            return (gitdir if gitdir.is_absolute() else top / gitdir) / "index"
+    if dotgit.is_dir():
+        return dotgit / "index"
+    return Path(git("rev-parse", "--path-format=absolute", "--git-path", "index", cwd=top))
+
+
+def _excludes(top: Path, into: Path) -> Path:
+    """An excludes file: the user's global one, the secret patterns, then ``.swarmignore``
+    (later lines win, so a negation there lets a secret pattern's file through)."""
+    lines = [*_user_excludes(), *SECRET_PATTERNS]
+    ignore = top / ".swarmignore"
+    if ignore.is_file():
+        lines += ignore.read_text(errors="replace").splitlines()
+    path = into / "excludes"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_tree(top: Path, *, odb: Path | None = None, index: Path | None = None) -> str:
+    """The tree of the folder ``top`` as its agent sees it. In a git work tree (``odb``
+    None) its index is copied so unchanged files are not hashed again; a plain folder
+    is read into the bare repository ``odb`` with ``index`` (kept between snapshots of
+    the same folder, for the same reason)."""
+    with tempfile.TemporaryDirectory(prefix="swarm-tree-") as tmp:
+        excludes = _excludes(top, Path(tmp))
+        if odb is None:
+            real = _index_of(top)
+            temp = Path(tmp) / "index"
+            if real.is_file():
+                shutil.copyfile(real, temp)
+            env = {"GIT_INDEX_FILE": str(temp)}
+        else:
+            assert index is not None
+            index.parent.mkdir(parents=True, exist_ok=True)
+            env = {"GIT_DIR": str(odb), "GIT_WORK_TREE": str(top),
+                   "GIT_INDEX_FILE": str(index)}
+        git("-c", f"core.excludesFile={excludes}", "-c", "core.autocrlf=false",
+            "add", "-A", "--ignore-errors", "--", ".", cwd=top, env=env)
+        return git("write-tree", cwd=top, env=env)
+
+
+def commit(repo: Path, tree: str, parents: list[str], message: str,
+           deterministic: bool = True) -> str:
+    """A commit of ``tree`` in the repository ``repo`` (a git dir or a work tree)."""
+    args = ["commit-tree", tree, "-m", message]
+    for parent in parents:
+        args += ["-p", parent]
+    return git(*args, cwd=repo, env=IDENT if deterministic else None)
+
+
+def has(repo: Path, sha: str) -> bool:
+    return bool(sha) and ok("cat-file", "-e", f"{sha}^{{commit}}", cwd=repo)
+
+
+def tree_stats(repo: Path, tree: str) -> tuple[int, int]:
+    """(files, bytes) of a tree."""
+    files = size = 0
+    for line in git("ls-tree", "-r", "-l", tree, cwd=repo).splitlines():
+        meta = line.split("\t", 1)[0].split()
+        if len(meta) == 4 and meta[1] == "blob":
+            files += 1
+            size += int(meta[3]) if meta[3].isdigit() else 0
+    return files, size
+
+
+def bundle(repo: Path, sha: str, base: str = "") -> bytes:
+    """A bundle of commit ``sha`` (ref ``refs/swarm/snap/<sha>``) with only the objects
+    ``base`` lacks."""
+    ref = f"refs/swarm/snap/{sha}"
+    git("update-ref", ref, sha, cwd=repo)
+    with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
+        path = Path(tmp) / "b.bundle"
+        git("-c", "pack.compression=1", "-c", "pack.window=0", "bundle", "create", "-q",
+            str(path), ref,
+            *([f"^{base}"] if base else []), cwd=repo)
+        return path.read_bytes()
+
+
+def unbundle(repo: Path, sha: str, data: bytes) -> None:
+    """Put the bundle's commit ``sha`` (and its objects) into ``repo``, kept by a ref."""
+    ref = f"refs/swarm/snap/{sha}"
+    with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
+        path = Path(tmp) / "b.bundle"
+        path.write_bytes(data)
+        git("-c", "gc.auto=0", "-c", "maintenance.auto=false", "fetch", "-q",
+            "--no-write-fetch-head", str(path), f"{ref}:{ref}", cwd=repo)
+
+
+def keep(repo: Path, sha: str) -> None:
+    """A ref on ``sha`` so no ``git gc`` drops it while the swarm may need it."""
+    git("update-ref", f"refs/swarm/snap/{sha}", sha, cwd=repo)
+
+
+def worktree(repo: Path, path: Path, branch: str, start: str) -> None:
+    """A worktree of ``repo`` at ``path`` on ``branch`` (made or reset at ``start``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    last: WorkspaceError | None = None
+    for _ in range(5):  # concurrent worktree adds on one repository can trip on locks
+        try:
+            git("worktree", "add", "-q", "-f", "-B", branch, str(path), start,
+                cwd=repo.parent if repo.name == ".git" else repo)
+            return
+        except WorkspaceError as exc:
+            last = exc
+            if path.exists() and (path / ".git").exists():
+                return
+    assert last is not None
+    raise last
+
+
+def checkout_files(repo: Path, sha: str, into: Path, files: list[str] | None = None) -> None:
+    """Write the files of commit ``sha`` (or only ``files`` of it) under ``into``, through
+    a temporary index (no ``.git`` there)."""
+    into.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="swarm-index-") as tmp:
+        env = {"GIT_DIR": str(common_dir(repo) if (repo / ".git").exists() else repo),
+               "GIT_WORK_TREE": str(into), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if files is None:
+            git("read-tree", "-u", "--reset", sha, cwd=into, env=env)
+        elif files:
+            git("read-tree", sha, cwd=into, env=env)
+            git("checkout-index", "-f", "--", *files, cwd=into, env=env)
+
+
+def changes(repo: Path, old: str, new: str) -> tuple[list[str], list[str]]:
+    """(changed or added, deleted) paths between two commits."""
+    changed: list[str] = []
+    deleted: list[str] = []
+    parts = git("diff", "--no-renames", "--name-status", "-z", old, new,
+                cwd=repo).split("\0")
+    for status, name in zip(parts[::2], parts[1::2], strict=False):
+        (deleted if status.startswith("D") else changed).append(name)
+    return changed, deleted

@@ -1,0 +1,329 @@
+"""Workspaces that travel: seed a child with its parent's files, bring its work home,
+restore a workspace on another host.
+
+- **Seed.** At an ``agent`` call the parent's workspace is snapshotted
+  (:func:`~swarm.runtime.gitstate.write_tree`) into a commit without parents, whose id is
+  the snapshot's id, and stored once in Redis as a git bundle
+  (:class:`~swarm.store.snapshots.SnapshotStore`). A child on the parent's host starts
+  from a ``git worktree`` of the object store that already has it (no transfer); a child
+  elsewhere fetches the bundle into its host's cache (``SWARM_HOME/seeds/cache.git``)
+  once per host, then makes a worktree from there.
+- **Bring home.** A settling child's workspace is a commit over its seed, stored as a
+  delta bundle. Before its parent resumes, the parent's process fetches it into the
+  parent's repository and makes it branch ``swarm/<agent_id>`` (over the commit of the
+  parent's workspace the child started from), or, for a parent in a plain folder,
+  writes the changed files to ``SWARM_HOME/returned/<swarm>/<agent_id>/``.
+- **Restore.** A parent in a worker snapshots its workspace as it parks; resumed on a
+  host without that folder, it is rebuilt from the snapshot, or the run fails with
+  "workspace lost". It never continues in an empty folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swarm.domain.session import Session
+from swarm.errors import SnapshotTooLarge, WorkspaceError, WorkspaceLost
+from swarm.runtime import gitstate as g
+from swarm.store.snapshots import SnapshotMeta, SnapshotStore
+from swarm.text import human_bytes
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """An agent's workspace: ``path`` (where it works) inside ``root`` (the folder made
+    for it; ``path`` differs when its parent worked in a subfolder of a repository)."""
+
+    path: Path
+    git_branch: str = ""
+    """``swarm/<agent_id>`` when the workspace is a git worktree."""
+    root: Path | None = None
+    seed: str = ""
+    """The snapshot it started from ("": an empty folder)."""
+    repo: Path | None = None
+    """The git directory its worktree belongs to (None: a plain folder)."""
+    home_branch: bool = False
+    """Its branch is in its parent's own repository (same host): commits land there."""
+
+    @property
+    def top(self) -> Path:
+        return self.root or self.path
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file ``path`` across threads and processes of a host."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+#: The snapshot "id" of an empty workspace: nothing is stored, an empty folder is made.
+EMPTY = "empty"
+
+
+class Seeds:
+    """Snapshots of one host (``home`` is its ``SWARM_HOME``) on one store."""
+
+    def __init__(self, store: SnapshotStore, home: Path, host: str, snapshot_max: int = 0,
+                 swarm_max: int = 0) -> None:
+        self.store = store
+        self.home = home
+        self.host = host
+        self.snapshot_max = snapshot_max
+        self.swarm_max = swarm_max
+
+    @property
+    def cache(self) -> Path:
+        """This host's bare repository of fetched snapshots (made on first use)."""
+        path = self.home / "seeds" / "cache.git"
+        if not (path / "objects").is_dir():
+            with _locked(self.home / "seeds" / "cache.lock"):
+                g.ensure_bare(path)
+        return path
+
+    # -- seed -------------------------------------------------------------------------------
+
+    def take(self, workspace: Path, swarm_id: str) -> str:
+        """Snapshot ``workspace`` as its agent sees it and store it (once); its id.
+        :class:`SnapshotTooLarge` names the size, the cap and what to do."""
+        top = g.git_root(workspace)
+        head = ""
+        if top is not None:
+            odb = g.common_dir(top)
+            tree = g.write_tree(top)
+            subdir = str(workspace.resolve().relative_to(top.resolve()))
+            with contextlib.suppress(WorkspaceError):
+                head = g.git("rev-parse", "--verify", "-q", "HEAD^{commit}", cwd=top)
+        else:
+            top, odb, subdir = workspace, self.cache, "."
+            key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
+            tree = g.write_tree(top, odb=odb, index=self.home / "seeds" / "index" / key)
+        if tree == g.EMPTY_TREE:
+            return EMPTY  # nothing to ship: the children start in empty folders
+        files, size = g.tree_stats(odb, tree)
+        if self.snapshot_max and size > self.snapshot_max:
+            raise SnapshotTooLarge(
+                f"the workspace snapshot is {human_bytes(size)} in {files} files; the cap is "
+                f"{human_bytes(self.snapshot_max)} (SWARM_SNAPSHOT_MAX). Add ignores to "
+                ".swarmignore (or .gitignore) for what the children do not need, raise "
+                "SWARM_SNAPSHOT_MAX, or call agent with seed=false for a child that starts "
+                "empty")
+        sid = g.commit(odb, tree, [], "swarm seed")
+        local = g.commit(odb, tree, [head], "swarm: the workspace as the parent saw it") \
+            if head else sid
+        g.keep(odb, sid)
+        if local != sid:
+            g.git("update-ref", f"refs/swarm/local/{sid}", local, cwd=odb)
+        self._publish(odb, SnapshotMeta(sid, 0, 0, "", "", files, self.host, str(odb), local,
+                                        "" if subdir == "." else subdir), swarm_id)
+        return sid
+
+    def _publish(self, odb: Path, meta: SnapshotMeta, swarm_id: str) -> None:
+        if self.store.exists(meta.id):
+            return
+        data = g.bundle(odb, meta.id, meta.base)
+        if self.snapshot_max and len(data) > self.snapshot_max:
+            raise SnapshotTooLarge(
+                f"the snapshot's bundle is {human_bytes(len(data))}; the cap is "
+                f"{human_bytes(self.snapshot_max)} (SWARM_SNAPSHOT_MAX). Add ignores to "
+                ".swarmignore (or .gitignore), or raise SWARM_SNAPSHOT_MAX")
+        self.store.put(meta, data, swarm_id, self.swarm_max)
+
+    def fetch(self, sid: str, into: Path) -> int:
+        """Make commit ``sid`` (and the snapshots it is a delta over) present in the
+        repository ``into``: once per host, whoever asks at the same time; the bytes this
+        call fetched (0 when it was there)."""
+        if g.has(into, sid):
+            return 0
+        with _locked(self.home / "seeds" / "locks" / f"{sid}.lock"):
+            if g.has(into, sid):
+                return 0
+            meta, data = self.store.get(sid)
+            fetched = self.fetch(meta.base, into) if meta.base else 0
+            g.unbundle(into, sid, data)
+            self.store.fetched(sid, self.host, len(data))
+            return fetched + len(data)
+
+    def child(self, swarm_id: str, agent_id: str, seed: str) -> Workspace:
+        """A new child's workspace: its parent's snapshot ``seed`` checked out (a plain
+        folder when ``seed`` is "")."""
+        path = self.home / "workspaces" / swarm_id / agent_id
+        if seed in ("", EMPTY):
+            path.mkdir(parents=True, exist_ok=True)
+            return Workspace(path, root=path)
+        meta = self.store.meta(seed)
+        if meta is None:
+            raise WorkspaceLost(f"the snapshot of the parent's workspace ({seed[:12]}) is not "
+                                "in the store any more")
+        branch = f"swarm/{agent_id}"
+        odb = Path(meta.odb)
+        start = meta.local or seed
+        if meta.origin == self.host and odb.is_dir() and g.has(odb, start):
+            # The parent's host: a worktree of the store that has it, no transfer.
+            g.worktree(odb, path, branch, start)
+            self.store.fetched(seed, self.host, 0)
+            home_branch = start != seed
+            repo = odb
+        else:
+            repo = self.cache
+            self.fetch(seed, repo)
+            g.worktree(repo, path, branch, seed)
+            home_branch = False
+        if meta.subdir:
+            (path / meta.subdir).mkdir(parents=True, exist_ok=True)
+        return Workspace(path / meta.subdir if meta.subdir else path, branch, root=path,
+                         seed=seed, repo=repo, home_branch=home_branch)
+
+    # -- settle and restore -----------------------------------------------------------------
+
+    def capture(self, ws: Workspace, swarm_id: str) -> str:
+        """Store the workspace as it is now, as a commit over its seed (a delta); its id,
+        or "" when nothing changed since the seed."""
+        if ws.repo is None:
+            if not any(ws.top.iterdir()):
+                return ""
+            repo = self.cache
+            key = hashlib.sha256(str(ws.top.resolve()).encode()).hexdigest()[:16]
+            tree = g.write_tree(ws.top, odb=repo, index=self.home / "seeds" / "index" / key)
+            parents: list[str] = []
+            if tree == g.EMPTY_TREE:
+                return ""
+        else:
+            repo = ws.repo
+            tree = g.write_tree(ws.top)
+            parents = [ws.seed]
+            if g.git("rev-parse", f"{ws.seed}^{{tree}}", cwd=repo) == tree:
+                return ""
+        sid = g.commit(repo, tree, parents, "swarm: a child's work")
+        self._publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
+                                         sid), swarm_id)
+        return sid
+
+    def restore(self, swarm_id: str, agent_id: str, seed: str, state: str) -> Workspace:
+        """Rebuild on this host an agent's workspace from the snapshot ``state`` taken as
+        it parked or settled; :class:`WorkspaceLost` when it cannot be."""
+        path = self.home / "workspaces" / swarm_id / agent_id
+        seed = "" if seed == EMPTY else seed
+        if state == EMPTY:  # it was empty as it parked
+            path.mkdir(parents=True, exist_ok=True)
+            return Workspace(path, root=path)
+        try:
+            if path.exists() or path.is_symlink():
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            repo = self.cache
+            self.fetch(state, repo)
+            if not seed:
+                g.checkout_files(repo, state, path)
+                return Workspace(path, root=path)
+            self.fetch(seed, repo)
+            meta = self.store.meta(seed)
+            branch = f"swarm/{agent_id}"
+            g.git("worktree", "prune", cwd=repo)
+            g.worktree(repo, path, branch, seed)
+            g.git("read-tree", "-u", "--reset", state, cwd=path)
+            g.git("reset", "-q", cwd=path)  # its changes uncommitted again, as they were
+        except WorkspaceError as exc:
+            raise WorkspaceLost(f"the workspace of {agent_id} could not be restored on "
+                                f"{self.host}: {exc}") from None
+        subdir = meta.subdir if meta is not None else ""
+        return Workspace(path / subdir if subdir else path, branch, root=path, seed=seed,
+                         repo=repo)
+
+    # -- bring home -------------------------------------------------------------------------
+
+    def bring_home(self, session: Session, workspace: Path, swarm_id: str) -> bool:
+        """Before a parent resumes: its children's work (the results just appended to
+        its session) as branches of its repository or files on this host; each result
+        is rewritten to say where. True when the session changed (save it)."""
+        todo: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for message in reversed(session.messages):
+            if message.get("role") == "assistant":
+                break
+            if message.get("role") != "tool":
+                continue
+            try:
+                body = json.loads(str(message.get("content") or ""))
+            except ValueError:
+                continue
+            if isinstance(body, dict) and "delta" in body:
+                todo.append((message, body))
+        # Each delivery is a few git processes: a wide fan-in runs them side by side.
+        with ThreadPoolExecutor(max_workers=min(8, len(todo) or 1)) as pool:
+            list(pool.map(lambda item: self.deliver(item[1], workspace, swarm_id), todo))
+        for message, body in todo:
+            message["content"] = json.dumps(body, ensure_ascii=False, indent=1)
+        return bool(todo)
+
+    def deliver(self, body: dict[str, Any], workspace: Path, swarm_id: str) -> None:
+        """One child's result: its ``delta`` made a branch or files here; ``body`` says
+        where (or why it could not be)."""
+        delta, seed = str(body.pop("delta")), str(body.pop("seed", "") or "")
+        seed = "" if seed == EMPTY else seed
+        agent = str(body.get("agent_id", ""))
+        on_branch = bool(body.pop("home_branch", False))
+        branch = f"swarm/{agent}"
+        top = g.git_root(workspace)
+        here = body.pop("host", "") == self.host and Path(str(body.get("workspace", ""))).is_dir()
+        try:
+            if (top is None or not seed) and here:
+                # The child's folder is on this host: its files are there, nothing moves.
+                body["files_at"] = str(body["workspace"])
+                return
+            if top is not None and seed:
+                repo = g.common_dir(top)
+                if on_branch and g.ok("rev-parse", "--verify", "-q", f"refs/heads/{branch}",
+                                      cwd=repo):
+                    body["merge"] = _MERGE.format(branch=branch)
+                    return  # committed there by the child itself (same host)
+                self.fetch(delta, repo)
+                local = seed
+                with contextlib.suppress(WorkspaceError):
+                    local = g.git("rev-parse", "--verify", "-q", f"refs/swarm/local/{seed}",
+                                  cwd=repo)
+                tree = g.git("rev-parse", f"{delta}^{{tree}}", cwd=repo)
+                head = g.commit(repo, tree, [local], f"swarm {agent}: {body.get('answer', '')}"
+                                [:200].strip() or f"swarm {agent}", deterministic=False)
+                g.git("update-ref", f"refs/heads/{branch}", head, cwd=repo)
+                body["git_branch"] = branch
+                body["diffstat"] = g.git("diff", "--stat", local, head, cwd=repo)[-2000:]
+                body["merge"] = _MERGE.format(branch=branch)
+                return
+            repo = self.cache
+            self.fetch(delta, repo)
+            if seed:
+                files, deleted = g.changes(repo, seed, delta)
+            else:
+                files = g.git("ls-tree", "-r", "-z", "--name-only", delta,
+                              cwd=repo).split("\0")
+                files, deleted = [f for f in files if f], []
+            dest = self.home / "returned" / swarm_id / agent
+            if dest.exists():
+                shutil.rmtree(dest)
+            g.checkout_files(repo, delta, dest, files)
+            body.pop("git_branch", None)
+            body["files_at"] = str(dest)
+            if deleted:
+                body["deleted"] = deleted[:200]
+        except WorkspaceError as exc:
+            body["home_error"] = f"its work could not be brought home: {exc}"
+
+
+_MERGE = ("its work is branch {branch} of your repository: commit your own changes first, "
+          "then `git merge {branch}`")

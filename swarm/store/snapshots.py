@@ -1,0 +1,159 @@
+"""Workspace snapshots in Redis: content-addressed git bundles, stored in chunks.
+
+A snapshot's id is the git commit it carries (a seed: a commit of the whole workspace
+tree without parents; a state: a commit over a seed, stored as a delta bundle of the
+objects the seed lacks). The same workspace snapshotted twice has the same id and is
+stored once. Chunks and the record live :data:`~swarm.store.keys.SNAPSHOT_TTL`, pushed
+on at every read, longer than the runs that start from them. Which hosts hold a
+snapshot (and how many bytes each fetched) is counted here too, so a benchmark or a
+test can tell that a host fetched it once, or never.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+from redis.client import Pipeline
+
+from swarm.errors import SnapshotTooLarge, WorkspaceLost
+from swarm.store import keys
+from swarm.text import human_bytes
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    """A stored snapshot's record (see :func:`swarm.store.keys.snapshot`)."""
+
+    id: str
+    size: int
+    chunks: int
+    sha256: str
+    base: str = ""
+    files: int = 0
+    origin: str = ""
+    odb: str = ""
+    local: str = ""
+    subdir: str = ""
+
+    @classmethod
+    def from_hash(cls, snapshot_id: str, row: dict[str, str]) -> SnapshotMeta | None:
+        if not row or "chunks" not in row:
+            return None
+        return cls(snapshot_id, int(row.get("size") or 0), int(row["chunks"]),
+                   row.get("sha256", ""), row.get("base", ""), int(row.get("files") or 0),
+                   row.get("origin", ""), row.get("odb", ""), row.get("local", ""),
+                   row.get("subdir", ""))
+
+
+def binary_client(redis_: redis.Redis) -> redis.Redis:
+    """A client on the same server as ``redis_`` that returns bytes (the store's clients
+    decode replies as text; a bundle is binary)."""
+    pool = redis_.connection_pool
+    kwargs = {**pool.connection_kwargs, "decode_responses": False}
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=pool.max_connections,
+        **kwargs))
+
+
+class SnapshotStore:
+    """Put, get and count snapshots; ``swarm_cap`` bounds what one swarm stores."""
+
+    def __init__(self, redis_: redis.Redis, ttl: int = keys.SNAPSHOT_TTL,
+                 chunk: int = keys.SNAPSHOT_CHUNK) -> None:
+        self.redis = redis_
+        self.raw = binary_client(redis_)
+        self.ttl = ttl
+        self.chunk = chunk
+
+    def meta(self, snapshot_id: str) -> SnapshotMeta | None:
+        return SnapshotMeta.from_hash(snapshot_id, cast(
+            "dict[str, str]", self.redis.hgetall(keys.snapshot(snapshot_id))))
+
+    def exists(self, snapshot_id: str) -> bool:
+        """Whether it is stored; its TTL is pushed on (a seed reused by a later call)."""
+        meta = self.meta(snapshot_id)
+        if meta is None:
+            return False
+        self._touch(meta)
+        return True
+
+    def put(self, meta: SnapshotMeta, data: bytes, swarm_id: str, swarm_cap: int) -> bool:
+        """Store ``data`` under ``meta.id`` and count its bytes against the swarm, in one
+        transaction; False when it was stored already (nothing counted). Raises
+        :class:`SnapshotTooLarge` when the swarm would pass ``swarm_cap`` bytes."""
+        counters = keys.swarm_counters(swarm_id)
+        record = keys.snapshot(meta.id)
+        parts = [data[i:i + self.chunk] for i in range(0, len(data), self.chunk)] or [b""]
+
+        def put(pipe: Pipeline) -> bool:
+            if pipe.exists(record):
+                return False
+            stored = int(pipe.hget(counters, "snapshot_bytes") or 0)
+            if swarm_cap and stored + len(data) > swarm_cap:
+                raise SnapshotTooLarge(
+                    f"this swarm has stored {human_bytes(stored)} of workspace snapshots and "
+                    f"this one needs {human_bytes(len(data))} more; the cap is "
+                    f"{human_bytes(swarm_cap)} (SWARM_SNAPSHOT_SWARM_MAX). Add ignores to "
+                    ".swarmignore (or .gitignore), raise SWARM_SNAPSHOT_SWARM_MAX, or call "
+                    "agent with seed=false for children that start empty")
+            pipe.multi()
+            for i, part in enumerate(parts):
+                pipe.set(keys.snapshot_chunk(meta.id, i), part, ex=self.ttl)
+            pipe.hset(record, mapping={
+                "size": len(data), "chunks": len(parts),
+                "sha256": hashlib.sha256(data).hexdigest(), "base": meta.base,
+                "files": meta.files, "origin": meta.origin, "odb": meta.odb,
+                "local": meta.local, "subdir": meta.subdir, "created": f"{time.time():.3f}"})
+            pipe.expire(record, self.ttl)
+            pipe.hset(keys.snapshot_hosts(meta.id), meta.origin, 0)
+            pipe.expire(keys.snapshot_hosts(meta.id), self.ttl)
+            pipe.hincrby(counters, "snapshot_bytes", len(data))
+            return True
+
+        fn: Any = put  # redis-py types the callback as returning None
+        return cast(bool, self.redis.transaction(fn, record, counters,
+                                                 value_from_callable=True))
+
+    def get(self, snapshot_id: str) -> tuple[SnapshotMeta, bytes]:
+        """The snapshot's record and bundle; :class:`WorkspaceLost` when it is gone or its
+        chunks do not add up (expired, evicted, flushed)."""
+        meta = self.meta(snapshot_id)
+        if meta is None:
+            raise WorkspaceLost(f"snapshot {snapshot_id[:12]} is not in the store (expired "
+                                "or flushed)")
+        with self.raw.pipeline(transaction=False) as pipe:
+            for i in range(meta.chunks):
+                pipe.get(keys.snapshot_chunk(snapshot_id, i))
+            parts = pipe.execute()
+        if any(p is None for p in parts):
+            raise WorkspaceLost(f"snapshot {snapshot_id[:12]} lost chunks in the store")
+        data = b"".join(cast("list[bytes]", parts))
+        if len(data) != meta.size or hashlib.sha256(data).hexdigest() != meta.sha256:
+            raise WorkspaceLost(f"snapshot {snapshot_id[:12]} is corrupt in the store")
+        self._touch(meta)
+        return meta, data
+
+    def fetched(self, snapshot_id: str, host: str, nbytes: int) -> None:
+        """``host`` now holds the snapshot, having fetched ``nbytes`` for it."""
+        key = keys.snapshot_hosts(snapshot_id)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(key, host, nbytes)
+            pipe.expire(key, self.ttl)
+            pipe.execute()
+
+    def hosts(self, snapshot_id: str) -> dict[str, int]:
+        """Hosts that hold the snapshot, and the bytes each fetched."""
+        row = cast("dict[str, str]", self.redis.hgetall(keys.snapshot_hosts(snapshot_id)))
+        return {host: int(n) for host, n in row.items()}
+
+    def _touch(self, meta: SnapshotMeta) -> None:
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.expire(keys.snapshot(meta.id), self.ttl)
+            pipe.expire(keys.snapshot_hosts(meta.id), self.ttl)
+            for i in range(meta.chunks):
+                pipe.expire(keys.snapshot_chunk(meta.id, i), self.ttl)
+            pipe.execute()

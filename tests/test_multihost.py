@@ -1,0 +1,280 @@
+"""Workspaces across machines: workers on "hosts" with their own disks.
+
+Each host is a real ``swarm worker`` started inside ``unshare --mount --uts``: its own
+hostname, a private folder bound over ``SWARM_HOME`` and an empty tmpfs over the
+laptop's folder (the root's repository and home), so it cannot see the parent's disk.
+They share the network (Redis, the scripted model on 127.0.0.1), as machines would.
+Skipped, with the reason, where mount namespaces are not allowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_lib
+from click.testing import CliRunner, Result
+
+from swarm.cli import main
+from swarm.runtime.local import alive
+from swarm.store import keys
+from swarm.store.connection import connect
+from swarm.store.ledger import Ledger
+from swarm.store.server import EmbeddedServer
+from swarm.testing.scripts import ByTask, tool_results
+from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+
+GIT = "git -c user.name=r -c user.email=r@r"
+
+
+def _namespaces() -> str:
+    """Why worker hosts cannot be made here, or ""."""
+    try:
+        out = subprocess.run(["unshare", "--mount", "--uts", "--propagation", "private",
+                              "sh", "-c", "hostname swarm-ns-check && mount -t tmpfs tmpfs /mnt"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare is not available: {exc}"
+    return "" if out.returncode == 0 else f"mount/UTS namespaces not permitted: {out.stderr}"
+
+
+REASON = _namespaces()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(REASON), reason=REASON)]
+
+
+class Hosts:
+    """Worker hosts on one Redis: ``start(name)``, ``stop(name)`` (SIGTERM, graceful)."""
+
+    def __init__(self, base: Path, url: str, model: ScriptedModelServer) -> None:
+        self.base, self.url, self.model = base, url, model
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.suffix = f"{os.getpid()}"
+        self.home = base / "home"  # every host's SWARM_HOME, each on its own disk
+        self.home.mkdir()
+
+    def name(self, short: str) -> str:
+        return f"{short}-ws{self.suffix}"
+
+    def start(self, short: str) -> str:
+        name = self.name(short)
+        disk = self.base / f"disk-{short}"
+        disk.mkdir(exist_ok=True)
+        script = " && ".join([
+            f"hostname {name}",
+            f"mount --bind {shlex.quote(str(disk))} {shlex.quote(str(self.home))}",
+            f"mount -t tmpfs tmpfs {shlex.quote(str(self.base / 'laptop'))}",
+            f"exec {shlex.quote(sys.executable)} -m swarm worker --concurrency 3 "
+            f"--hostname w@{name}"])
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+        env.update(SWARM_REDIS_URL=self.url, SWARM_HOME=str(self.home),
+                   SWARM_BASE_URL=self.model.base_url, SWARM_API_KEY="k", SWARM_RETRIES="3")
+        log = open(self.base / f"{short}.log", "ab")  # noqa: SIM115
+        self.procs[short] = subprocess.Popen(
+            ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        log.close()
+        client = connect(self.url)
+        deadline = time.monotonic() + 60
+        while f"w@{name}" not in alive(client, "worker"):
+            assert self.procs[short].poll() is None, (self.base / f"{short}.log").read_text()
+            assert time.monotonic() < deadline, "worker host did not start"
+            time.sleep(0.1)
+        return name
+
+    def stop(self, short: str) -> None:
+        proc = self.procs.pop(short)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for short in list(self.procs):
+            self.stop(short)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[Hosts, str, Path]]:
+    """A Redis, a coordinator, the scripted model, and the laptop's folder (empty)."""
+    server = EmbeddedServer(tmp_path / "redis-home")
+    url = server.ensure()
+    laptop = tmp_path / "laptop"
+    laptop.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWARM_")}
+    env.update(SWARM_REDIS_URL=url, SWARM_HOME=str(tmp_path / "coordinator-home"))
+    log = open(tmp_path / "coordinator.log", "ab")  # noqa: SIM115
+    coordinator = subprocess.Popen([sys.executable, "-m", "swarm", "coordinator", "--name",
+                                    f"mh-{os.getpid()}"], env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    with ScriptedModelServer() as model:
+        hosts = Hosts(tmp_path, url, model)
+        try:
+            yield hosts, url, laptop
+        finally:
+            hosts.close()
+            os.killpg(coordinator.pid, signal.SIGTERM)
+            coordinator.wait(timeout=30)
+            server.stop()
+
+
+def swarm_run(hosts: Hosts, workspace: Path, task: str) -> Result:
+    base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    base.update(SWARM_BASE_URL=hosts.model.base_url, SWARM_REDIS_URL=hosts.url,
+                SWARM_HOME=str(workspace.parent / "root-home"), SWARM_API_KEY="k",
+                SWARM_RETRIES="1")
+    return CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C", str(workspace),
+                                     task], env=base, catch_exceptions=False)
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir()
+    subprocess.run(f"git init -q && echo base > README && git add -A && {GIT} commit -qm base",
+                   shell=True, cwd=path, check=True)
+    return path
+
+
+def cli(command: str, call_id: str = "sh") -> Reply:
+    return Reply(tool_calls=[ToolCall("run_cli", {"command": command}, id=call_id)])
+
+
+def last_result(request: dict[str, Any]) -> Reply:
+    return Reply(content=tool_results(request)[-1])
+
+
+def test_six_children_on_two_hosts_each_bring_a_branch_home_and_the_root_merges_them(
+        world: tuple[Hosts, str, Path]) -> None:
+    hosts, url, laptop = world
+    names = {hosts.start("hosta"), hosts.start("hostb")}
+    repo = git_repo(laptop / "repo")
+    (repo / "seed.txt").write_text("SEED-42\n")  # untracked: the children see it anyway
+    seen: list[list[dict[str, Any]]] = []
+
+    def merge_all(request: dict[str, Any]) -> Reply:
+        results = [json.loads(t) for t in tool_results(request)]
+        seen.append(results)
+        merges = " && ".join(f"{GIT} merge -q --no-edit {r['git_branch']}" for r in results
+                             if r.get("git_branch"))
+        return cli(f"{GIT} add -A && {GIT} commit -qm own && {merges} && cat out-*.txt")
+
+    hosts.model.responder = ByTask({
+        "MH-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": f"MH-CHILD-{i} copy"},
+                                               id=f"c{i}") for i in range(6)]),
+                    merge_all, last_result],
+        **{f"MH-CHILD-{i}": [cli(f"cat seed.txt > out-{i}.txt && sleep 1 && hostname"),
+                             last_result] for i in range(6)},
+    })
+    result = swarm_run(hosts, repo, "MH-ROOT fan out")
+    assert result.exit_code == 0, result.stderr
+    (results,) = seen
+    assert [r["state"] for r in results] == ["done"] * 6, results
+    assert {r["answer"].split()[0] for r in results} == names  # both hosts worked
+    assert all(r["git_branch"] == f"swarm/{r['agent_id']}" and "out-" in r["diffstat"]
+               for r in results)
+    assert result.stdout.strip().splitlines()[:7] == ["SEED-42"] * 6 + ["[exit code: 0]"]
+    for i in range(6):
+        assert (repo / f"out-{i}.txt").read_text() == "SEED-42\n"
+    # Each host fetched the root's snapshot once.
+    client = connect(url)
+    snapshots = [k for k in client.scan_iter(keys.snapshot("*")) if k.endswith(":hosts")]
+    fetches = [client.hgetall(k) for k in snapshots]
+    root_snapshot = next(f for f in fetches if len(f) == 3)
+    assert {h for h, n in root_snapshot.items() if int(n) > 0} == names
+
+
+def _chain(hosts: Hosts, laptop: Path, lose: bool) -> tuple[Result, redis_lib.Redis, str]:
+    """Root -> parent P -> grandchild G. P parks on host A; A is stopped (SIGTERM) while G
+    runs there; P resumes on host B. With ``lose``, P's snapshot is deleted first."""
+    first = hosts.start("hosta")
+    repo = git_repo(laptop / "repo")
+    g_asked, g_go = threading.Event(), threading.Event()
+
+    def grandchild(request: dict[str, Any]) -> Reply:
+        g_asked.set()
+        g_go.wait(60)
+        return cli("echo from-g > g.txt")
+
+    hosts.model.responder = ByTask({
+        "MH-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "MH-P work"}, id="p")]),
+                    lambda r: Reply(content=tool_results(r)[0])],
+        "MH-P": [cli("echo parent-file > p.txt"),
+                 Reply(tool_calls=[ToolCall("agent", {"message": "MH-G go"}, id="g")]),
+                 lambda r: cli(f"cat p.txt && git branch --list "
+                               f"swarm/{json.loads(tool_results(r)[0])['agent_id']} | wc -l "
+                               "&& hostname"),
+                 last_result],
+        "MH-G": [grandchild, Reply(content="g done")],
+    })
+    out: list[Result] = []
+    runner = threading.Thread(target=lambda: out.append(swarm_run(hosts, repo, "MH-ROOT go")))
+    runner.start()
+    assert g_asked.wait(60), "the grandchild never started"
+    client = connect(hosts.url)
+    ledger = Ledger(client)
+    swarm_id = ledger.latest_swarm() or ""
+    parent = next(a for a in ledger.agents(swarm_id) if a.depth == 1)
+    assert parent.state == "parked" and parent.ws_host == first and parent.ws_state
+    if lose:
+        for key in list(client.scan_iter(keys.snapshot(parent.ws_state) + "*")):
+            client.delete(key)
+    stopping = threading.Thread(target=hosts.stop, args=("hosta",))
+    stopping.start()  # graceful: A finishes G, then exits
+    log = hosts.base / "hosta.log"
+    deadline = time.monotonic() + 30
+    while "Warm shutdown" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    g_go.set()  # A takes no new task now; G's answer may go out, and P's resume after it
+    stopping.join(90)
+    assert not stopping.is_alive()
+    hosts.start("hostb")
+    runner.join(120)
+    assert not runner.is_alive() and out
+    return out[0], client, parent.id
+
+
+def test_a_parked_parent_whose_host_is_shut_down_resumes_on_another_host_with_its_files(
+        world: tuple[Hosts, str, Path]) -> None:
+    hosts, _, laptop = world
+    result, client, parent_id = _chain(hosts, laptop, lose=False)
+    assert result.exit_code == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["state"] == "done", body
+    lines = body["answer"].split()
+    assert lines[:3] == ["parent-file", "1", hosts.name("hostb")], lines
+    record = Ledger(client).agent(parent_id)
+    assert record is not None and record.ws_host == hosts.name("hostb")
+    # P's work (with its own file and its grandchild's merged-in branch) came home.
+    repo = laptop / "repo"
+    shown = subprocess.run(["git", "show", f"{body['git_branch']}:p.txt"], cwd=repo,
+                           capture_output=True, text=True, check=True)
+    assert shown.stdout == "parent-file\n"
+
+
+def test_a_parked_parent_whose_workspace_cannot_be_restored_fails_loudly(
+        world: tuple[Hosts, str, Path]) -> None:
+    hosts, _, laptop = world
+    result, client, parent_id = _chain(hosts, laptop, lose=True)
+    assert result.exit_code == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["state"] == "failed"
+    assert body["error"].startswith("workspace lost:"), body
+    record = Ledger(client).agent(parent_id)
+    assert record is not None and record.state == "failed"
+

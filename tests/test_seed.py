@@ -1,0 +1,239 @@
+"""Workspaces that travel, on real git and the real store: a snapshot holds what the parent
+sees (and no secrets), a child on another host fetches it once, its work comes home as a
+branch or files, a workspace is restored elsewhere or fails loudly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+
+from swarm.domain.session import Session
+from swarm.errors import SnapshotTooLarge, WorkspaceLost
+from swarm.runtime.seed import Seeds
+from swarm.store import keys
+from swarm.store.snapshots import SnapshotStore
+
+SWARM = "sseedtest"
+
+
+def sh(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def make_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    sh(path, "init", "-q")
+    (path / "committed.txt").write_text("base\n")
+    (path / "staged.txt").write_text("old\n")
+    (path / "unstaged.txt").write_text("old\n")
+    (path / ".gitignore").write_text("build/\nsecret.txt\n")
+    sh(path, "add", "-A")
+    sh(path, "commit", "-qm", "base")
+    (path / "staged.txt").write_text("staged change\n")
+    sh(path, "add", "staged.txt")
+    (path / "unstaged.txt").write_text("unstaged change\n")
+    (path / "untracked.txt").write_text("untracked\n")
+    (path / "build").mkdir()
+    (path / "build" / "out.bin").write_text("ignored build output\n")
+    (path / "secret.txt").write_text("gitignored secret\n")
+    for name in (".env", ".env.local", "id_rsa", "server.pem", "tls.key", ".netrc"):
+        (path / name).write_text(f"SECRET in {name}\n")
+    return path
+
+
+def seeds(redis: redis_lib.Redis, home: Path, host: str, **caps: int) -> Seeds:
+    return Seeds(SnapshotStore(redis), home, host, **caps)
+
+
+def files_of(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): p.read_text() for p in sorted(path.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(path).parts}
+
+
+def test_a_child_elsewhere_starts_with_uncommitted_and_untracked_files(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    status = sh(repo, "status", "--porcelain")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    assert sh(repo, "status", "--porcelain") == status  # the user's index is untouched
+    child = seeds(redis, tmp_path / "home-b", "hostb").child(SWARM, "a1", sid)
+    got = files_of(child.path)
+    assert got["committed.txt"] == "base\n"
+    assert got["staged.txt"] == "staged change\n"
+    assert got["unstaged.txt"] == "unstaged change\n"
+    assert got["untracked.txt"] == "untracked\n"
+    assert child.git_branch == "swarm/a1" and not child.home_branch
+
+
+def test_ignored_files_and_secrets_stay_home(redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    (repo / ".env.example").write_text("KEY=\n")
+    (repo / ".swarmignore").write_text("!.env.example\nnotes/\n")
+    (repo / "notes").mkdir()
+    (repo / "notes" / "private.md").write_text("mine\n")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    child = seeds(redis, tmp_path / "home-b", "hostb").child(SWARM, "a1", sid)
+    got = files_of(child.path)
+    for name in ("secret.txt", "build/out.bin", ".env", ".env.local", "id_rsa", "server.pem",
+                 "tls.key", ".netrc", "notes/private.md"):
+        assert name not in got, name
+    assert got[".env.example"] == "KEY=\n"  # let through by the .swarmignore negation
+    raw = SnapshotStore(redis).get(sid)[1]
+    assert b"SECRET in" not in raw and b"gitignored secret" not in raw
+
+
+def test_a_plain_folder_is_seeded_without_ignored_files_or_secrets(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    folder = tmp_path / "logs"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "a.log").write_text("line\n")
+    (folder / ".gitignore").write_text("*.tmp\n")
+    (folder / "x.tmp").write_text("scratch\n")
+    (folder / ".env").write_text("TOKEN=1\n")
+    (folder / "id_rsa").write_text("KEY\n")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(folder, SWARM)
+    child = seeds(redis, tmp_path / "home-b", "hostb").child(SWARM, "a1", sid)
+    assert files_of(child.path) == {"sub/a.log": "line\n", ".gitignore": "*.tmp\n"}
+    assert not (folder / ".git").exists()  # the user's folder did not become a repository
+
+
+def test_the_same_host_moves_no_bytes_and_another_host_fetches_once(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    sid = laptop.take(repo, SWARM)
+    store = SnapshotStore(redis)
+    size = store.meta(sid).size  # type: ignore[union-attr]
+    near = seeds(redis, tmp_path / "home-w", "laptop").child(SWARM, "a1", sid)
+    assert near.home_branch  # a worktree of the user's repository, on swarm/a1
+    assert (near.path / "untracked.txt").read_text() == "untracked\n"
+    assert store.hosts(sid) == {"laptop": 0}
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    for i in range(5):
+        far.child(SWARM, f"b{i}", sid)
+    assert store.hosts(sid) == {"laptop": 0, "hostb": size}
+    # The same workspace snapshotted again is the same snapshot, stored once.
+    assert laptop.take(repo, SWARM) == sid
+    assert int(redis.hget(keys.swarm_counters(SWARM), "snapshot_bytes")) == size
+
+
+def test_a_snapshot_over_the_cap_is_refused_with_its_size_and_what_to_do(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    folder = tmp_path / "big"
+    folder.mkdir()
+    (folder / "data.bin").write_bytes(b"x" * 5000)
+    with pytest.raises(SnapshotTooLarge) as caught:
+        seeds(redis, tmp_path / "home", "laptop", snapshot_max=1000).take(folder, SWARM)
+    text = str(caught.value)
+    assert "5.0 KB" in text and "1.0 KB" in text and "SWARM_SNAPSHOT_MAX" in text
+    assert ".swarmignore" in text and "seed=false" in text
+    assert not list(redis.scan_iter("swarm:snapshot:*"))
+    with pytest.raises(SnapshotTooLarge) as caught:
+        seeds(redis, tmp_path / "home", "laptop", swarm_max=100).take(folder, SWARM)
+    assert "SWARM_SNAPSHOT_SWARM_MAX" in str(caught.value)
+
+
+def result_session(workspace: Path, body: dict[str, object]) -> Session:
+    return Session(id="p", workspace=str(workspace), messages=[
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c0"}]},
+        {"role": "tool", "tool_call_id": "c0", "content": json.dumps(body)}],
+        usage={}, created=0, updated=0)
+
+
+def test_a_childs_work_comes_home_as_a_branch_the_parent_can_merge(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    sid = laptop.take(repo, SWARM)
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    child = far.child(SWARM, "a1", sid)
+    (child.path / "new.txt").write_text("from the child\n")
+    (child.path / "committed.txt").write_text("edited by the child\n")
+    delta = far.capture(child, SWARM)
+    assert SnapshotStore(redis).meta(delta).base == sid  # type: ignore[union-attr]
+    session = result_session(repo, {"agent_id": "a1", "state": "done", "delta": delta,
+                                    "seed": sid})
+    assert laptop.bring_home(session, repo, SWARM)
+    body = json.loads(session.messages[-1]["content"])
+    assert body["git_branch"] == "swarm/a1" and "delta" not in body
+    assert "new.txt" in body["diffstat"] and "git merge swarm/a1" in body["merge"]
+    sh(repo, "add", "-A", ".")
+    sh(repo, "commit", "-qm", "the parent's own work")
+    sh(repo, "merge", "-q", "--no-edit", "swarm/a1")
+    assert (repo / "new.txt").read_text() == "from the child\n"
+    assert (repo / "committed.txt").read_text() == "edited by the child\n"
+    assert (repo / "untracked.txt").read_text() == "untracked\n"
+
+
+def test_a_plain_folder_parent_gets_the_changed_files_at_a_path(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("keep\n")
+    (folder / "gone.txt").write_text("gone\n")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    sid = laptop.take(folder, SWARM)
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    child = far.child(SWARM, "a1", sid)
+    (child.path / "made.txt").write_text("made\n")
+    (child.path / "gone.txt").unlink()
+    session = result_session(folder, {"agent_id": "a1", "delta": far.capture(child, SWARM),
+                                      "seed": sid})
+    laptop.bring_home(session, folder, SWARM)
+    body = json.loads(session.messages[-1]["content"])
+    at = Path(body["files_at"])
+    assert at.is_relative_to(tmp_path / "home-a")
+    assert files_of(at) == {"made.txt": "made\n"} and body["deleted"] == ["gone.txt"]
+
+
+def test_a_workspace_is_restored_on_another_host(redis: redis_lib.Redis,
+                                                 tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    b = seeds(redis, tmp_path / "home-b", "hostb")
+    parent = b.child(SWARM, "p1", sid)
+    (parent.path / "mine.txt").write_text("parent's file\n")
+    (parent.path / "untracked.txt").unlink()
+    state = b.take(parent.path, SWARM)  # as it parks
+    c = seeds(redis, tmp_path / "home-c", "hostc")
+    back = c.restore(SWARM, "p1", sid, state)
+    assert files_of(back.path) == files_of(parent.path)
+    # Its changes are uncommitted over its seed, as they were.
+    assert "mine.txt" in sh(back.path, "status", "--porcelain")
+    assert sh(back.path, "rev-parse", "HEAD").strip() == sid
+
+
+def test_a_workspace_that_cannot_be_restored_fails_loudly(redis: redis_lib.Redis,
+                                                          tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    for key in redis.scan_iter("swarm:snapshot:*"):
+        redis.delete(key)
+    with pytest.raises(WorkspaceLost, match="could not be restored on hostc"):
+        seeds(redis, tmp_path / "home-c", "hostc").restore(SWARM, "p1", sid, sid)
+    assert not (tmp_path / "home-c" / "workspaces" / SWARM / "p1").exists()
+
+
+def test_a_child_on_the_parents_host_hands_over_its_folder_without_a_transfer(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("keep\n")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    sid = laptop.take(folder, SWARM)
+    worker = seeds(redis, tmp_path / "home-w", "laptop")  # another SWARM_HOME, same host
+    child = worker.child(SWARM, "a1", sid)
+    (child.path / "made.txt").write_text("made\n")
+    delta = worker.capture(child, SWARM)
+    session = result_session(folder, {"agent_id": "a1", "delta": delta, "seed": sid,
+                                      "host": "laptop", "workspace": str(child.path)})
+    laptop.bring_home(session, folder, SWARM)
+    body = json.loads(session.messages[-1]["content"])
+    assert body["files_at"] == str(child.path)
+    assert (Path(body["files_at"]) / "made.txt").read_text() == "made\n"
+    assert SnapshotStore(redis).hosts(delta) == {"laptop": 0}  # nobody fetched it
