@@ -193,18 +193,29 @@ def relay(request: dict[str, Any]) -> Reply:
                                     for r in tool_results(request)))
 
 
-def redis_text(client: redis_lib.Redis) -> str:
+def redis_text(url: str) -> str:
+    """Every value in Redis as text (binary ones, such as workspace snapshots, with their
+    undecodable bytes replaced): what a secret must not be found in."""
     dump = []
-    for key in client.scan_iter(count=1000):
-        kind = client.type(key)
-        if kind == "string":
-            dump.append(str(client.get(key)))
-        elif kind == "hash":
-            dump.append(json.dumps(client.hgetall(key)))
-        elif kind == "list":
-            dump.append(json.dumps(client.lrange(key, 0, -1)))
-        elif kind == "stream":
-            dump.append(json.dumps(client.xrange(key)))
+    with redis_lib.Redis.from_url(url) as client:  # raw bytes: not every value is text
+        for key in client.scan_iter(count=1000):
+            kind = client.type(key)
+            if kind == b"string":
+                values: Any = [client.get(key)]
+            elif kind == b"hash":
+                values = [x for kv in client.hgetall(key).items() for x in kv]
+            elif kind == b"list":
+                values = client.lrange(key, 0, -1)
+            elif kind == b"set":
+                values = list(client.smembers(key))
+            elif kind == b"zset":
+                values = client.zrange(key, 0, -1)
+            elif kind == b"stream":
+                values = [x for _, fields in client.xrange(key) for kv in fields.items()
+                          for x in kv]
+            else:
+                values = []
+            dump.extend(v.decode("utf-8", "replace") for v in values if v is not None)
     return "\n".join(dump)
 
 
@@ -227,7 +238,7 @@ def test_children_on_a_worker_use_the_parents_servers_with_the_workers_secrets(
     assert not any(t["function"]["name"].startswith("mcp__") for t in root["tools"])
     # One server on the worker for its three children.
     assert len(list((ws / "pids").iterdir())) == 1
-    text = redis_text(connect(cluster[0]))
+    text = redis_text(cluster[0])
     assert "${MCP_NOTES_TOKEN}" in text and "mcp_notes_server.py" in text
     assert TOKEN not in text
 
