@@ -57,6 +57,32 @@ def test_swarm_home_is_hidden_but_a_workspace_in_it_is_not(tmp_path: Path) -> No
 
 
 @needs_sandbox
+def test_git_works_in_a_worktree_whose_repository_is_in_a_hidden_folder(
+        tmp_path: Path) -> None:
+    """A seeded child's workspace is a git worktree of SWARM_HOME's host cache, which the
+    box hides: git in the workspace still reads and writes its repository."""
+    import subprocess
+
+    home = tmp_path / "home"
+    cache, ws = home / "seeds" / "cache.git", home / "workspaces" / "s1" / "a1"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(cache)], check=True)
+    (cache / "f.txt").write_text("seed\n")
+    subprocess.run([*git, "-C", str(cache), "add", "f.txt"], check=True)
+    subprocess.run([*git, "-C", str(cache), "commit", "-qm", "seed"], check=True)
+    subprocess.run([*git, "-C", str(cache), "worktree", "add", "-q", "-b", "swarm/a1",
+                    str(ws)], check=True)
+    env = LocalEnvironment(ws, sandbox="bwrap", hide=(home,))
+    result = env.execute("echo more >> f.txt && git -c user.name=c -c user.email=c@c "
+                         "commit -qam child && git branch --list 'swarm/*' && cat f.txt", 10)
+    assert result.exit_code == 0, result.output
+    assert result.output.split() == ["*", "swarm/a1", "seed", "more"], result.output
+    log = subprocess.run(["git", "-C", str(cache), "log", "--format=%s", "swarm/a1"],
+                         capture_output=True, text=True, check=True)
+    assert log.stdout.split() == ["child", "seed"]
+
+
+@needs_sandbox
 def test_a_childs_parent_workspace_is_shown_read_only_even_in_swarm_home(
         tmp_path: Path) -> None:
     home = tmp_path / "home"

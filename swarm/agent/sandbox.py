@@ -193,6 +193,23 @@ def remove_cgroup(path: Path, grace: float = 2.0) -> None:
         return
 
 
+def git_dirs(workspace: Path) -> list[str]:
+    """The git folders of a worktree at ``workspace`` (its ``.git`` is a file naming its
+    own folder, whose ``commondir`` names the repository's): [] for anything else."""
+    dot = workspace / ".git"
+    try:
+        text = dot.read_text(errors="replace").strip() if dot.is_file() else ""
+    except OSError:
+        return []
+    if not text.startswith("gitdir:"):
+        return []
+    own = (workspace / text.removeprefix("gitdir:").strip()).resolve()
+    found = [own]
+    with contextlib.suppress(OSError):
+        found.append((own / (own / "commondir").read_text().strip()).resolve())
+    return [str(p) for p in found if p.is_dir()]
+
+
 @dataclass(frozen=True)
 class Box:
     """How to wrap a command in bubblewrap."""
@@ -228,6 +245,10 @@ class Box:
         # or SWARM_HOME hidden again inside a workspace that holds it. A hidden folder is
         # made read-only before anything is mounted in it (a remount reaches submounts).
         mounts = [(path, "hide") for path in hidden] + [(ws, "~bind")]
+        # A workspace that is a git worktree keeps its git folders elsewhere (a seeded
+        # child's in SWARM_HOME's host cache, a same-host one's in its parent's repository):
+        # git in the workspace reads and writes them.
+        mounts += [(path, "~bind") for path in git_dirs(Path(ws)) if path != ws]
         mounts += [(str(Path(p).resolve()), "ro") for p in self.read_only if os.path.isdir(p)]
         if self.home and os.path.isdir(self.home) and Path(self.home).resolve() != Path("/"):
             mounts.append((str(Path(self.home).resolve()), "home"))
