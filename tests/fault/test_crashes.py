@@ -29,10 +29,10 @@ from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import connect
 from swarm.store.ledger import AgentRecord, Ledger
 from swarm.store.server import EmbeddedServer
-from swarm.testing.proxy import TcpProxy
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, ToolCall
 from tests.helpers import wait_until
+from tests.netproxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,9 @@ between one process and a server, on one machine (this kernel has no netem).
 down does: the bytes a side sends are held (its reads block, its writes fill the buffers)
 until ``heal()`` delivers them, late, as TCP would after the link came back. New
 connections made while cut wait too. ``delay`` seconds are added to every chunk forwarded.
-Used by the fault tests and the chaos campaign; plain sockets and threads, no protocol.
+A test fixture, not part of swarm: it forwards bytes as they come and parses no protocol
+(Redis, HTTP or any other is spoken by the processes at either end, through their own
+libraries); plain sockets and threads.
 """
 
 from __future__ import annotations
