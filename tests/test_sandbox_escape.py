@@ -5,6 +5,7 @@ Each must fail; the first test shows the box itself works, so no failure is vacu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -44,10 +45,21 @@ def as_nobody(*argv: str) -> list[str]:
 def runner_env(home: Path) -> dict[str, str]:
     """What a worker has: the model key and the Redis URL (with its password), a home of
     its own next to SWARM_HOME."""
+    site = [str(REPO), str(home.parent / "site"), sysconfig.get_paths()["purelib"]]
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home.parent / "user"),
             "SWARM_API_KEY": SECRET, "SWARM_REDIS_URL": f"redis://:{SECRET}@127.0.0.1:1/0",
-            "SWARM_HOME": str(home),
-            "PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])}
+            "SWARM_HOME": str(home), "PYTHONPATH": os.pathsep.join(site)}
+
+
+def stage_site(base: Path) -> None:
+    """Copy the runner's third-party modules to ``base/site``, readable by anyone: the
+    site-packages they came from may sit under /root, which uid 65534 cannot read."""
+    site = base / "site"
+    site.mkdir(mode=0o755)
+    origin = importlib.util.find_spec("pyseccomp")
+    assert origin is not None and origin.origin is not None, "pyseccomp is a dependency"
+    shutil.copy(origin.origin, site / "pyseccomp.py")
+    (site / "pyseccomp.py").chmod(0o644)
 
 
 @cache
@@ -55,17 +67,23 @@ def unprivileged_python() -> str | None:
     """A Python an unprivileged user can run swarm with (this venv's may sit under /root)."""
     if os.getuid() != 0 or shutil.which("setpriv") is None:
         return None
-    for python in (sys.executable, os.path.realpath(sys.executable), "/usr/bin/python3",
-                   "/usr/local/bin/python3"):
-        try:
-            done = subprocess.run(as_nobody(python, "-c", "import swarm.agent.shell"),
-                                  env=runner_env(Path("/")), capture_output=True, timeout=30,
-                                  cwd="/")
-        except OSError:
-            continue
-        if done.returncode == 0:
-            return python
-    return None
+    base = Path(tempfile.mkdtemp(prefix="swarm-escape-probe-", dir="/var/tmp"))
+    try:
+        base.chmod(0o755)
+        stage_site(base)
+        for python in (sys.executable, os.path.realpath(sys.executable), "/usr/bin/python3",
+                       "/usr/local/bin/python3"):
+            try:
+                done = subprocess.run(
+                    as_nobody(python, "-c", "import swarm.agent.shell, pyseccomp"),
+                    env=runner_env(base / "home"), capture_output=True, timeout=30, cwd="/")
+            except OSError:
+                continue
+            if done.returncode == 0:
+                return python
+        return None
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @dataclass
@@ -119,6 +137,7 @@ def box(request: pytest.FixtureRequest) -> Iterator[Box]:
     base = Path(tempfile.mkdtemp(prefix="swarm-escape-", dir="/var/tmp"))
     base.chmod(0o755)
     made = Box(user, base, base / "ws", base / "home", python)
+    stage_site(base)
     for folder in (made.workspace, made.home, base / "user"):
         folder.mkdir()
         made.give(folder)
