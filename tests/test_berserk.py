@@ -303,7 +303,6 @@ def test_a_job_runs_its_root_on_the_workers(cluster: tuple[str, Path], client: r
     ledger = Ledger(client)
     settings = {"base_url": model.base_url, "model": model.models[0], "yes": True}
     swarm_id = submit_job(ledger, configure(cluster[0]), "JOBROOT do it", tmp_path, settings)
-    assert job_state(ledger, swarm_id)["state"] in ("queued", "running")
     deadline = time.monotonic() + 30
     while job_state(ledger, swarm_id)["state"] in ("queued", "running"):
         assert time.monotonic() < deadline, job_state(ledger, swarm_id)
