@@ -31,7 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, log, neutral_env, results_dir, write_result
+from bench.common import RESULTS, configure, log, results_dir, write_result
 
 PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold", "seed")
 MODULES = {"workers": "across", "redis": "redis_cost"}
@@ -115,6 +115,12 @@ def parser() -> argparse.ArgumentParser:
                    help="megabytes of the synthetic repository (default 50)")
     g.add_argument("--seed-repeats", type=int, default=2,
                    help="seeded and empty jobs, alternated (default 2 of each)")
+    p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
+                   help="SWARM_SANDBOX of the workers (default auto, as a deployment runs; "
+                        "none to compare with a swarm that had no sandbox)")
+    p.add_argument("--no-seed", action="store_true",
+                   help="children start in empty folders (seed: false) instead of from the "
+                        "root's workspace, to compare with a swarm that had no seeding")
     p.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     p.add_argument("--results", type=Path, default=None,
                    help="directory for the JSON and PNG (default bench/results/)")
@@ -174,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [x for x in only if x not in PARTS]
     if unknown:
         parser().error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
-    neutral_env()
+    configure(seed=not args.no_seed, sandbox=args.sandbox)
     if args.results is not None:
         args.results.mkdir(parents=True, exist_ok=True)
         results_dir(args.results.resolve())

@@ -38,7 +38,18 @@ from typing import Any
 import redis as redis_lib
 from click.testing import CliRunner
 
-from bench.spawn import MODEL, RESULTS, Stamp, TimedModelServer, machine_info, median, p95
+from bench.spawn import (
+    MODEL,
+    RESULTS,
+    Stamp,
+    TimedModelServer,
+    configure,
+    machine_info,
+    median,
+    neutral_env,
+    p95,
+    seeding,
+)
 from swarm.cli import main as swarm_cli
 from swarm.runtime.local import STOP_GRACE, alive
 from swarm.store.connection import connect
@@ -47,17 +58,11 @@ from swarm.testing.scripts import task_of, turn_of
 from swarm.testing.server import Reply, ToolCall
 
 __all__ = ["MODEL", "RESULTS", "Cluster", "JobScript", "Sampler", "Stamp", "TimedModelServer",
-           "machine_info", "median", "neutral_env", "p95", "run_process", "run_root"]
+           "configure", "machine_info", "median", "neutral_env", "p95", "run_process",
+           "run_root", "seeding"]
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def neutral_env() -> None:
-    """Remove every SWARM_/OPENAI_/EVA_ variable from this process: the processes it starts
-    inherit its environment, and a benchmark must not depend on the caller's settings."""
-    for name in [k for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))]:
-        del os.environ[name]
 
 
 _results_dir = RESULTS
@@ -430,8 +435,9 @@ class JobScript:
     n: int
     turns: int
     command: str = "echo {i}.{k} >> out.txt"
-    seed: bool = True
-    """Children start from the root's workspace (False: ``seed: false``, empty folders)."""
+    seed: bool = field(default_factory=lambda: seeding())
+    """Children start from the root's workspace (False: ``seed: false``, empty folders);
+    by default as ``python -m bench --no-seed`` says."""
 
     @property
     def root_task(self) -> str:

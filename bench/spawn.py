@@ -314,13 +314,42 @@ FANIN_PARTS = (
 )
 
 
+_seed_children = True
+_kept_env: dict[str, str] = {}
+
+
+def configure(seed: bool, sandbox: str) -> None:
+    """The settings of every part (``python -m bench --no-seed --sandbox MODE``): whether
+    jobs' children start from the root's workspace, and the workers' SWARM_SANDBOX."""
+    global _seed_children
+    _seed_children = seed
+    _kept_env["SWARM_SANDBOX"] = sandbox
+    neutral_env()
+
+
+def seeding() -> bool:
+    """See :func:`configure`."""
+    return _seed_children
+
+
+def neutral_env() -> None:
+    """Remove every SWARM_/OPENAI_/EVA_ variable from this process but the bench's own
+    settings (:func:`configure`): the processes it starts inherit its environment, and a
+    benchmark must not depend on the caller's settings."""
+    for name in [k for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))]:
+        del os.environ[name]
+    os.environ.update(_kept_env)
+
+
 def run_job(env: Env, n: int, command: str = "echo {i} > n.txt") -> Job:
     env.jobs += 1
     tag = f"J{env.jobs}x{os.getpid()}"
     root_key, child_key = f"BENCHROOT-{tag}", f"BENCHCHILD-{tag}-"
 
+    extra = {} if seeding() else {"seed": False}
+
     def fan_out(request: dict[str, Any]) -> Reply:
-        return Reply(tool_calls=[ToolCall("agent", {"message": f"{child_key}{i}: do it"},
+        return Reply(tool_calls=[ToolCall("agent", {"message": f"{child_key}{i}: do it", **extra},
                                           id=f"c{i}") for i in range(n)])
 
     def shell(request: dict[str, Any]) -> Reply:
@@ -596,8 +625,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     if args.smoke:
         args.sizes, args.repeats, args.floor_samples = "1,3", 2, 50
     sizes = sorted({int(x) for x in args.sizes.split(",") if x.strip()})
-    for name in [k for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))]:
-        del os.environ[name]  # the workers inherit this environment: keep it neutral
+    neutral_env()  # the workers inherit this environment: keep it neutral
     began = time.perf_counter()
 
     with swarm_cluster(args.workers, args.concurrency) as (url, home, cluster), \

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
 from swarm.runtime.seed import Seeds
 from swarm.store import keys
-from swarm.store.snapshots import SnapshotStore
+from swarm.store.snapshots import SnapshotMeta, SnapshotStore
 
 SWARM = "sseedtest"
 
@@ -136,6 +137,26 @@ def test_a_snapshot_over_the_cap_is_refused_with_its_size_and_what_to_do(
     with pytest.raises(SnapshotTooLarge) as caught:
         seeds(redis, tmp_path / "home", "laptop", swarm_max=100).take(folder, SWARM)
     assert "SWARM_SNAPSHOT_SWARM_MAX" in str(caught.value)
+
+
+def test_a_snapshot_is_stored_in_chunks_once_and_counted_against_its_swarm_once(
+        redis: redis_lib.Redis) -> None:
+    swarm, sid = f"s{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    store = SnapshotStore(redis, chunk=7)
+    data = bytes(range(256)) * 3  # binary, NUL bytes included
+    meta = SnapshotMeta(sid, 0, 0, "", origin="hosta", odb="/odb", subdir="sub")
+    assert store.put(meta, data, swarm, 0)
+    assert not store.put(meta, data, swarm, 0)  # stored already: not counted twice
+    got_meta, got = store.get(sid)
+    assert got == data and got_meta.chunks == 110 and got_meta.subdir == "sub"
+    assert store.hosts(sid) == {"hosta": 0}
+    assert int(redis.hget(keys.swarm_counters(swarm), "snapshot_bytes")) == 768
+    other = uuid.uuid4().hex
+    with pytest.raises(SnapshotTooLarge) as caught:
+        store.put(SnapshotMeta(other, 0, 0, ""), b"x" * 300, swarm, 1000)
+    assert "768 B" in str(caught.value) and "SWARM_SNAPSHOT_SWARM_MAX" in str(caught.value)
+    assert store.meta(other) is None
+    assert int(redis.hget(keys.swarm_counters(swarm), "snapshot_bytes")) == 768
 
 
 def result_session(workspace: Path, body: dict[str, object]) -> Session:

@@ -14,14 +14,34 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import redis
-from redis.client import Pipeline
 
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
 from swarm.store import keys
 from swarm.text import human_bytes
+
+_PUT = """
+-- KEYS: record, swarm counters, hosts, chunk 0..n-1
+-- ARGV: ttl, swarm cap (0: none), origin host, 10 x (field, value) of the record, chunks
+-- 1 stored, 0 stored already, -(stored bytes + 1) when the swarm's cap would be passed.
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local ttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local size = tonumber(ARGV[5])
+local stored = tonumber(redis.call('HGET', KEYS[2], 'snapshot_bytes') or '0')
+if cap > 0 and stored + size > cap then return -(stored + 1) end
+local first = 24
+for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[first + i - 4], 'EX', ttl) end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4, first - 1))
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('HSET', KEYS[3], ARGV[3], 0)
+redis.call('EXPIRE', KEYS[3], ttl)
+redis.call('HINCRBY', KEYS[2], 'snapshot_bytes', size)
+return 1
+"""
+"""One script (not a WATCH transaction: the swarm's counters change with every child's
+progress, and 500 children settling at once retried it over and over)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +88,7 @@ class SnapshotStore:
         self.raw = binary_client(redis_)
         self.ttl = ttl
         self.chunk = chunk
+        self._put = redis_.register_script(_PUT)
 
     def meta(self, snapshot_id: str) -> SnapshotMeta | None:
         return SnapshotMeta.from_hash(snapshot_id, cast(
@@ -83,40 +104,27 @@ class SnapshotStore:
 
     def put(self, meta: SnapshotMeta, data: bytes, swarm_id: str, swarm_cap: int) -> bool:
         """Store ``data`` under ``meta.id`` and count its bytes against the swarm, in one
-        transaction; False when it was stored already (nothing counted). Raises
+        script; False when it was stored already (nothing counted). Raises
         :class:`SnapshotTooLarge` when the swarm would pass ``swarm_cap`` bytes."""
-        counters = keys.swarm_counters(swarm_id)
-        record = keys.snapshot(meta.id)
         parts = [data[i:i + self.chunk] for i in range(0, len(data), self.chunk)] or [b""]
-
-        def put(pipe: Pipeline) -> bool:
-            if pipe.exists(record):
-                return False
-            stored = int(pipe.hget(counters, "snapshot_bytes") or 0)
-            if swarm_cap and stored + len(data) > swarm_cap:
-                raise SnapshotTooLarge(
-                    f"this swarm has stored {human_bytes(stored)} of workspace snapshots and "
-                    f"this one needs {human_bytes(len(data))} more; the cap is "
-                    f"{human_bytes(swarm_cap)} (SWARM_SNAPSHOT_SWARM_MAX). Add ignores to "
-                    ".swarmignore (or .gitignore), raise SWARM_SNAPSHOT_SWARM_MAX, or call "
-                    "agent with seed=false for children that start empty")
-            pipe.multi()
-            for i, part in enumerate(parts):
-                pipe.set(keys.snapshot_chunk(meta.id, i), part, ex=self.ttl)
-            pipe.hset(record, mapping={
-                "size": len(data), "chunks": len(parts),
-                "sha256": hashlib.sha256(data).hexdigest(), "base": meta.base,
-                "files": meta.files, "origin": meta.origin, "odb": meta.odb,
-                "local": meta.local, "subdir": meta.subdir, "created": f"{time.time():.3f}"})
-            pipe.expire(record, self.ttl)
-            pipe.hset(keys.snapshot_hosts(meta.id), meta.origin, 0)
-            pipe.expire(keys.snapshot_hosts(meta.id), self.ttl)
-            pipe.hincrby(counters, "snapshot_bytes", len(data))
-            return True
-
-        fn: Any = put  # redis-py types the callback as returning None
-        return cast(bool, self.redis.transaction(fn, record, counters,
-                                                 value_from_callable=True))
+        stored = int(self._put(
+            keys=[keys.snapshot(meta.id), keys.swarm_counters(swarm_id),
+                  keys.snapshot_hosts(meta.id),
+                  *(keys.snapshot_chunk(meta.id, i) for i in range(len(parts)))],
+            args=[self.ttl, swarm_cap, meta.origin,
+                  "size", len(data), "chunks", len(parts),
+                  "sha256", hashlib.sha256(data).hexdigest(), "base", meta.base,
+                  "files", meta.files, "origin", meta.origin, "odb", meta.odb,
+                  "local", meta.local, "subdir", meta.subdir, "created", f"{time.time():.3f}",
+                  *parts]))
+        if stored < 0:
+            raise SnapshotTooLarge(
+                f"this swarm has stored {human_bytes(-stored - 1)} of workspace snapshots and "
+                f"this one needs {human_bytes(len(data))} more; the cap is "
+                f"{human_bytes(swarm_cap)} (SWARM_SNAPSHOT_SWARM_MAX). Add ignores to "
+                ".swarmignore (or .gitignore), raise SWARM_SNAPSHOT_SWARM_MAX, or call "
+                "agent with seed=false for children that start empty")
+        return stored == 1
 
     def get(self, snapshot_id: str) -> tuple[SnapshotMeta, bytes]:
         """The snapshot's record and bundle; :class:`WorkspaceLost` when it is gone or its
