@@ -102,6 +102,8 @@ KNOBS: dict[str, Knob] = {
                     "run commands in bubblewrap: auto (when a trial works), bwrap, none; "
                     "workers default to auto, the root in a terminal to none"),
     "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",), "let sandboxed commands use the network"),
+    "sandbox_uid": Knob(("SWARM_SANDBOX_UID",),
+                        "host uid and gid a root worker runs sandboxed commands as (not 0)"),
     "mcp_start_timeout": Knob(("SWARM_MCP_START_TIMEOUT",),
                               "seconds an MCP server has to start and list its tools; "
                               "past that it is skipped"),
@@ -185,6 +187,7 @@ class Settings:
     snapshot_swarm_max: int = 1_000_000_000
     sandbox: str = "none"
     sandbox_network: bool = True
+    sandbox_uid: int = 65534
     sandbox_env: str = ""
     wait_notice: float = 10.0
     mcp_start_timeout: float = 30.0
@@ -234,6 +237,9 @@ class Settings:
             raise ConfigError("SWARM_COMPACT_AT must be between 0.1 and 0.95, e.g. 0.75")
         if self.sandbox not in ("auto", "bwrap", "none"):
             raise ConfigError(f"SWARM_SANDBOX={self.sandbox!r} is not one of auto, bwrap, none")
+        if not 0 < self.sandbox_uid < 0xFFFFFFFF:
+            raise ConfigError(f"SWARM_SANDBOX_UID={self.sandbox_uid} is not an unprivileged uid; "
+                              "set it to a uid of its own (default 65534, nobody), never 0")
         for tool, policy in self.approval.items():
             if policy not in POLICIES:
                 raise ConfigError(

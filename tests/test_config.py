@@ -101,6 +101,7 @@ def test_with_validates_like_from_env() -> None:
     ({"SWARM_YES": "perhaps"}, "SWARM_YES='perhaps' is not a valid bool"),
     ({"SWARM_BASE_URL": "localhost:8080"}, "is not an http(s) URL"),
     ({"SWARM_APPROVAL": "run_cli"}, "is not TOOL=POLICY"),
+    ({"SWARM_SANDBOX_UID": "0"}, "SWARM_SANDBOX_UID=0 is not an unprivileged uid"),
 ])
 def test_bad_values_say_what_is_wrong(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

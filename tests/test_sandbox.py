@@ -4,8 +4,13 @@ attempts are tests/test_sandbox_escape.py."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +22,18 @@ from swarm.errors import ConfigError
 
 needs_sandbox = pytest.mark.skipif(not sandbox.probe().ok,
                                    reason=f"no sandbox here: {sandbox.probe().reason}")
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a root runner's box needs root")
+
+
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A folder anyone may enter, outside /tmp (which the box replaces)."""
+    folder = Path(tempfile.mkdtemp(prefix="swarm-sandbox-test-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @needs_sandbox
@@ -60,9 +77,8 @@ def test_swarm_home_is_hidden_but_a_workspace_in_it_is_not(tmp_path: Path) -> No
 def test_git_works_in_a_worktree_whose_repository_is_in_a_hidden_folder(
         tmp_path: Path) -> None:
     """A seeded child's workspace is a git worktree of SWARM_HOME's host cache, which the
-    box hides: git in the workspace still reads and writes its repository."""
-    import subprocess
-
+    box hides: git in the workspace still reads and writes its repository, and the
+    runner's own git works on what the box wrote (a root runner's box is another uid)."""
     home = tmp_path / "home"
     cache, ws = home / "seeds" / "cache.git", home / "workspaces" / "s1" / "a1"
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
@@ -80,6 +96,133 @@ def test_git_works_in_a_worktree_whose_repository_is_in_a_hidden_folder(
     log = subprocess.run(["git", "-C", str(cache), "log", "--format=%s", "swarm/a1"],
                          capture_output=True, text=True, check=True)
     assert log.stdout.split() == ["child", "seed"]
+    (ws / "by-runner.txt").write_text("runner\n")
+    again = env.execute("echo box > by-box.txt && echo box >> by-runner.txt && git add -A && "
+                        "git -c user.name=c -c user.email=c@c commit -qm box", 10)
+    assert again.exit_code == 0, again.output
+    subprocess.run(["git", "-C", str(ws), "status", "--porcelain"], check=True)
+    (ws / "by-box.txt").write_text("runner again\n")
+    subprocess.run([*git, "-C", str(ws), "commit", "-qam", "runner"], check=True)
+    log = subprocess.run(["git", "-C", str(cache), "log", "--format=%s", "swarm/a1"],
+                         capture_output=True, text=True, check=True)
+    assert log.stdout.split() == ["runner", "box", "child", "seed"]
+
+
+@needs_sandbox
+def test_what_the_workers_git_obeys_stays_read_only_in_a_worktree(tmp_path: Path) -> None:
+    """The worker's own git (unconfined) reads the repository's config and hooks and the
+    worktree's pointers to it: the box writes objects, refs and reflogs only."""
+    repo, ws = tmp_path / "repo", tmp_path / "ws"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "seed"],
+                   check=True)
+    subprocess.run([*git, "-C", str(repo), "worktree", "add", "-q", "-b", "w", str(ws)],
+                   check=True)
+    common, own = repo / ".git", repo / ".git" / "worktrees" / "ws"
+    before = {p: p.read_bytes() for p in (common / "config", own / "commondir", own / "gitdir")}
+    result = LocalEnvironment(ws, sandbox="bwrap").execute(
+        "git config core.fsmonitor 'touch /var/tmp/owned'; echo config=$?; "
+        f"echo evil > {common}/hooks/reference-transaction; echo hook=$?; "
+        f"echo evil > {common}/config; echo config2=$?; "
+        f"echo /tmp > {own}/commondir; echo commondir=$?; "
+        f"mv {own}/gitdir {own}/gone; echo gitdir=$?; "
+        "git -c user.name=c -c user.email=c@c commit -q --allow-empty -m box; echo commit=$?",
+        10)
+    out = result.output
+    for name in ("config", "hook", "config2", "commondir", "gitdir"):
+        assert f"\n{name}=0\n" not in f"\n{out}", out
+    assert "commit=0" in out, out
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (common / "hooks" / "reference-transaction").exists()
+
+
+@needs_sandbox
+@as_root
+def test_a_root_runner_runs_the_box_as_the_sandbox_uid(outside_tmp: Path) -> None:
+    ws = outside_tmp / "ws"
+    (ws / "old").mkdir(parents=True)
+    (ws / "old" / "mine.txt").write_text("root's\n")
+    env = LocalEnvironment(ws, sandbox="bwrap", sandbox_uid=4242)
+    assert env.choice.summary == "bwrap (uid 65534, host uid 4242, no capabilities, seccomp)"
+    first = env.execute("echo box >> old/mine.txt && echo new > new.txt && id -u", 10)
+    assert first.exit_code == 0 and first.output == "65534\n", first.output
+    assert (ws / "new.txt").stat().st_uid == 4242
+    assert (ws / "old" / "mine.txt").read_text() == "root's\nbox\n"
+    # What root adds later (git checking out, a seed brought home) is the box's too.
+    (ws / "later").mkdir()
+    (ws / "later" / "added.txt").write_text("added\n")
+    (ws / "added.txt").write_text("added\n")
+    later = env.execute("echo box >> later/added.txt && echo box >> added.txt && "
+                        "mkdir later/deeper && echo ok", 10)
+    assert later.output == "ok\n", later.output
+
+
+@needs_sandbox
+def test_a_git_file_written_in_the_box_opens_nothing_outside(outside_tmp: Path) -> None:
+    """The box may write its workspace's ``.git`` file: a folder it names is neither bound
+    writable nor granted at the next command, nor at the next agent's in that workspace."""
+    ws, private = outside_tmp / "ws", outside_tmp / "private"
+    ws.mkdir()
+    (private / "worktrees" / "w").mkdir(parents=True)
+    (private / "objects").mkdir()
+    (private / "secret").write_text("root only\n")
+    (private / "secret").chmod(0o600)
+    env = LocalEnvironment(ws, sandbox="bwrap")
+    env.execute(f"echo 'gitdir: {private}' > .git", 10)
+    attempts = f"cat {private}/secret; echo x > {private}/planted; echo w=$?"
+    for named in (private, private / "worktrees" / "w", private / "worktrees" / "w"):
+        result = env.execute(f"{attempts}; echo 'gitdir: {named}' > .git", 10)
+        assert "root only" not in result.output and "w=1" in result.output, result.output
+        env = LocalEnvironment(ws, sandbox="bwrap")  # the next one starts afresh
+    assert not (private / "planted").exists()
+    for path in (private, private / "secret"):
+        with pytest.raises(OSError) as no_acl:
+            os.getxattr(path, "system.posix_acl_access")
+        assert no_acl.value.errno == errno.ENODATA
+
+
+@needs_sandbox
+@as_root
+def test_the_trial_fails_a_box_that_is_root_on_the_host(
+        monkeypatch: pytest.MonkeyPatch, outside_tmp: Path) -> None:
+    """A root worker's trial checks the box is not host uid 0: a ``setpriv`` that does not
+    switch (the box as root's, as before SWARM_SANDBOX_UID) fails it."""
+    fake = outside_tmp / "setpriv"
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift\nexec "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{outside_tmp}:{os.environ['PATH']}")
+    sandbox.probe.cache_clear()
+    try:
+        found = sandbox.probe()
+        assert not found.ok
+        assert "secret-readable" in found.reason and "owner: uid 0" in found.reason, found
+    finally:
+        sandbox.probe.cache_clear()
+
+
+@needs_sandbox
+@as_root
+def test_a_link_in_the_workspace_passes_no_grant_on(outside_tmp: Path) -> None:
+    """The grants never follow a link: a box cannot plant one to reach a root-only file at
+    the next command (symbolic or, on one filesystem, hard)."""
+    ws, private = outside_tmp / "ws", outside_tmp / "private"
+    ws.mkdir()
+    private.mkdir()
+    targets = [private / "by-symlink", private / "by-hardlink"]
+    for target in targets:
+        target.write_text("root only\n")
+        target.chmod(0o600)
+    (ws / "sym").symlink_to(targets[0])
+    os.link(targets[1], ws / "hard")
+    result = LocalEnvironment(ws, sandbox="bwrap").execute(
+        "cat sym; echo sym=$?; cat hard; echo hard=$?", 10)
+    assert "root only" not in result.output
+    assert "sym=1" in result.output and "hard=1" in result.output, result.output
+    for target in targets:
+        with pytest.raises(OSError) as no_acl:
+            os.getxattr(target, "system.posix_acl_access")
+        assert no_acl.value.errno == errno.ENODATA
 
 
 @needs_sandbox
@@ -135,7 +278,8 @@ def test_the_seccomp_program_is_passed_and_closed(tmp_path: Path) -> None:
     assert leaked == []
 
 
-def test_choices(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_choices(monkeypatch: pytest.MonkeyPatch, outside_tmp: Path) -> None:
+    tmp_path = outside_tmp  # a root runner starts bubblewrap as uid 65534: it must reach it
     none = sandbox.choose("none")
     assert none.box is None and "unconfined" in none.notice and not none.refuse
     if sandbox.probe().ok:

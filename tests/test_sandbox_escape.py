@@ -159,8 +159,38 @@ def test_the_box_works_as_uid_65534_without_capabilities(box: Box) -> None:
     assert status == {"CapEff:": "0000000000000000", "CapBnd:": "0000000000000000",
                       "NoNewPrivs:": "1", "Seccomp:": "2"}
     assert (box.workspace / "inside.txt").read_text() == "written\n"
+    # On the host too the box is uid 65534, also under a root runner: never uid 0.
+    assert (box.workspace / "inside.txt").stat().st_uid == NOBODY
     pids = [int(p) for p in out[10:] if p.isdigit()]
     assert max(pids) < 10  # a pid namespace of its own: bwrap, bash, ls
+
+
+@pytest.fixture
+def root_only_key() -> Iterator[Path]:
+    """The model key in a file only root may read, outside the workspace (an operator's
+    ``/etc/swarm/worker.env``), under a folder anyone may enter."""
+    folder = Path(tempfile.mkdtemp(prefix="swarm-escape-etc-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    key = folder / "worker.env"
+    key.write_text(f"SWARM_API_KEY={SECRET}\n")
+    key.chmod(0o600)
+    try:
+        yield key
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_files_only_root_may_read_stay_unreadable(box: Box, root_only_key: Path) -> None:
+    (box.workspace / "key-link").symlink_to(root_only_key)
+    result = box.run(f"cat {root_only_key}; echo key=$?; cat key-link; echo link=$?; "
+                     f"grep -r -l sk-escape {root_only_key.parent} /etc 2>/dev/null; "
+                     "head -c 64 /etc/shadow; echo shadow=$?")
+    out = result["output"]
+    assert SECRET not in out, out
+    assert re.search(r"^key=1$", out, re.M) and re.search(r"^link=1$", out, re.M), out
+    assert "Permission denied" in out  # it is there, and refused, not missing
+    if Path("/etc/shadow").exists():
+        assert re.search(r"^shadow=1$", out, re.M), out
 
 
 def test_remounting_root_read_write_fails(box: Box) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -32,10 +33,25 @@ SECRET = "sk-sandbox-workers-4b1d9e"
 NO_USERNS = {"FAILING_BWRAP": "1"}
 
 
+#: An operator's key file, only root may read it (as /etc/swarm/worker.env would be).
+KEY_FILE = Path(f"/var/tmp/swarm-sandbox-workers-{os.getpid()}/worker.env")
+
+
 def hunt(home: Path) -> str:
     """A child's command looking for the key everywhere it might be."""
     return ("id -u; env; grep -a -l -r sk-sandbox /proc/*/environ 2>/dev/null; "
-            f"grep -r -l sk-sandbox {home} 2>/dev/null; echo hunted")
+            f"grep -r -l sk-sandbox {home} 2>/dev/null; cat {KEY_FILE} 2>&1; echo hunted")
+
+
+@pytest.fixture(autouse=True)
+def key_file() -> Iterator[Path]:
+    KEY_FILE.parent.mkdir(mode=0o755)
+    KEY_FILE.write_text(f"SWARM_API_KEY={SECRET}\n")
+    KEY_FILE.chmod(0o600)
+    try:
+        yield KEY_FILE
+    finally:
+        shutil.rmtree(KEY_FILE.parent, ignore_errors=True)
 
 
 @pytest.fixture
@@ -46,8 +62,9 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest
     home = tmp_path / "home"
     env = {"SWARM_API_KEY": SECRET, **getattr(request, "param", {})}
     if env.pop("FAILING_BWRAP", ""):
-        fake = tmp_path / "bin" / "bwrap"
-        fake.parent.mkdir()
+        # Where a root worker's box user (65534) may run it, as it runs the real one.
+        fake = KEY_FILE.parent / "bin" / "bwrap"
+        fake.parent.mkdir(mode=0o755)
         fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, "
                         "likely because the kernel does not allow non-privileged user "
                         "namespaces.' >&2\nexit 1\n")
@@ -107,6 +124,7 @@ def test_a_default_workers_child_cannot_find_the_model_key(
     output = child["answer"]
     assert output.startswith("65534\n") and "hunted" in output, output  # ran in the box
     assert SECRET not in output
+    assert f"cat: {KEY_FILE}: Permission denied" in output, output
     # The local worker and coordinator took the key by a pipe: not in their /proc either.
     for proc in local.procs:
         assert SECRET.encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes()

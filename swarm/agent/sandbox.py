@@ -4,6 +4,9 @@ A sandboxed command runs (docs/deploy.md has the table of what is and is not con
 
 - as uid/gid 65534 in its own user namespace, with no capabilities and ``no_new_privs``, in
   its own session and pid/ipc/uts namespaces with a private ``/proc``, killed with its runner;
+  on the host, as the runner's uid, or, when the runner is root, as ``SWARM_SANDBOX_UID``
+  (:data:`UID`; never 0, whose files the box could otherwise read wherever the owner may),
+  given the workspace and its git folders by ACL entries (:mod:`swarm.agent.grants`);
 - on a read-only filesystem but for the workspace (a child also sees its parent's workspace,
   read-only), with a private ``/tmp``, ``/dev/shm``
   and ``$HOME`` (tmpfs of :data:`TMP_SIZE` bytes each) and ``SWARM_HOME`` and ``/run``
@@ -11,9 +14,8 @@ A sandboxed command runs (docs/deploy.md has the table of what is and is not con
 - under a seccomp filter: the calls of :data:`REFUSED` and ``clone`` of a namespace fail
   with EPERM (``clone3`` with ENOSYS, so libc falls back to ``clone``);
 - with at most :data:`PIDS` processes and threads: ``RLIMIT_NPROC`` set inside the box, where
-  it counts the box's own user namespace only (one per command); the kernel does not hold
-  uid 0 to it, so a root worker puts each box in a pids cgroup of its own (:func:`new_cgroup`)
-  when it can create one;
+  it counts the box's own user namespace only (one per command; the kernel holds every
+  host uid but 0 to it, and the box never runs as host uid 0);
 - with an environment built from :data:`PASSED` (plus ``SWARM_SANDBOX_ENV`` names);
 - with the network unless ``SWARM_SANDBOX_NETWORK=0`` (then a network namespace of its own).
 
@@ -24,26 +26,24 @@ root in a terminal keeps the user's ``SWARM_SANDBOX`` (default ``none``).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fnmatch
 import functools
-import itertools
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarm.agent.grants import grant_search, grant_tree
 from swarm.config import Settings
 from swarm.errors import ConfigError
 
 UID = 65534
-"""The uid and gid commands run as inside the box (``nobody`` on most systems)."""
+"""The uid and gid commands run as inside the box (``nobody`` on most systems), and the host
+uid a root runner runs the box as unless ``SWARM_SANDBOX_UID`` says otherwise."""
 PIDS = 1024
 """Processes and threads one command may have at once (a fork bomb stops here)."""
 TMP_SIZE = 512 << 20
@@ -83,9 +83,16 @@ PASSED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*"
 
 _TRIAL = ('id -u; grep -E "^(CapEff|NoNewPrivs|Seccomp):" /proc/self/status; '
           'touch /.swarm-sandbox-trial 2>/dev/null && echo root-writable; '
+          'cat .trial-secret 2>/dev/null && echo secret-readable; '
           'touch trial && echo workspace-writable')
 _FIX = ("install bubblewrap (apt-get install bubblewrap); in a container, allow user "
         "namespaces (docs/deploy.md, 'The sandbox')")
+_USERNS_FIX = ("a root worker runs the box as SWARM_SANDBOX_UID, which needs unprivileged user "
+               "namespaces: sysctl user.max_user_namespaces above 0, "
+               "kernel.unprivileged_userns_clone=1 where it exists, "
+               "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04")
+_ACL_FIX = ("put SWARM_HOME (and the workspace) on a filesystem with POSIX ACLs (ext4, xfs, "
+            "btrfs, tmpfs), or run the worker as a user of its own")
 
 
 def environment(source: Mapping[str, str], extra_names: Iterable[str] = ()) -> dict[str, str]:
@@ -126,88 +133,45 @@ def program_fd() -> int:
     return read
 
 
-_CGROUPS = itertools.count()
-_STALE: set[Path] = set()
+#: What git in a worktree writes in its repository's folder. The rest of it (``config``,
+#: ``hooks``, ``info``) stays read-only in the box: the worker's own git reads it.
+REPO_WRITABLE = ("objects", "refs", "logs")
+#: Files of a worktree's own git folder that name its repository and its work tree: read-only
+#: in the box, so the worker's git is never pointed elsewhere.
+POINTERS = ("commondir", "gitdir")
 
 
-@functools.cache
-def cgroup_base() -> Path | None:
-    """Where a root process can create pids cgroups (cgroup v1 or v2), else None."""
-    if os.geteuid() != 0:
-        return None
-    v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
-    base = v1 if (v1 / "cgroup.procs").exists() else None
-    try:
-        if base is None and "pids" in (v2 / "cgroup.subtree_control").read_text().split():
-            base = v2
-    except OSError:
-        pass
-    if base is not None:  # those of processes killed mid-command
-        for old in base.glob("swarm-box-*-*"):
-            if not Path(f"/proc/{old.name.split('-')[2]}").exists():
-                with contextlib.suppress(OSError):
-                    old.rmdir()
-    return base
+@dataclass(frozen=True)
+class GitDirs:
+    """The git folders of a worktree: its own, ``REPO/worktrees/NAME``, and ``REPO``."""
+
+    own: Path
+    repo: Path
+
+    @property
+    def writable(self) -> list[Path]:
+        return [self.own, *(self.repo / name for name in REPO_WRITABLE)]
 
 
-def new_cgroup() -> Path | None:
-    """A pids cgroup of :data:`PIDS` for one box (root only; None when none can be made)."""
-    base = cgroup_base()
-    if base is None:
-        return None
-    for old in list(_STALE):  # boxes whose processes were still dying at the last try
-        remove_cgroup(old, grace=0)
-    path = base / f"swarm-box-{os.getpid()}-{next(_CGROUPS)}"
-    try:
-        path.mkdir()
-        (path / "pids.max").write_text(f"{PIDS}\n")
-    except OSError:
-        remove_cgroup(path)
-        return None
-    return path
-
-
-def remove_cgroup(path: Path, grace: float = 2.0) -> None:
-    """Remove a box's cgroup, killing what is left in it (its bash has exited: whatever it
-    left in the background dies with the box, as with the box's pid namespace)."""
-    deadline = time.monotonic() + grace
-    while True:
-        try:
-            path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            try:
-                left = (path / "cgroup.procs").read_text().split()
-            except OSError:
-                left = []
-            for pid in left:
-                with contextlib.suppress(OSError):
-                    os.kill(int(pid), signal.SIGKILL)
-            if time.monotonic() < deadline:
-                time.sleep(0.02)
-                continue
-            _STALE.add(path)  # tried again at the next box
-            return
-        _STALE.discard(path)
-        return
-
-
-def git_dirs(workspace: Path) -> list[str]:
-    """The git folders of a worktree at ``workspace`` (its ``.git`` is a file naming its
-    own folder, whose ``commondir`` names the repository's): [] for anything else."""
+def git_dirs(workspace: Path) -> GitDirs | None:
+    """The git folders of a worktree at ``workspace``: its own (named by its ``.git`` file,
+    and naming that file back) and its repository's; None for anything else. A command in
+    the box may have written that ``.git`` file: a folder it names that is not such a pair
+    is never bound writable nor granted."""
     dot = workspace / ".git"
     try:
         text = dot.read_text(errors="replace").strip() if dot.is_file() else ""
-    except OSError:
-        return []
-    if not text.startswith("gitdir:"):
-        return []
-    own = (workspace / text.removeprefix("gitdir:").strip()).resolve()
-    found = [own]
-    with contextlib.suppress(OSError):
-        found.append((own / (own / "commondir").read_text().strip()).resolve())
-    return [str(p) for p in found if p.is_dir()]
+        if not text.startswith("gitdir:"):
+            return None
+        own = (workspace / text.removeprefix("gitdir:").strip()).resolve()
+        back = (own / (own / "gitdir").read_text(errors="replace").strip()).resolve()
+    except (OSError, ValueError):
+        return None
+    repo = own.parent.parent
+    if own.parent.name != "worktrees" or back != dot.resolve() \
+            or not (repo / "objects").is_dir():
+        return None
+    return GitDirs(own, repo)
 
 
 @dataclass(frozen=True)
@@ -223,13 +187,34 @@ class Box:
     stay out of reach; tools installed under it too)."""
     read_only: tuple[str, ...] = ()
     """Folders shown read-only even where hidden (a child's parent's workspace)."""
+    run_as: int | None = None
+    """The host uid (and gid) bubblewrap runs as: set when the runner is root. ``setpriv``
+    switches to it (``subprocess``'s ``user=`` would fork the worker instead of vforking
+    it: 48 ms a command instead of 15 with a 500 MB worker)."""
 
-    def argv(self, command: str, workspace: Path, seccomp_fd: int,
-             cgroup: Path | None = None) -> list[str]:
-        """bubblewrap's command line for ``command``; with ``cgroup``, a shell that moves
-        itself there first."""
+    def prepare(self, workspace: Path) -> None:
+        """Give :attr:`run_as` the workspace and its git folders, and a way to the folders
+        the box binds (nothing to do for an unprivileged runner). ``OSError`` when the
+        filesystem cannot hold the ACL entries."""
+        ws = workspace.resolve()
+        git = git_dirs(ws)
+        if git is not None:  # a repository without reflogs yet: git in the box makes them
+            (git.repo / "logs").mkdir(exist_ok=True)
+        if self.run_as is None:
+            return
+        writable = [ws, *(git.writable if git is not None else [])]
+        for path in writable:
+            grant_tree(path, self.run_as)
+        bound = (*self.hide, *self.read_only, *([self.home] if self.home else []))
+        grant_search([*writable, *(Path(p) for p in bound)], self.run_as)
+
+    def argv(self, command: str, workspace: Path, seccomp_fd: int) -> list[str]:
+        """bubblewrap's command line for ``command``."""
         ws = str(workspace.resolve())
-        box = [self.binary, "--unshare-user", "--uid", str(UID), "--gid", str(UID),
+        box = [] if self.run_as is None else [
+            "setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups",
+            "--"]
+        box += [self.binary, "--unshare-user", "--uid", str(UID), "--gid", str(UID),
                "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
@@ -247,8 +232,12 @@ class Box:
         mounts = [(path, "hide") for path in hidden] + [(ws, "~bind")]
         # A workspace that is a git worktree keeps its git folders elsewhere (a seeded
         # child's in SWARM_HOME's host cache, a same-host one's in its parent's repository):
-        # git in the workspace reads and writes them.
-        mounts += [(path, "~bind") for path in git_dirs(Path(ws)) if path != ws]
+        # git in the workspace reads them, and writes objects, refs and its own folder.
+        git = git_dirs(Path(ws))
+        if git is not None:
+            mounts += [(str(git.repo), "ro")]
+            mounts += [(str(p), "~bind") for p in git.writable if p.is_dir()]
+            mounts += [(str(git.own / n), "~file") for n in POINTERS if (git.own / n).is_file()]
         mounts += [(str(Path(p).resolve()), "ro") for p in self.read_only if os.path.isdir(p)]
         if self.home and os.path.isdir(self.home) and Path(self.home).resolve() != Path("/"):
             mounts.append((str(Path(self.home).resolve()), "home"))
@@ -257,7 +246,7 @@ class Box:
                 box += ["--bind", path, path]
             elif kind == "home":
                 box += ["--size", str(TMP_SIZE), "--tmpfs", path]
-            elif kind == "ro":
+            elif kind in ("ro", "~file"):
                 box += ["--ro-bind", path, path]
             else:  # mount points of what is shown inside it are made before it is read-only
                 inside = [m for m, k in mounts if k in ("ro", "~bind") and m != path
@@ -270,9 +259,7 @@ class Box:
         # The limit is set inside the box, where the count is of the box's namespace only.
         box += ["--", "bash", "-c", f'ulimit -u {PIDS} || exit 126; exec bash -c "$1"',
                 "bash", command]
-        if cgroup is None:
-            return box
-        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup), *box]
+        return box
 
 
 @dataclass(frozen=True)
@@ -283,9 +270,16 @@ class Probe:
     reason: str = ""
 
 
+def run_as(uid: int = UID) -> int | None:
+    """The host uid boxes run as here: ``uid`` for a root runner, else None (its own)."""
+    return uid if os.geteuid() == 0 else None
+
+
 @functools.cache
-def probe(network: bool = True) -> Probe:
-    """Run a trial command in the box and check it is confined (once per process)."""
+def probe(network: bool = True, uid: int = UID, base: Path | None = None) -> Probe:
+    """Run a trial command in the box (as host ``uid`` when root) and check it is confined
+    (once per process). The trial's workspace is made in ``base`` (a worker's
+    ``SWARM_HOME``, where its children's are) when that exists, else in the temp folder."""
     binary = shutil.which("bwrap")
     if binary is None:
         return Probe(False, f"bubblewrap is not installed: {_FIX}")
@@ -294,26 +288,43 @@ def probe(network: bool = True) -> Probe:
     except (ImportError, OSError, RuntimeError, ValueError) as exc:
         return Probe(False, f"no seccomp filter ({type(exc).__name__}: {exc}): install "
                             "libseccomp2 (apt-get install libseccomp2) and pyseccomp")
-    cgroup = new_cgroup()
-    with tempfile.TemporaryDirectory(prefix="swarm-sandbox-trial-") as trial:
+    box = Box(binary, network, run_as=run_as(uid))
+    fix = _FIX if box.run_as is None else f"{_FIX}; {_USERNS_FIX}"
+    if box.run_as is not None and shutil.which("setpriv") is None:
+        os.close(fd)
+        return Probe(False, "setpriv is not installed (a root worker starts the box as "
+                            "SWARM_SANDBOX_UID with it): apt-get install util-linux")
+    where = str(base) if base is not None and base.is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="swarm-sandbox-trial-", dir=where) as trial:
         try:
-            done = subprocess.run(Box(binary, network).argv(_TRIAL, Path(trial), fd, cgroup),
-                                  cwd=trial, capture_output=True, text=True, timeout=30,
+            box.prepare(Path(trial))
+            if box.run_as is not None:  # a file only root may read (a key): the box must not
+                secret = os.open(Path(trial) / ".trial-secret", os.O_CREAT | os.O_WRONLY, 0o600)
+                os.write(secret, b"secret\n")
+                os.close(secret)
+        except OSError as exc:
+            os.close(fd)
+            return Probe(False, f"cannot give uid {box.run_as} a workspace ({exc}): {_ACL_FIX}")
+        try:
+            done = subprocess.run(box.argv(_TRIAL, Path(trial), fd), cwd=trial,
+                                  capture_output=True, text=True, timeout=30,
                                   stdin=subprocess.DEVNULL, pass_fds=(fd,),
                                   env=environment(os.environ))
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return Probe(False, f"bubblewrap did not run ({exc}): {_FIX}")
+            return Probe(False, f"bubblewrap did not run ({exc}): {fix}")
         finally:
             os.close(fd)
-            if cgroup is not None:
-                remove_cgroup(cgroup)
         out = done.stdout.split()
+        owner = (Path(trial) / "trial").stat().st_uid if (Path(trial) / "trial").exists() \
+            else None
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        return Probe(False, f"bubblewrap failed here ({said}): {_FIX}")
+        return Probe(False, f"bubblewrap failed here ({said}): {fix}")
     expected = [str(UID), "CapEff:", "0000000000000000", "NoNewPrivs:", "1", "Seccomp:", "2"]
-    if out[:7] != expected or "root-writable" in out or out[-1:] != ["workspace-writable"]:
-        return Probe(False, f"a trial command was not confined as expected ({' '.join(out)})")
+    if out[:7] != expected or "root-writable" in out or "secret-readable" in out \
+            or out[-1:] != ["workspace-writable"] or owner != (box.run_as or os.geteuid()):
+        return Probe(False, f"a trial command was not confined as expected ({' '.join(out)}; "
+                            f"its file's owner: uid {owner})")
     return Probe(True)
 
 
@@ -332,25 +343,32 @@ class Choice:
         """One line for ``swarm status`` and Flower's worker info."""
         if self.refuse:
             return f"unavailable, children refused: {self.refuse}"
-        return f"bwrap (uid {UID}, no capabilities, seccomp)" if self.box else \
-            "none (commands run unconfined)"
+        if self.box is None:
+            return "none (commands run unconfined)"
+        host = self.box.run_as
+        return f"bwrap (uid {UID}{'' if host in (None, UID) else f', host uid {host}'}, " \
+            "no capabilities, seccomp)"
 
 
 def choose(mode: str, *, worker: bool = False, network: bool = True,
-           hide: Iterable[Path] = (), read_only: Iterable[Path] = ()) -> Choice:
-    """The sandbox for ``SWARM_SANDBOX`` ``mode``. ``auto`` uses bubblewrap when the trial
-    works; when it does not, a worker refuses children and a root runs unconfined with a
-    notice. ``bwrap`` that does not work raises :class:`ConfigError` (refuses, on a worker)."""
+           hide: Iterable[Path] = (), read_only: Iterable[Path] = (), uid: int = UID,
+           trial_in: Path | None = None) -> Choice:
+    """The sandbox for ``SWARM_SANDBOX`` ``mode`` (run as host ``uid`` when root; tried in
+    ``trial_in`` when given: :func:`probe`). ``auto``
+    uses bubblewrap when the trial works; when it does not, a worker refuses children and a
+    root runs unconfined with a notice. ``bwrap`` that does not work raises
+    :class:`ConfigError` (refuses, on a worker)."""
     unconfined = (f"commands run unconfined as uid {os.getuid()} (SWARM_SANDBOX=none); "
                   "SWARM_SANDBOX=auto runs them in bubblewrap")
     if mode == "none":
         return Choice(None, notice=unconfined)
-    found = probe(network)
+    found = probe(network, uid, trial_in)
     if found.ok:
         binary = shutil.which("bwrap")
         assert binary is not None
         return Choice(Box(binary, network, tuple(str(p) for p in hide),
-                          os.environ.get("HOME", ""), tuple(str(p) for p in read_only)))
+                          os.environ.get("HOME", ""), tuple(str(p) for p in read_only),
+                          run_as(uid)))
     if worker:
         return Choice(None, refuse=f"{found.reason}; or set SWARM_SANDBOX=none on this "
                                    "worker to run commands unconfined")
@@ -363,4 +381,5 @@ def choose(mode: str, *, worker: bool = False, network: bool = True,
 def for_worker(settings: Settings) -> Choice:
     """A worker's sandbox: its own ``SWARM_SANDBOX`` (never a swarm's), ``auto`` when unset."""
     mode = settings.sandbox if "sandbox" in settings.explicit else "auto"
-    return choose(mode, worker=True, network=settings.sandbox_network, hide=(settings.home,))
+    return choose(mode, worker=True, network=settings.sandbox_network, hide=(settings.home,),
+                  uid=settings.sandbox_uid, trial_in=settings.home)

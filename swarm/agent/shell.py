@@ -18,7 +18,7 @@ from pathlib import Path
 
 from swarm import procs
 from swarm.agent.protocols import CommandResult
-from swarm.agent.sandbox import choose, environment, new_cgroup, program_fd, remove_cgroup
+from swarm.agent.sandbox import UID, choose, environment, program_fd
 from swarm.errors import ToolError
 from swarm.secrets import SECRET_VARS
 
@@ -184,6 +184,7 @@ class LocalEnvironment:
         hide: tuple[Path, ...] = (),
         pass_env: tuple[str, ...] = (),
         read_only: tuple[Path, ...] = (),
+        sandbox_uid: int = UID,
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -191,8 +192,11 @@ class LocalEnvironment:
         self.output_cap = output_cap
         self.cancel = cancel
         self.extra_env = dict(extra_env or {})
-        self.choice = choose(sandbox, network=network, hide=hide, read_only=read_only)
-        """Where commands run (``SWARM_SANDBOX``: ``none``, ``auto`` or ``bwrap``)."""
+        self.choice = choose(sandbox, network=network, hide=hide, read_only=read_only,
+                             uid=sandbox_uid)
+        """Where commands run (``SWARM_SANDBOX``: ``none``, ``auto`` or ``bwrap``; as host
+        uid ``sandbox_uid`` when this process is root)."""
+        self._prepared = False
         self.pass_env = pass_env
         self._env: dict[str, str] | None = None
 
@@ -226,34 +230,36 @@ class LocalEnvironment:
                 "remove it, or produce the byte inside the command, e.g. printf '\\0'"
             )
         box = self.choice.box
-        fd = program_fd() if box is not None else -1
-        cgroup = new_cgroup() if box is not None else None
-        argv = ["bash", "-c", command] if box is None else \
-            box.argv(command, self.workspace, fd, cgroup)
-        try:
+        if box is not None and not self._prepared:
             try:
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=self.workspace,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    env=self.env(),
-                    pass_fds=(fd,) if fd >= 0 else (),
-                )
+                box.prepare(self.workspace)
             except OSError as exc:
-                raise ToolError(
-                    f"cannot start bash: {exc}; is bash installed and on PATH?") from exc
-            except ValueError as exc:  # a NUL byte in the environment or the workspace path
-                raise ToolError(f"cannot start bash: {exc}") from exc
-            finally:
-                if fd >= 0:
-                    os.close(fd)
-            return self._run(proc, timeout)
+                raise ToolError(f"cannot give the sandbox's uid {box.run_as} the workspace "
+                                f"{self.workspace}: {exc}; put SWARM_HOME and the workspace on "
+                                "a filesystem with POSIX ACLs (ext4, xfs, btrfs, tmpfs), or "
+                                "run the worker as a user of its own") from exc
+            self._prepared = True
+        fd = program_fd() if box is not None else -1
+        argv = ["bash", "-c", command] if box is None else box.argv(command, self.workspace, fd)
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.workspace,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.env(),
+                pass_fds=(fd,) if fd >= 0 else (),
+            )
+        except OSError as exc:
+            raise ToolError(f"cannot start bash: {exc}; is bash installed and on PATH?") from exc
+        except ValueError as exc:  # a NUL byte in the environment or the workspace path
+            raise ToolError(f"cannot start bash: {exc}") from exc
         finally:
-            if cgroup is not None:
-                remove_cgroup(cgroup)
+            if fd >= 0:
+                os.close(fd)
+        return self._run(proc, timeout)
 
     def _run(self, proc: subprocess.Popen[bytes], timeout: int) -> CommandResult:
         """Collect the output of the started ``proc`` (see :meth:`execute`)."""

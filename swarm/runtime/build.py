@@ -106,7 +106,8 @@ def build_agent(
         model=model,
         env=LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
                              sandbox=settings.sandbox, network=settings.sandbox_network,
-                             hide=(settings.home,), read_only=read_only, pass_env=tuple(
+                             hide=(settings.home,), read_only=read_only,
+                             sandbox_uid=settings.sandbox_uid, pass_env=tuple(
                                  n.strip() for n in settings.sandbox_env.split(",") if n.strip())),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
