@@ -195,6 +195,7 @@ class ChildRunner:
                           cancelled=start.cancelled, spent=start.spent)
         model = self.models.client(settings)
         model.gate = RedisRateGate(self.redis, swarm_id)
+        model.stop = control.event  # a cancel aborts the model call in flight
         queue = ApprovalQueue(self.redis, swarm_id)
         try:
             agent = build_agent(

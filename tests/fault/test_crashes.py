@@ -27,10 +27,11 @@ from swarm.runtime.local import wait_for
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import connect
-from swarm.store.ledger import AgentRecord, Ledger
+from swarm.store.ledger import SETTLED, AgentRecord, Ledger
 from swarm.store.server import EmbeddedServer
-from swarm.testing.scripts import ByTask, task_of, tool_results
-from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, ToolCall
+from swarm.store.sessions import RedisSessionStore
+from swarm.testing.scripts import ByTask, task_of, tool_results, turn_of
+from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, Slow, ToolCall
 from tests.helpers import wait_until
 from tests.netproxy import TcpProxy
 
@@ -348,6 +349,46 @@ def test_cancel_a_child_kills_its_command_and_the_parent_gets_cancelled(
     with pytest.raises(ProcessLookupError):
         os.kill(int(pidfile.read_text()), 0)
     print(f"\ncancel: the parent had the cancelled result {took:.1f} s after swarm cancel")
+
+
+def test_cancel_aborts_a_childs_model_call_in_flight(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """The child waits on a model answer that would take 60 s: ``swarm cancel`` cuts the
+    call short (before, it ran to its end), the run settles cancelled within about a second,
+    and the child's saved session ends with its last tool result: nothing half-answered."""
+    model.responder = ByTask({
+        "ROOT": [agent_calls("PONDER slowly", "QUICK one"), report],
+        "PONDER": [Reply(tool_calls=[ToolCall("run_cli", {"command": "echo pondering"})]),
+                   Slow(60, Reply(content="too late"))],
+        "QUICK": [Reply(content="quick")],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    thread, out = swarm.run_in_thread("ROOT ponder", tmp_path)
+    ponders = lambda: [r for r in model.requests if task_of(r) == "PONDER slowly"]  # noqa: E731
+    wait_until(lambda: [r for r in ponders() if turn_of(r) == 1], "the child's second model call")
+    ponder = next(a for a in swarm.agents() if "PONDER" in a.label)
+    started = time.monotonic()
+    cancelled = CliRunner().invoke(main, ["cancel", ponder.id], env=swarm.env())
+    assert cancelled.exit_code == 0, cancelled.output
+    wait_until(lambda: getattr(swarm.ledger.run(ponder.run), "state", "") in SETTLED,
+               "the child to settle", timeout=15)
+    took = time.monotonic() - started
+    run = swarm.ledger.run(ponder.run)
+    assert run is not None and run.state == "cancelled", run
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().startswith("cancelled:cancelled (swarm cancel")
+    assert result.stdout.strip().endswith("| done:quick")
+    session = RedisSessionStore(swarm.redis).load(ponder.id)
+    assert session is not None and not session.repairs
+    assert [m["role"] for m in session.messages] == ["system", "user", "assistant", "tool"]
+    assert "pondering" in session.messages[-1]["content"]
+    assert len(ponders()) == 2  # the aborted call was not tried again
+    print(f"\ncancel of a model call in flight: the run settled {took:.2f} s after swarm cancel")
 
 
 def test_children_ask_a_person_through_the_queue(swarm: Swarm, model: ScriptedModelServer,
