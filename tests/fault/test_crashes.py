@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 from swarm.cli import main
 from swarm.runtime.local import wait_for
 from swarm.store import keys
-from swarm.store.approvals import ApprovalQueue
+from swarm.store.approvals import EXPIRED, ApprovalQueue, outcome
 from swarm.store.connection import connect
 from swarm.store.ledger import SETTLED, AgentRecord, Ledger
 from swarm.store.server import EmbeddedServer
@@ -429,6 +429,59 @@ def test_children_ask_a_person_through_the_queue(swarm: Swarm, model: ScriptedMo
     assert made.is_dir() and "[exit code: 0]" in asked
     assert "denied" in ignored and "no one answered within 3 s" in ignored
     assert not (tmp_path / "nope").exists()
+
+
+def test_an_approval_asked_by_a_worker_that_died_expires_and_the_next_attempt_asks_again(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """A child asks a person, then its worker is SIGKILLed. Once the dead attempt's lease
+    has run out, its request is no longer listed: it is closed as expired (an answer to it
+    is refused, saying why), and the run's next attempt, resumed on another worker, asks
+    again; that answer is the one that counts."""
+    made = tmp_path / "made"
+    ask = Reply(tool_calls=[ToolCall("run_cli", {"command": f"mkdir -p {made}"})])
+    model.responder = ByTask({
+        "ROOT": [agent_calls("ASKER once"), report],
+        "ASKER": [ask, ask, lambda r: Reply(content="ran: " + tool_results(r)[0][:40])],
+    })
+    swarm.start("coordinator", "coord")
+    doomed = swarm.start("worker", "doomed", SWARM_LEASE="2")
+    swarm.ready()
+    env = {"SWARM_APPROVAL": "run_cli=always", "SWARM_APPROVAL_TIMEOUT": "120"}
+    base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    base.update(swarm.env(SWARM_BASE_URL=model.base_url, **env))
+    out: list[Result] = []
+    thread = threading.Thread(target=lambda: out.append(CliRunner().invoke(
+        main, ["run", "--workers", "0", "-C", str(tmp_path), "ROOT ask"], env=base)))
+    thread.start()
+
+    def pending() -> list[str]:
+        swarm_id = swarm.ledger.latest_swarm()
+        return [p.id for p in ApprovalQueue(swarm.redis, swarm_id).pending()] if swarm_id \
+            else []
+
+    (first,) = wait_until(pending, "the child's request")
+    os.kill(doomed.pid, signal.SIGKILL)
+    assert doomed.wait(timeout=10) == -signal.SIGKILL
+    wait_until(lambda: first not in pending(), "the dead attempt's request to expire",
+               timeout=15)
+    assert outcome(swarm.redis, first) == EXPIRED
+    late = CliRunner().invoke(main, ["approve", first], env=swarm.env())
+    assert late.exit_code != 0 and "the agent that asked is gone" in late.output, late.output
+    assert not made.exists()
+    swarm.start("worker", "rescuer", SWARM_LEASE="2")
+    (second,) = wait_until(pending, "the next attempt to ask again")
+    assert second != first
+    answered = CliRunner().invoke(main, ["approve", second], env=swarm.env())
+    assert answered.exit_code == 0, answered.output
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the root never got its answer"
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "done:ran: [exit code: 0]"
+    assert made.is_dir()
+    asker = next(a for a in swarm.agents() if "ASKER" in a.label)
+    run = swarm.ledger.run(asker.run)
+    assert run is not None and run.attempts == 2
 
 
 def test_wall_time_limit_warns_then_stops(swarm: Swarm, model: ScriptedModelServer,
