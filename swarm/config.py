@@ -60,7 +60,12 @@ KNOBS: dict[str, Knob] = {
     "model": Knob(("SWARM_MODEL", "OPENAI_MODEL", "EVA_MODEL_NAME"),
                   "model id; when unset and /models lists exactly one, that one"),
     "api_key": Knob(("SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY"), "bearer token"),
-    "redis_url": Knob(("SWARM_REDIS_URL",), "Redis URL; unset starts the embedded server"),
+    "redis_url": Knob(("SWARM_REDIS_URL",),
+                      "Redis URL; unset starts the embedded server. Redis Sentinel: "
+                      "sentinel://host1:26379;sentinel://host2:26379 (with SWARM_REDIS_MASTER)"),
+    "redis_master": Knob(("SWARM_REDIS_MASTER",),
+                         "with a sentinel:// SWARM_REDIS_URL: the name of the master the "
+                         "sentinels watch"),
     "home": Knob(("SWARM_HOME",), "embedded server data, hints.md, logs"),
     "max_turns": Knob(("SWARM_MAX_TURNS",), "model calls per run before stopping; 0 = no cap"),
     "command_timeout": Knob(("SWARM_COMMAND_TIMEOUT",), "default run_cli timeout, seconds"),
@@ -159,6 +164,7 @@ class Settings:
     model: str = ""
     api_key: Secret = field(default_factory=lambda: Secret(""))
     redis_url: str = ""
+    redis_master: str = ""
     home: Path = field(default_factory=_default_home)
     max_turns: int = 0
     command_timeout: int = 300
@@ -235,6 +241,10 @@ class Settings:
             )
         if not 0.1 <= self.compact_at <= 0.95:
             raise ConfigError("SWARM_COMPACT_AT must be between 0.1 and 0.95, e.g. 0.75")
+        if self.redis_url.strip().lower().startswith("sentinel://") and not self.redis_master:
+            raise ConfigError("SWARM_REDIS_URL lists Redis Sentinels; set SWARM_REDIS_MASTER to "
+                              "the name of the master they watch (the NAME of `sentinel "
+                              "monitor NAME host port quorum`)")
         if self.sandbox not in ("auto", "bwrap", "none"):
             raise ConfigError(f"SWARM_SANDBOX={self.sandbox!r} is not one of auto, bwrap, none")
         if not 0 < self.sandbox_uid < 0xFFFFFFFF:

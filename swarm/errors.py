@@ -10,7 +10,8 @@ every message says what to check or how to fix it::
     │   ├── ModelHTTPError          the server answered 4xx/5xx (after retries)
     │   │   └── ModelRateLimitError 429 after every retry
     │   ├── ModelResponseError      the answer could not be parsed, or the stream broke
-    │   └── ModelNotFoundError      the model id is not listed by GET /models
+    │   ├── ModelNotFoundError      the model id is not listed by GET /models
+    │   └── ModelCallAborted        the call was cut short: its agent was stopped (cancel, ...)
     ├── StoreError                  Redis / the embedded server
     │   ├── StoreUnavailableError   cannot reach Redis, or the embedded server did not start
     │   └── LockError               the session is held by another swarm process
@@ -69,6 +70,12 @@ class ModelResponseError(ModelError):
 
 class ModelNotFoundError(ModelError):
     """The configured model id is not one the endpoint lists."""
+
+
+class ModelCallAborted(ModelError):
+    """A model call was cut short because its client's stop event was set (``swarm cancel``,
+    a wall-time deadline, a lost lease): whoever set it knows why, and the agent loop asks
+    its ``before_step`` hook to say so (:meth:`swarm.agent.loop.Agent.query`)."""
 
 
 class StoreError(SwarmError):

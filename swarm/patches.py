@@ -6,7 +6,8 @@ libraries are capped below their next minor release in pyproject.toml, and
 tests/test_patches.py fails when the upstream behaviour an entry relies on changes.
 
 - :class:`RedisTransport` (kombu 5.4-5.7): one ``redis.Redis`` per kombu channel, and a
-  connection error (not a crash) for a command on a channel whose connection closed.
+  connection error (not a crash) for a command on a channel whose connection closed;
+  :class:`SentinelTransport` the same for ``sentinel://`` URLs.
 - :func:`reset_connections` (Celery 5.4-5.7): the app's cached pools and result backend,
   dropped when the app is pointed at another broker.
 """
@@ -70,14 +71,30 @@ class RedisTransport(kombu_redis.Transport):
     Channel = RedisChannel
 
 
+class SentinelChannel(RedisChannel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool is the master's, found through the sentinels)
+    with :class:`RedisChannel`'s kept client and closed-channel error: a failover closes
+    the broker connection just as a Redis restart does."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's ``sentinel://`` transport with :class:`SentinelChannel`."""
+
+    Channel = SentinelChannel
+
+
+_TRANSPORTS = {"redis": RedisTransport, "rediss": RedisTransport,
+               "sentinel": SentinelTransport}
+
+
 def install_redis_transport() -> bool:
-    """Make kombu use :class:`RedisTransport` for Redis URLs in this process; False when
-    kombu had resolved them before (the stock transport then stays: slower, not wrong)."""
-    name = f"{__name__}:RedisTransport"
-    for scheme in ("redis", "rediss"):
-        kombu_transport.TRANSPORT_ALIASES[scheme] = name
-    return all(kombu_transport.get_transport_cls(scheme) is RedisTransport
-               for scheme in ("redis", "rediss"))
+    """Make kombu use :class:`RedisTransport` for Redis URLs (and
+    :class:`SentinelTransport` for ``sentinel://``) in this process; False when kombu had
+    resolved them before (the stock transport then stays: slower, not wrong)."""
+    for scheme, cls in _TRANSPORTS.items():
+        kombu_transport.TRANSPORT_ALIASES[scheme] = f"{__name__}:{cls.__name__}"
+    return all(kombu_transport.get_transport_cls(scheme) is cls
+               for scheme, cls in _TRANSPORTS.items())
 
 
 # -- Celery ------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
-"""Policies always/never/once/review, the reviewer, the terminal approver, and why a
-denial was made reaching the model."""
+"""Policies always/never/once/review, the reviewer, the terminal approver, why a denial
+was made reaching the model, and the requests of a child that is gone expiring."""
 
 from __future__ import annotations
 
 import io
+import threading
+from typing import Any
 
 import pytest
 import redis as redis_lib
@@ -12,7 +14,10 @@ from swarm.agent.approval import ApprovalGate, TerminalApprover, deny_all
 from swarm.agent.protocols import Approver
 from swarm.config import Settings, parse_policies
 from swarm.domain.approval import Answer, ApprovalRequest, Decision
-from swarm.store.approvals import ApprovalQueue, QueueApprover
+from swarm.store import keys
+from swarm.store.approvals import EXPIRED, ApprovalQueue, QueueApprover, outcome
+from swarm.store.ledger import AgentRecord, Ledger, NewRun, RunRecord
+from tests.helpers import wait_until
 
 
 class Recorder:
@@ -84,6 +89,36 @@ def test_a_child_is_told_no_one_answered_its_approval(redis: redis_lib.Redis) ->
     verdict = gate("always", approver).check(req())
     assert not verdict.allowed
     assert verdict.reason == "no one answered within 0 s"
+
+
+@pytest.mark.parametrize("gone", [{"lease_until": "0"}, {"lease": "tok-next"}],
+                         ids=["its lease ran out", "another attempt took the run"])
+def test_a_request_of_an_attempt_that_is_gone_expires(redis: redis_lib.Redis,
+                                                      gone: dict[str, str]) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aroot", "/w", "task", {}, "host", "aroot")
+    run = RunRecord(id="r1", agent="a1", request="q1", call_id="c1", message="m",
+                    state="queued")
+    root = AgentRecord(id="aroot", swarm="s1", workspace="/w", host="host", kind="root")
+    ledger.spawn("s1", root, [NewRun(run, depth=1, label="m")], 10, 10)
+    claim = ledger.start(run, "s1", "tok", 30.0, "host")
+    assert claim is not None and claim.claimed
+    stop = threading.Event()
+    got: list[Any] = []
+    asker = ApprovalQueue(redis, "s1", run="r1", lease="tok")
+    thread = threading.Thread(target=lambda: got.append(asker.ask(req(), 30, stop.is_set)),
+                              daemon=True)
+    thread.start()
+    listed = wait_until(lambda: ApprovalQueue(redis, "s1").pending(), "the request")
+    assert ApprovalQueue(redis, "s1").pending() == listed  # listed while its lease holds
+    redis.hset(keys.run("r1"), mapping=gone)  # the worker died, or the run was taken over
+    assert ApprovalQueue(redis, "s1").pending() == []
+    assert outcome(redis, listed[0].id) == EXPIRED
+    assert not redis.hexists(keys.approvals("s1"), listed[0].id)
+    assert not ApprovalQueue(redis, "s1").answer(listed[0].id, "approve")
+    stop.set()  # an asker still alive (a partitioned worker) stops: denied, never approved
+    thread.join(timeout=10)
+    assert got and got[0][0] == "deny"
 
 
 def test_nobody_to_ask_denies_and_says_so() -> None:

@@ -120,6 +120,11 @@ def test_redis_urls_resolve_to_the_patched_transport() -> None:
     assert patches.install_redis_transport()
     for scheme in ("redis", "rediss"):
         assert kombu_transport.get_transport_cls(scheme) is patches.RedisTransport
+    sentinel = kombu_transport.get_transport_cls("sentinel")
+    assert sentinel is patches.SentinelTransport
+    # The Sentinel channel takes its pool from kombu's and its commands through ours.
+    assert patches.SentinelChannel._get_pool is kombu_redis.SentinelChannel._get_pool
+    assert patches.SentinelChannel.conn_or_acquire is patches.RedisChannel.conn_or_acquire
     assert Connection("redis+socket:///tmp/x.sock").transport_cls == "redis"
     assert Connection("redis+socket:///tmp/x.sock").get_transport_cls() \
         is patches.RedisTransport

@@ -35,7 +35,7 @@ from swarm.domain.approval import ApprovalRequest
 from swarm.domain.messages import ChatResult, Message, StreamEvent
 from swarm.domain.session import Session
 from swarm.domain.spawn import SpawnCall
-from swarm.errors import Interrupted, Parked, ToolError, TurnLimitReached
+from swarm.errors import Interrupted, ModelCallAborted, Parked, ToolError, TurnLimitReached
 from swarm.text import plural
 
 if TYPE_CHECKING:  # the MCP SDK takes seconds to import: only agents with servers load it
@@ -113,7 +113,8 @@ class Agent:
     guard: Callable[[], None] | None = None
     """Called before every save; raises to stop an agent that lost its session lock."""
     before_step: Callable[[Agent], None] | None = None
-    """Called before every model call; raises to stop (cancel, limits) or adds a message."""
+    """Called before every model call, and after one was aborted (:class:`ModelCallAborted`);
+    raises to stop (cancel, limits) or adds a message."""
     _typed: dict[str, TypedTool] = field(default_factory=dict, init=False)
     run_start: int | None = field(default=None, init=False)
     """The session's turn count when :meth:`run` gave the current task."""
@@ -234,7 +235,11 @@ class Agent:
         raise Parked(request_id)
 
     def query(self, tools: list[dict[str, Any]]) -> ChatResult:
-        """Ask the model for the next message."""
+        """Ask the model for the next message.
+
+        A call aborted from outside (a cancel, a deadline, a lost lease: the model's stop
+        event) leaves the history as it was before it, saved (nothing half-answered), and
+        ``before_step`` raises why it stopped."""
         try:
             with telemetry.span("model call", model=self.model.model,
                                 agent=self.config.agent_id, messages=len(self.messages)), \
@@ -242,6 +247,11 @@ class Agent:
                 result = self.model.chat(self.messages, tools, on_event=self.observer.on_event)
         except KeyboardInterrupt:
             raise self.interrupted([]) from None
+        except ModelCallAborted:
+            self.save()  # the guard raises first when the lease is lost: nothing is written
+            if self.before_step is not None:
+                self.before_step(self)
+            raise
         usage = self.session.usage
         for key, value in result.usage.as_dict().items():
             usage[key] = usage.get(key, 0) + value

@@ -19,6 +19,7 @@ from celery import Celery, bootsteps
 from celery.signals import worker_ready, worker_shutdown
 
 from swarm import patches
+from swarm.store.sentinel import is_sentinel, require_master
 
 patches.install_redis_transport()
 
@@ -52,17 +53,28 @@ app.conf.update(
 )
 
 
-def configure(redis_url: str) -> Celery:
-    """Point the app at ``redis_url`` (the same Redis holds broker, results and ledger)."""
+def configure(redis_url: str, master: str = "") -> Celery:
+    """Point the app at ``redis_url`` (the same Redis holds broker, results and ledger).
+
+    A ``sentinel://...;sentinel://...`` URL uses kombu's and Celery's own Sentinel
+    transports for the broker and the result backend, with ``master`` as their
+    ``master_name`` transport option (:mod:`swarm.store.sentinel`)."""
     celery_url = redis_url
     if celery_url.startswith("unix://"):
         celery_url = "redis+socket://" + celery_url[len("unix://"):]
-    if app.conf.broker_url not in (None, celery_url):
+    options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT}
+    if is_sentinel(celery_url):
+        require_master(celery_url, master)
+        options["master_name"] = master
+    if app.conf.broker_url not in (None, celery_url) or \
+            app.conf.broker_transport_options.get("master_name") != options.get("master_name"):
         # Pointed elsewhere after use (tests, a server restarted on another port): the
         # broker pool and the result backend of the old URL must not be reused.
         patches.reset_connections(app)
     app.conf.broker_url = celery_url
     app.conf.result_backend = celery_url
+    app.conf.broker_transport_options = dict(options)
+    app.conf.result_backend_transport_options = dict(options)
     if celery_url.startswith("rediss://") and "ssl_cert_reqs" not in celery_url:
         # Celery refuses rediss:// without a certificate policy; verify by default.
         app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
@@ -75,8 +87,13 @@ def store_url() -> str:
     return str(app.conf.broker_url or "").replace("redis+socket://", "unix://")
 
 
+def store_master() -> str:
+    """The master's name when the app points at sentinels, else ""."""
+    return str(app.conf.broker_transport_options.get("master_name") or "")
+
+
 if os.environ.get("SWARM_REDIS_URL"):
-    configure(os.environ["SWARM_REDIS_URL"])
+    configure(os.environ["SWARM_REDIS_URL"], os.environ.get("SWARM_REDIS_MASTER", ""))
 
 
 def sandbox_summary() -> str:
@@ -117,7 +134,7 @@ class _Heartbeat:
         self.key = keys.heartbeat("worker", name)
         self.sandbox_key = keys.worker_sandbox(name)
         self.sandbox = sandbox_summary()
-        self.redis = connect(store_url())
+        self.redis = connect(store_url(), master=store_master())
         threading.Thread(target=self.beat, name="swarm-heartbeat", daemon=True).start()
 
     def beat(self) -> None:

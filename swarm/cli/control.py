@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from swarm.cli.options import Abort, handle_errors, settings_from
-from swarm.store.approvals import ApprovalQueue
+from swarm.store.approvals import ApprovalQueue, closed_because, outcome
 from swarm.store.connection import open_store
 from swarm.store.ledger import Ledger
 from swarm.text import plural
@@ -59,6 +59,9 @@ def approve(approval_id: str | None, swarm_id: str | None, decision: str) -> Non
                            + (f"  ({p.reason})" if p.reason else ""))
             return
         if not queue.answer(approval_id, decision):  # type: ignore[arg-type]
-            raise Abort(f"no pending request {approval_id!r} in swarm {swarm_id} (answered, "
-                        "timed out, or another swarm: pass --swarm)")
+            how = outcome(store.redis, approval_id)
+            if how is not None:
+                raise Abort(f"request {approval_id!r} is not pending: {closed_because(how)}")
+            raise Abort(f"no pending request {approval_id!r} in swarm {swarm_id} (another "
+                        "swarm? pass --swarm)")
     click.echo(f"{approval_id}: {decision}", err=True)

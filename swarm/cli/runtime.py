@@ -78,7 +78,7 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     # user of the server, and the last user to leave stops it.
     interrupt_on_term()
     with open_store(settings) as store:
-        app = configure(store.url)
+        app = configure(store.url, store.master)
         app.worker_main([
             "worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--queues={queues}",
             f"--hostname={hostname or 'swarm@' + socket.gethostname()}",
@@ -107,7 +107,7 @@ def coordinator(name: str | None) -> None:
     exit_with_parent()
     interrupt_on_term()  # until the service's own handler: leave the server as its user
     with open_store(settings) as store:
-        service = Coordinator(store.redis, configure(store.url), settings,
+        service = Coordinator(store.redis, configure(store.url, store.master), settings,
                               name=name or socket.gethostname())
 
         def stop(signum: int, frame: FrameType | None) -> None:
@@ -156,7 +156,7 @@ def flower(port: int, address: str, basic_auth: str | None) -> None:
                    err=True)
     settings = settings_from()
     with open_store(settings) as store:
-        app = configure(store.url)
+        app = configure(store.url, store.master)
         argv = ["flower", f"--port={port}", f"--address={address}"]
         if basic_auth:
             argv.append(f"--basic-auth={basic_auth}")

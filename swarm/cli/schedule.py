@@ -31,7 +31,8 @@ def schedules(store: Store) -> ScheduleStore:
     from swarm.broker.app import configure
     from swarm.schedules.store import ScheduleStore, configure_redbeat
 
-    return ScheduleStore(store.redis, configure_redbeat(configure(store.url), store.url))
+    return ScheduleStore(store.redis, configure_redbeat(configure(store.url, store.master),
+                                                        store.url, store.master))
 
 
 @click.group(context_settings=CTX)

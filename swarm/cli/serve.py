@@ -36,7 +36,8 @@ def local_runtime(store: Store, settings: Settings, workers: int | None) -> Iter
         workers = 1 if store.embedded and not running else 0
     cluster = None
     if workers:
-        cluster = LocalCluster(store.url, settings.home, workers, settings.max_parallel).start()
+        cluster = LocalCluster(store.url, settings.home, workers, settings.max_parallel,
+                               master=store.master).start()
         try:
             wait_for(store.redis, 30.0, cluster.procs)
         except BaseException:
@@ -158,7 +159,7 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
             raise Abort("no API token yet: set SWARM_SERVE_TOKEN, or run `swarm token create` "
                         "(it prints a token once) and start `swarm serve` again")
         with local_runtime(store, settings, workers):
-            service = Service(store.redis, configure(store.url), settings,
+            service = Service(store.redis, configure(store.url, store.master), settings,
                               jobs_root(settings.home, str(root) if root else None), auth)
             click.echo(f"swarm serve on http://{host}:{port} (OpenAPI at /openapi.json, MCP "
                        f"at /mcp; "
@@ -213,7 +214,7 @@ def mcp(root: Path | None, workspace: Path | None, workers: int | None) -> None:
             local_runtime(store, settings, workers), contextlib.suppress(KeyboardInterrupt):
         # A stop from here on (even before serving starts: the agent may have read the
         # line below) is a clean exit, with the cleanup above.
-        service = Service(store.redis, configure(store.url), settings,
+        service = Service(store.redis, configure(store.url, store.master), settings,
                           jobs_root(settings.home, str(root) if root else None),
                           workspace=workspace.resolve() if workspace else None)
         click.echo(f"swarm mcp on stdio (store {store.masked_url}; jobs under {service.root})",

@@ -4,5 +4,6 @@
 - :mod:`~swarm.domain.history`: pure functions that keep a message list valid;
 - :mod:`~swarm.domain.session`: one saved conversation;
 - :mod:`~swarm.domain.approval`: an approval request and its decision;
-- :mod:`~swarm.domain.spawn`: one ``agent`` call.
+- :mod:`~swarm.domain.spawn`: one ``agent`` call;
+- :mod:`~swarm.domain.stop`: a stop signal whose setting also cuts blocking calls short.
 """

@@ -5,8 +5,10 @@ Implements :class:`swarm.agent.protocols.Model`. Every error it raises is a
 check (:mod:`swarm.llm.errors`), and none of them, nor any log line, contains the API key
 or the user info of the base URL. The HTTP client is :func:`swarm.llm.http.http_client`;
 answers become messages in :mod:`swarm.llm.answer`; ``/models`` is read by
-:mod:`swarm.llm.models`. (Over 400 lines because the retry loop and both answer paths,
-streamed and whole, share one error handling; split, each half would need the other.)
+:mod:`swarm.llm.models`. A call in flight is aborted from another thread by setting the
+client's :attr:`LLMClient.stop` event (:mod:`swarm.llm.abort`). (Over 400 lines because
+the retry loop and both answer paths, streamed and whole, share one error handling; split,
+each half would need the other.)
 """
 
 from __future__ import annotations
@@ -18,19 +20,23 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
 
 from swarm.config import Secret
 from swarm.domain.messages import ChatResult, Message, OnEvent
+from swarm.domain.stop import StopEvent
 from swarm.errors import (
     ConfigError,
+    ModelCallAborted,
     ModelConnectionError,
     ModelError,
     ModelHTTPError,
     ModelResponseError,
 )
+from swarm.llm.abort import connections_of
 from swarm.llm.answer import MessageAssembler, from_completion
 from swarm.llm.errors import UNREADABLE, Retry, http_error, request_error
 from swarm.llm.http import http_client
@@ -56,8 +62,8 @@ _warned_lock = threading.Lock()
 class RateGate(Protocol):
     """Holds the model calls of many clients together (one per swarm, in Redis)."""
 
-    def wait(self) -> None:
-        """Block while the gate is closed."""
+    def wait(self, stop: threading.Event | None = None) -> None:
+        """Block while the gate is closed (or until ``stop`` is set)."""
         ...
 
     def pause(self, seconds: float) -> None:
@@ -109,6 +115,9 @@ class LLMClient:
         self._sleep = sleep
         self.gate: RateGate | None = None
         """Shared with other clients (a swarm's children): one backs off, all hold."""
+        self.stop: StopEvent | None = None
+        """Once set, the call in flight is aborted (its socket shut down) and every call
+        raises :class:`ModelCallAborted`: a child's cancel, deadline or lost lease."""
         self._stream_options = True
         self._stream_rejected = False
         self._context_length: int | None = context_length
@@ -117,6 +126,7 @@ class LLMClient:
         self._owns_http = http is None
         self._http = http if http is not None else http_client(
             self.base_url, connect_timeout, read_timeout, transport=transport)
+        self._connections = connections_of(self._http)
 
     @classmethod
     def from_settings(
@@ -202,16 +212,21 @@ class LLMClient:
             payload["stream_options"] = {"include_usage": True}
         headers = self._headers("text/event-stream" if use_stream else "application/json")
         started = False
+        abortable: AbstractContextManager[None] = nullcontext() if self.stop is None \
+            else self.stop.on_set(self._connections.abort)
         try:
-            response = self._post(payload, headers)
-            try:
-                started = True
-                if 200 <= response.status_code < 300:
-                    return self._read_answer(response, on_event)
-                body = self._error_body(response)
-            finally:
-                response.close()
+            with abortable:
+                response = self._post(payload, headers)
+                try:
+                    started = True
+                    if 200 <= response.status_code < 300:
+                        return self._read_answer(response, on_event)
+                    body = self._error_body(response)
+                finally:
+                    response.close()
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            if self._stopped():
+                raise self._aborted() from None
             raise self._request_error(exc, started) from exc
         if response.status_code == 400 and use_stream:
             if "stream_options" in payload and "stream_options" in body:
@@ -232,7 +247,8 @@ class LLMClient:
         body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
         request = self._http.build_request(
             "POST", self._chat_url, content=body,
-            headers={"Content-Type": "application/json", **headers})
+            headers={"Content-Type": "application/json", **headers},
+            extensions={"trace": self._connections.trace})
         return self._http.send(request, stream=True)
 
     def _read_answer(self, response: httpx.Response, on_event: OnEvent | None) -> ChatResult:
@@ -362,10 +378,14 @@ class LLMClient:
     def _with_retries(self, what: str, attempt: Callable[[], T]) -> T:
         for number in range(1, self.tries + 1):
             if self.gate is not None:
-                self.gate.wait()
+                self.gate.wait(self.stop)
+            if self._stopped():
+                raise self._aborted()
             try:
                 return attempt()
             except Retry as retry:
+                if self._stopped():  # what broke was the abort (a cut stream, say)
+                    raise self._aborted() from None
                 if number == self.tries:
                     error = retry.error
                     if self.tries > 1:
@@ -377,8 +397,19 @@ class LLMClient:
                             what, retry.error, delay, number + 1, self.tries)
                 if self.gate is not None:
                     self.gate.pause(delay)
-                self._sleep(delay)
+                if self.stop is None:
+                    self._sleep(delay)
+                elif self.stop.wait(delay):
+                    raise self._aborted() from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    def _aborted(self) -> ModelCallAborted:
+        return ModelCallAborted(f"the call to the model at {self.base_url} was cut short: "
+                                "this agent was told to stop (cancel, a time limit or a lost "
+                                "lease)")
 
     def _backoff(self, number: int) -> float:
         """Full jitter: uniform in [0, min(cap, base * 2^(n-1))]."""

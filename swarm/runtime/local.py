@@ -84,10 +84,13 @@ class LocalCluster:
     """
 
     def __init__(self, redis_url: str, home: Path, workers: int = 1, concurrency: int = 64,
-                 env: dict[str, str] | None = None, embedded: bool = False) -> None:
+                 env: dict[str, str] | None = None, embedded: bool = False,
+                 master: str = "") -> None:
         self.extra_env = dict(env or {})
         """Set in the processes' environment on top of this one's (tests plant keys here)."""
         self.redis_url = redis_url
+        self.master = master
+        """The master's name when ``redis_url`` lists sentinels."""
         self.embedded = embedded
         self.home = home
         self.workers = max(1, workers)
@@ -111,6 +114,8 @@ class LocalCluster:
             env.pop("SWARM_REDIS_URL", None)
         else:
             env["SWARM_REDIS_URL"] = self.redis_url
+            if self.master:
+                env["SWARM_REDIS_MASTER"] = self.master
         fds: tuple[int, ...] = ()
         if secrets:
             env, fd = handover(env)
@@ -167,7 +172,7 @@ class LocalCluster:
         with contextlib.suppress(redis.RedisError, SwarmError):
             from swarm.store.connection import connect
 
-            connect(self.redis_url, retries=0).delete(
+            connect(self.redis_url, retries=0, master=self.master).delete(
                 *(keys.heartbeat(kind, name) for kind, name in self.names))
         for out in self._logs:
             out.close()

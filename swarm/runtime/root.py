@@ -112,7 +112,8 @@ class RootSwarm:
         if self.cluster is None and (workers := self.local_workers()):
             self.cluster = LocalCluster(self.store.url, self.settings.home, workers,
                                         self.settings.max_parallel,
-                                        embedded=self.store.embedded).start()
+                                        embedded=self.store.embedded,
+                                        master=self.store.master).start()
 
     def ensure_runtime(self) -> None:
         """Make sure a coordinator and workers serve this Redis (start local ones if asked)."""

@@ -12,13 +12,14 @@ from typing import Any, cast
 
 import redis
 from celery import Celery
-from redbeat.schedulers import RedBeatConfig, RedBeatSchedulerEntry
+from redbeat.schedulers import REDBEAT_SENTINEL_KEY, RedBeatConfig, RedBeatSchedulerEntry
 
 from swarm.runtime.jobs import submit_job
 from swarm.schedules.spec import Schedule, ScheduleError, folder_source, load_folder, parse_cron
 from swarm.serve.jobs import jobs_root, new_job_folder
 from swarm.store import keys
 from swarm.store.ledger import Ledger
+from swarm.store.sentinel import Sentinels, is_sentinel, require_master
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +27,26 @@ log = logging.getLogger(__name__)
 TASK = "swarm.job.submit"
 
 
-def configure_redbeat(app: Celery, url: str) -> Celery:
-    """Point celery-redbeat of ``app`` at ``url`` under swarm's key prefix. Redbeat caches
-    its configuration and client on the app, so both are rebuilt here."""
-    app.conf.update(
-        redbeat_redis_url=url, redbeat_key_prefix=keys.REDBEAT_PREFIX,
-        redbeat_redis_options={"retry_period": 60, "socket_timeout": 30,
-                               "socket_connect_timeout": 5, "health_check_interval": 30})
+def configure_redbeat(app: Celery, url: str, master: str = "") -> Celery:
+    """Point celery-redbeat of ``app`` at ``url`` under swarm's key prefix (sentinels
+    through redbeat's own ``redis-sentinel://`` options, with ``master`` as the service
+    name). Redbeat caches its configuration and client on the app, so both are rebuilt
+    here."""
+    options: dict[str, Any] = {"retry_period": 60, "socket_timeout": 30,
+                               "socket_connect_timeout": 5, "health_check_interval": 30}
+    if is_sentinel(url):
+        require_master(url, master)
+        target = Sentinels.parse(url)
+        url = "redis-sentinel://"  # the sentinels are in the options: redbeat reads them there
+        options = {"retry_period": 60, "socket_timeout": 30, "sentinels": list(target.hosts),
+                   "service_name": master, "db": target.db, "password": target.password,
+                   "username": target.username,
+                   "sentinel_kwargs": {"socket_timeout": 5, "socket_connect_timeout": 5}}
+    app.conf.update(redbeat_redis_url=url, redbeat_key_prefix=keys.REDBEAT_PREFIX,
+                    redbeat_redis_options=options)
     app.redbeat_conf = RedBeatConfig(app)
     app.redbeat_redis = None
+    setattr(app, REDBEAT_SENTINEL_KEY, None)  # a Sentinel redbeat kept from an earlier URL
     return app
 
 

@@ -7,7 +7,7 @@ import functools
 import redis
 from celery import Task
 
-from swarm.broker.app import app
+from swarm.broker.app import app, store_master, store_url
 from swarm.config import Settings
 from swarm.schedules.store import TASK, fire
 from swarm.store.connection import connect
@@ -15,7 +15,7 @@ from swarm.store.connection import connect
 
 @functools.cache
 def _redis() -> redis.Redis:
-    return connect(str(app.conf.broker_url).replace("redis+socket://", "unix://"))
+    return connect(store_url(), master=store_master())
 
 
 @app.task(name=TASK, bind=True)

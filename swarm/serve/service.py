@@ -26,7 +26,7 @@ from swarm.serve.auth import Authenticator
 from swarm.serve.jobs import inherited_settings, inside_root, new_job_folder
 from swarm.serve.models import Approval, ApprovalDone, CancelResult, Job, JobRequest
 from swarm.store import keys
-from swarm.store.approvals import CANCELLED, TIMED_OUT, ApprovalQueue, outcome
+from swarm.store.approvals import ApprovalQueue, closed_because, outcome
 from swarm.store.ledger import Ledger
 
 SETTLED_JOB = ("done", "failed", "cancelled")
@@ -188,6 +188,5 @@ class Service:
         how = outcome(self.redis, approval_id)
         if how is None:
             return
-        why = {TIMED_OUT: "no one answered in time, so it was denied",
-               CANCELLED: "its agent was cancelled"}.get(how, f"it was answered already ({how})")
-        raise RequestError(f"approval {approval_id!r} is not pending: {why}", 409)
+        raise RequestError(f"approval {approval_id!r} is not pending: {closed_because(how)}",
+                           409)

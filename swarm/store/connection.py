@@ -1,4 +1,8 @@
-"""Connecting to Redis: one place for timeouts, retries, URL masking and the embedded default."""
+"""Connecting to Redis: one place for timeouts, retries, URL masking and the embedded default.
+
+A ``sentinel://`` URL (with the master's name) connects through Redis Sentinel
+(:mod:`swarm.store.sentinel`): the client asks the sentinels where the master is at each
+(re)connection, so a failover looks like a restart of Redis, ridden out the same way."""
 
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.driver_info import DriverInfo
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from swarm.config import Settings
 from swarm.errors import ConfigError, StoreError, StoreUnavailableError
+from swarm.store.sentinel import Sentinels, is_sentinel, require_master
 from swarm.store.server import EmbeddedServer
 
 EXTERNAL_HINT = "check SWARM_REDIS_URL, or unset it to use the embedded server"
@@ -26,7 +32,10 @@ _SCHEMES = ("redis", "rediss", "unix")
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password (in the user info or a ``password=`` query) shown as ``***``."""
+    """``url`` with its password (in the user info or a ``password=`` query) shown as ``***``
+    (in each entry of a ``sentinel://...;sentinel://...`` list)."""
+    if ";" in url:
+        return ";".join(mask_url(chunk) for chunk in url.split(";"))
     # Edit the string in place: urlunsplit would turn unix:///path into unix:/path.
     head, sep, query = url.partition("?")
     netloc = urlsplit(url).netloc
@@ -43,7 +52,7 @@ def mask_url(url: str) -> str:
 
 
 def _password(url: str) -> str | None:
-    parts = urlsplit(url)
+    parts = urlsplit(url.split(";", 1)[0])
     if parts.password:
         return parts.password
     return dict(parse_qsl(parts.query)).get("password")
@@ -69,8 +78,10 @@ def connect(
     retries: int = 3,
     health_check_interval: int = 30,
     hint: str = EXTERNAL_HINT,
+    master: str = "",
 ) -> redis.Redis:
-    """A client for ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``) that answered PING.
+    """A client for ``url`` (``redis://``, ``rediss://`` for TLS, ``unix://``, or
+    ``sentinel://...`` with the ``master``'s name) that answered PING.
 
     Strings come back decoded. Connection errors and timeouts are retried ``retries`` times
     with exponential backoff. ``socket_timeout`` bounds every reply: callers of blocking
@@ -78,16 +89,22 @@ def connect(
     Raises :class:`StoreUnavailableError` (password masked) or :class:`ConfigError`.
     """
     scheme = urlsplit(url).scheme
-    if scheme not in _SCHEMES:
+    if scheme not in _SCHEMES and not is_sentinel(url):
         raise ConfigError(
             f"{mask_url(url)!r} is not a Redis URL; use redis://[[user]:password@]host[:port][/db],"
-            " rediss://... for TLS, or unix:///path/to/redis.sock"
+            " rediss://... for TLS, unix:///path/to/redis.sock, or "
+            "sentinel://host1:26379;sentinel://host2:26379 with SWARM_REDIS_MASTER"
         )
     retry = Retry(
         ExponentialBackoff(cap=1.0, base=0.05),
         retries,
         supported_errors=(redis.ConnectionError, redis.TimeoutError, TimeoutError),
     )
+    if is_sentinel(url):
+        require_master(url, master)
+        return _through_sentinels(url, master, retry, socket_timeout=socket_timeout,
+                                  connect_timeout=connect_timeout,
+                                  health_check_interval=health_check_interval)
     try:
         client = redis.Redis.from_url(
             url,
@@ -129,6 +146,40 @@ def connect(
         client.close()
         raise StoreUnavailableError(
             f"cannot reach Redis at {mask_url(url)} ({_scrub(str(exc), url)}); {hint}"
+        ) from None
+    return client
+
+
+def _through_sentinels(url: str, master: str, retry: Retry, *, socket_timeout: float | None,
+                       connect_timeout: float, health_check_interval: int) -> redis.Redis:
+    """:func:`connect` for a ``sentinel://`` URL: a client of the master the sentinels name,
+    found again at each reconnection (a failover)."""
+    target = Sentinels.parse(url)
+    # redis.sentinel has no annotations (redis 8.1): hence the ignores.
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts),
+        sentinel_kwargs={"socket_timeout": connect_timeout,
+                         "socket_connect_timeout": connect_timeout},
+        socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout)
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+        master, redis_class=redis.Redis, db=target.db, username=target.username,
+        password=target.password, decode_responses=True, retry=retry,
+        max_connections=MAX_CONNECTIONS, driver_info=DRIVER,
+        health_check_interval=health_check_interval)
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        client.close()
+        raise StoreUnavailableError(
+            f"the Redis master {master!r} of {mask_url(url)} refused the login "
+            f"({_scrub(str(exc), url)}); check the user and password in SWARM_REDIS_URL"
+        ) from None
+    except (redis.RedisError, OSError) as exc:
+        client.close()
+        raise StoreUnavailableError(
+            f"cannot reach the Redis master {master!r} through the sentinels "
+            f"{mask_url(url)} ({_scrub(str(exc), url)}); check that the sentinels run and "
+            "watch that master (SWARM_REDIS_URL, SWARM_REDIS_MASTER)"
         ) from None
     return client
 
@@ -189,6 +240,8 @@ class Store:
     redis: redis.Redis
     url: str
     server: EmbeddedServer | None = None
+    master: str = ""
+    """The master's name when ``url`` lists sentinels (``SWARM_REDIS_MASTER``)."""
 
     @property
     def embedded(self) -> bool:
@@ -204,9 +257,9 @@ def open_store(settings: Settings) -> Iterator[Store]:
     """The store of ``settings``: the external Redis of ``redis_url``, else the embedded server
     of ``home`` (ensured on enter, released on exit)."""
     if settings.redis_url:
-        client = connect(settings.redis_url)
+        client = connect(settings.redis_url, master=settings.redis_master)
         try:
-            yield Store(client, settings.redis_url)
+            yield Store(client, settings.redis_url, master=settings.redis_master)
         finally:
             client.close()
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import cast
 
@@ -47,13 +48,17 @@ class RedisRateGate:
         self._pause = redis_.register_script(_PAUSE)
         self._left = redis_.register_script(_LEFT)
 
-    def wait(self) -> None:
+    def wait(self, stop: threading.Event | None = None) -> None:
+        """Hold while the gate is closed (not past ``stop`` being set)."""
         opens = self._opens()
         if opens is None:
             return  # no gate is better than no model
         left = min(opens - time.monotonic(), self.longest)
         if left > 0:
-            time.sleep(left)
+            if stop is None:
+                time.sleep(left)
+            else:
+                stop.wait(left)
 
     def pause(self, seconds: float) -> None:
         """Close the gate for ``seconds`` (at most ``longest``) unless it is closed longer."""

@@ -154,6 +154,22 @@ end
 return 0
 """
 
+# Who holds each run's lease now: its token while it runs and its lease has not run out on
+# the server's clock, else ''. Read only.
+_HOLDERS = _NOW + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local row = redis.call('HMGET', key, 'state', 'lease', 'lease_until')
+  local until_ = tonumber(row[3] or '') or 0
+  if row[1] == 'running' and row[2] and row[2] ~= '' and until_ >= now then
+    out[i] = row[2]
+  else
+    out[i] = ''
+  end
+end
+return out
+"""
+
 # Runs put in flight get a grace lease (ARGV[1] seconds) until their task is sent and
 # claimed; ARGV[2] == 'nx' keeps a lease already there.
 _GRACE = _NOW + """
@@ -387,6 +403,7 @@ class Ledger:
         self._stay_parked = redis_.register_script(_STAY_PARKED)
         self._grace = redis_.register_script(_GRACE)
         self._pause = redis_.register_script(_PAUSE)
+        self._holders = redis_.register_script(_HOLDERS)
 
     def _transaction(self, fn: Any, *watch: str) -> Any:
         """``fn(pipe)`` under WATCH of ``watch``: it reads, calls ``pipe.multi()``, queues
@@ -779,6 +796,15 @@ class Ledger:
         ``execute()``."""
         return bool(self._renew(keys=[keys.run(run_id), keys.leases()],
                                 args=[token, lease, run_id], client=client))
+
+    def lease_holders(self, run_ids: list[str]) -> dict[str, str]:
+        """The lease token that holds each of ``run_ids`` now: "" for a run that is not
+        running or whose lease ran out on the server's clock (its worker died or was cut
+        off; a takeover claims it with a new token). One round trip."""
+        if not run_ids:
+            return {}
+        got = cast("list[str]", self._holders(keys=[keys.run(r) for r in run_ids]))
+        return dict(zip(run_ids, got, strict=True))
 
     def spend(self, swarm_id: str, tokens: int) -> int:
         """Add a model call's tokens to the swarm's count; returns the new total."""

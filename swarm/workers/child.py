@@ -195,7 +195,8 @@ class ChildRunner:
                           cancelled=start.cancelled, spent=start.spent)
         model = self.models.client(settings)
         model.gate = RedisRateGate(self.redis, swarm_id)
-        queue = ApprovalQueue(self.redis, swarm_id)
+        model.stop = control.event  # a cancel aborts the model call in flight
+        queue = ApprovalQueue(self.redis, swarm_id, run=run.id, lease=watched.token)
         try:
             agent = build_agent(
                 settings, workspace.path, model, session, store=self.sessions,

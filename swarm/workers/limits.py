@@ -1,5 +1,6 @@
 """The limits of one running child: ``swarm cancel``, its wall time, the swarm's token
-budget, a lost lease. Checked between the agent's steps, in the worker's thread."""
+budget, a lost lease. Checked between the agent's steps, in the worker's thread; a stop
+also cuts short the command or the model call in flight."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ class Control:
     token budget, a lost lease.
 
     The process's :class:`Supervisor` sets :attr:`event` (which also kills a running
-    command) on cancel, at the hard deadline or when the lease is lost; :meth:`before_step`
-    stops the loop between steps, and asks the child to wrap up at 80% of its time.
+    command and aborts a model call in flight) on cancel, at the hard deadline or when the
+    lease is lost; :meth:`before_step` stops the loop between steps (and says why after an
+    aborted model call), and asks the child to wrap up at 80% of its time.
     """
 
     def __init__(self, redis_: redis.Redis, swarm_id: str, watched: Watched,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from swarm.domain.stop import StopEvent
 from swarm.store.ledger import Ledger, Progress
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ class Watched:
     """The run's lease token ("" for a child without a lease to renew)."""
     limit: float
     """Wall-time limit in seconds, counted from ``start``."""
-    event: threading.Event = field(default_factory=threading.Event)
-    """Set on cancel, at the deadline, or when the lease is lost: kills a running command."""
+    event: StopEvent = field(default_factory=StopEvent)
+    """Set on cancel, at the deadline, or when the lease is lost: kills a running command
+    and aborts a model call in flight."""
     start: float = field(default_factory=time.monotonic)
     """``time.monotonic()`` when the run began (earlier claims of it included)."""
     timed_out: bool = False

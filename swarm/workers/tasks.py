@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import Task
 
-from swarm.broker.app import app, store_url
+from swarm.broker.app import app, store_master, store_url
 from swarm.broker.events import BufferedEvents
 from swarm.config import Settings
 from swarm.store.connection import connect
@@ -23,7 +23,8 @@ def runner() -> ChildRunner:
     settings = Settings.from_env()
     # A local worker of the embedded default has no SWARM_REDIS_URL: the app knows the URL.
     url = settings.redis_url or store_url()
-    child_runner = ChildRunner(settings, connect(url))
+    master = settings.redis_master if settings.redis_url else store_master()
+    child_runner = ChildRunner(settings, connect(url, master=master))
     child_runner.supervisor.flush_hooks.append(_events.flush)
     return child_runner
 

@@ -25,12 +25,13 @@ from click.testing import CliRunner, Result
 from swarm.cli import main
 from swarm.runtime.local import wait_for
 from swarm.store import keys
-from swarm.store.approvals import ApprovalQueue
+from swarm.store.approvals import EXPIRED, ApprovalQueue, outcome
 from swarm.store.connection import connect
-from swarm.store.ledger import AgentRecord, Ledger
+from swarm.store.ledger import SETTLED, AgentRecord, Ledger
 from swarm.store.server import EmbeddedServer
-from swarm.testing.scripts import ByTask, task_of, tool_results
-from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, ToolCall
+from swarm.store.sessions import RedisSessionStore
+from swarm.testing.scripts import ByTask, task_of, tool_results, turn_of
+from swarm.testing.server import Fault, Item, Reply, ScriptedModelServer, Slow, ToolCall
 from tests.helpers import wait_until
 from tests.netproxy import TcpProxy
 
@@ -350,6 +351,46 @@ def test_cancel_a_child_kills_its_command_and_the_parent_gets_cancelled(
     print(f"\ncancel: the parent had the cancelled result {took:.1f} s after swarm cancel")
 
 
+def test_cancel_aborts_a_childs_model_call_in_flight(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """The child waits on a model answer that would take 60 s: ``swarm cancel`` cuts the
+    call short (before, it ran to its end), the run settles cancelled within about a second,
+    and the child's saved session ends with its last tool result: nothing half-answered."""
+    model.responder = ByTask({
+        "ROOT": [agent_calls("PONDER slowly", "QUICK one"), report],
+        "PONDER": [Reply(tool_calls=[ToolCall("run_cli", {"command": "echo pondering"})]),
+                   Slow(60, Reply(content="too late"))],
+        "QUICK": [Reply(content="quick")],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    thread, out = swarm.run_in_thread("ROOT ponder", tmp_path)
+    ponders = lambda: [r for r in model.requests if task_of(r) == "PONDER slowly"]  # noqa: E731
+    wait_until(lambda: [r for r in ponders() if turn_of(r) == 1], "the child's second model call")
+    ponder = next(a for a in swarm.agents() if "PONDER" in a.label)
+    started = time.monotonic()
+    cancelled = CliRunner().invoke(main, ["cancel", ponder.id], env=swarm.env())
+    assert cancelled.exit_code == 0, cancelled.output
+    wait_until(lambda: getattr(swarm.ledger.run(ponder.run), "state", "") in SETTLED,
+               "the child to settle", timeout=15)
+    took = time.monotonic() - started
+    run = swarm.ledger.run(ponder.run)
+    assert run is not None and run.state == "cancelled", run
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().startswith("cancelled:cancelled (swarm cancel")
+    assert result.stdout.strip().endswith("| done:quick")
+    session = RedisSessionStore(swarm.redis).load(ponder.id)
+    assert session is not None and not session.repairs
+    assert [m["role"] for m in session.messages] == ["system", "user", "assistant", "tool"]
+    assert "pondering" in session.messages[-1]["content"]
+    assert len(ponders()) == 2  # the aborted call was not tried again
+    print(f"\ncancel of a model call in flight: the run settled {took:.2f} s after swarm cancel")
+
+
 def test_children_ask_a_person_through_the_queue(swarm: Swarm, model: ScriptedModelServer,
                                                  tmp_path: Path) -> None:
     made = tmp_path / "made"
@@ -388,6 +429,59 @@ def test_children_ask_a_person_through_the_queue(swarm: Swarm, model: ScriptedMo
     assert made.is_dir() and "[exit code: 0]" in asked
     assert "denied" in ignored and "no one answered within 3 s" in ignored
     assert not (tmp_path / "nope").exists()
+
+
+def test_an_approval_asked_by_a_worker_that_died_expires_and_the_next_attempt_asks_again(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """A child asks a person, then its worker is SIGKILLed. Once the dead attempt's lease
+    has run out, its request is no longer listed: it is closed as expired (an answer to it
+    is refused, saying why), and the run's next attempt, resumed on another worker, asks
+    again; that answer is the one that counts."""
+    made = tmp_path / "made"
+    ask = Reply(tool_calls=[ToolCall("run_cli", {"command": f"mkdir -p {made}"})])
+    model.responder = ByTask({
+        "ROOT": [agent_calls("ASKER once"), report],
+        "ASKER": [ask, ask, lambda r: Reply(content="ran: " + tool_results(r)[0][:40])],
+    })
+    swarm.start("coordinator", "coord")
+    doomed = swarm.start("worker", "doomed", SWARM_LEASE="2")
+    swarm.ready()
+    env = {"SWARM_APPROVAL": "run_cli=always", "SWARM_APPROVAL_TIMEOUT": "120"}
+    base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    base.update(swarm.env(SWARM_BASE_URL=model.base_url, **env))
+    out: list[Result] = []
+    thread = threading.Thread(target=lambda: out.append(CliRunner().invoke(
+        main, ["run", "--workers", "0", "-C", str(tmp_path), "ROOT ask"], env=base)))
+    thread.start()
+
+    def pending() -> list[str]:
+        swarm_id = swarm.ledger.latest_swarm()
+        return [p.id for p in ApprovalQueue(swarm.redis, swarm_id).pending()] if swarm_id \
+            else []
+
+    (first,) = wait_until(pending, "the child's request")
+    os.kill(doomed.pid, signal.SIGKILL)
+    assert doomed.wait(timeout=10) == -signal.SIGKILL
+    wait_until(lambda: first not in pending(), "the dead attempt's request to expire",
+               timeout=15)
+    assert outcome(swarm.redis, first) == EXPIRED
+    late = CliRunner().invoke(main, ["approve", first], env=swarm.env())
+    assert late.exit_code != 0 and "the agent that asked is gone" in late.output, late.output
+    assert not made.exists()
+    swarm.start("worker", "rescuer", SWARM_LEASE="2")
+    (second,) = wait_until(pending, "the next attempt to ask again")
+    assert second != first
+    answered = CliRunner().invoke(main, ["approve", second], env=swarm.env())
+    assert answered.exit_code == 0, answered.output
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the root never got its answer"
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "done:ran: [exit code: 0]"
+    assert made.is_dir()
+    asker = next(a for a in swarm.agents() if "ASKER" in a.label)
+    run = swarm.ledger.run(asker.run)
+    assert run is not None and run.attempts == 2
 
 
 def test_wall_time_limit_warns_then_stops(swarm: Swarm, model: ScriptedModelServer,
