@@ -98,6 +98,10 @@ KNOBS: dict[str, Knob] = {
     "snapshot_swarm_max": Knob(("SWARM_SNAPSHOT_SWARM_MAX",),
                                "bytes of workspace snapshots one swarm may store in Redis; "
                                "0 = no cap"),
+    "seed_view": Knob(("SWARM_SEED_VIEW",),
+                      "a seeded child's workspace on a worker: auto (a copy-on-write overlayfs "
+                      "view of one shared checkout per host, where the worker can mount one; "
+                      "else a full checkout), checkout (always a full checkout)"),
     "sandbox": Knob(("SWARM_SANDBOX",),
                     "run commands in bubblewrap: auto (when a trial works), bwrap, none; "
                     "workers default to auto, the root in a terminal to none"),
@@ -183,6 +187,7 @@ class Settings:
     reclaim_idle: int = 15
     snapshot_max: int = 100_000_000
     snapshot_swarm_max: int = 1_000_000_000
+    seed_view: str = "auto"
     sandbox: str = "none"
     sandbox_network: bool = True
     sandbox_env: str = ""
@@ -232,6 +237,8 @@ class Settings:
             )
         if not 0.1 <= self.compact_at <= 0.95:
             raise ConfigError("SWARM_COMPACT_AT must be between 0.1 and 0.95, e.g. 0.75")
+        if self.seed_view not in ("auto", "checkout"):
+            raise ConfigError(f"SWARM_SEED_VIEW={self.seed_view!r} is not one of auto, checkout")
         if self.sandbox not in ("auto", "bwrap", "none"):
             raise ConfigError(f"SWARM_SANDBOX={self.sandbox!r} is not one of auto, bwrap, none")
         for tool, policy in self.approval.items():

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import redis as redis_lib
 
+from swarm.domain.records import AgentRecord
 from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
+from swarm.runtime import parked
 from swarm.runtime.seed import Seeds
 from swarm.store import keys
 from swarm.store.snapshots import SnapshotStore
+from swarm.workers import workspace as ws
+from swarm.workers.child import ChildRunner
 
 SWARM = "sseedtest"
 
@@ -46,8 +51,11 @@ def make_repo(path: Path) -> Path:
     return path
 
 
-def seeds(redis: redis_lib.Redis, home: Path, host: str, **caps: int) -> Seeds:
-    return Seeds(SnapshotStore(redis), home, host, **caps)
+def seeds(redis: redis_lib.Redis, home: Path, host: str, view: str = "checkout",
+          **caps: int) -> Seeds:
+    """Full checkouts unless asked (a view is a mount in this process's namespace: a test
+    that makes one unmounts it, see ``unmounted``)."""
+    return Seeds(SnapshotStore(redis), home, host, view=view, **caps)
 
 
 def files_of(path: Path) -> dict[str, str]:
@@ -201,7 +209,7 @@ def test_a_workspace_is_restored_on_another_host(redis: redis_lib.Redis,
     (parent.path / "untracked.txt").unlink()
     state = b.take(parent.path, SWARM)  # as it parks
     c = seeds(redis, tmp_path / "home-c", "hostc")
-    back = c.restore(SWARM, "p1", sid, state)
+    back = parked.restore(c, SWARM, "p1", sid, state)
     assert files_of(back.path) == files_of(parent.path)
     # Its changes are uncommitted over its seed, as they were.
     assert "mine.txt" in sh(back.path, "status", "--porcelain")
@@ -215,7 +223,7 @@ def test_a_workspace_that_cannot_be_restored_fails_loudly(redis: redis_lib.Redis
     for key in redis.scan_iter("swarm:snapshot:*"):
         redis.delete(key)
     with pytest.raises(WorkspaceLost, match="could not be restored on hostc"):
-        seeds(redis, tmp_path / "home-c", "hostc").restore(SWARM, "p1", sid, sid)
+        parked.restore(seeds(redis, tmp_path / "home-c", "hostc"), SWARM, "p1", sid, sid)
     assert not (tmp_path / "home-c" / "workspaces" / SWARM / "p1").exists()
 
 
@@ -237,3 +245,20 @@ def test_a_child_on_the_parents_host_hands_over_its_folder_without_a_transfer(
     assert body["files_at"] == str(child.path)
     assert (Path(body["files_at"]) / "made.txt").read_text() == "made\n"
     assert SnapshotStore(redis).hosts(delta) == {"laptop": 0}  # nobody fetched it
+
+
+def test_a_checkout_as_it_was_seeded_has_nothing_to_send_home(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    child = far.child(SWARM, "a1", sid)
+    before = ws.snapshot(child.path)
+    record = AgentRecord("a1", SWARM, seed=sid)
+    # Nothing changed since the listing taken at its seed: known without a tree.
+    assert ChildRunner._changed(child, far, before, record) == ([], True)
+    # Changed since it parked elsewhere: the listing is not of its seed, so not exact.
+    assert ChildRunner._changed(child, far, before, replace(record, ws_state="x")) == \
+        ([], False)
+    (child.path / "committed.txt").write_text("edited\n")
+    assert ChildRunner._changed(child, far, before, record) == (["committed.txt"], True)
