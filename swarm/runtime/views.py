@@ -28,7 +28,6 @@ import os
 import shutil
 import stat
 import tempfile
-import time
 from pathlib import Path
 
 from swarm.runtime import gitstate as g
@@ -36,9 +35,6 @@ from swarm.runtime import gitstate as g
 log = logging.getLogger(__name__)
 
 _MS_REC, _MS_SLAVE, _MNT_DETACH, _CLONE_NEWNS = 0x4000, 0x80000, 2, 0x20000
-#: Shared checkouts are dated this many seconds back, so their git index is not "racily
-#: clean" (git would hash every file of it again at each child's first status).
-_BACKDATE = 10
 
 
 def _libc() -> ctypes.CDLL:
@@ -130,12 +126,10 @@ def shared_checkout(repo: Path, sid: str, trees: Path) -> tuple[Path, Path]:
         env = {"GIT_DIR": str(repo), "GIT_WORK_TREE": str(tmp / "files"),
                "GIT_INDEX_FILE": str(temp_index)}
         (tmp / "files").mkdir()
-        g.git("read-tree", "-u", "--reset", sid, cwd=tmp / "files", env=env)
-        then = time.time() - _BACKDATE
-        for root, _dirs, names in os.walk(tmp / "files"):
-            for name in names:
-                with contextlib.suppress(OSError):
-                    os.utime(os.path.join(root, name), (then, then), follow_symlinks=False)
+        g.git("-c", f"checkout.workers={min(8, os.cpu_count() or 1)}", "read-tree", "-u",
+              "--reset", sid, cwd=tmp / "files", env=env)
+        # Entries git wrote as "racily clean" (a file as new as the index) would be read
+        # again by every child: checked here, once.
         g.git("update-index", "-q", "--refresh", cwd=tmp / "files", env=env)
         os.replace(temp_index, index)
         os.rename(tmp / "files", files)
