@@ -1,10 +1,10 @@
 """Seeding: children that start from their parent's files, on two "hosts".
 
 A synthetic git repository (``--seed-files`` files of random text, ``--seed-mb`` MB in all,
-committed, plus one uncommitted file per job so every seeded job makes a new snapshot)
-is the root's workspace. N children fan out over two worker "hosts" (UTS namespaces:
-their own host name and ``SWARM_HOME``, so each fetches the snapshot into its own cache,
-as a second machine would) and each runs one command. Jobs alternate: seeded (the
+committed and packed as a clone is, plus one uncommitted file per job so every seeded job
+makes a new snapshot) is the root's workspace. N children fan out over two worker "hosts"
+(UTS namespaces: their own host name and ``SWARM_HOME``, so each fetches the snapshot into
+its own cache, as a second machine would) and each runs one command. Jobs alternate: seeded (the
 default) and ``seed: false`` (empty folders), ``--seed-repeats`` of each.
 
 Reported: wall of each kind (median), the difference (what seeding adds), the root's
@@ -41,7 +41,7 @@ from swarm.store.snapshots import SnapshotStore
 
 def make_repo(path: Path, files: int, megabytes: float) -> tuple[int, int]:
     """A committed repository of ``files`` files of random text (``megabytes`` in all),
-    in folders of 100; returns (files, bytes)."""
+    in folders of 100, packed as a clone is; returns (files, bytes)."""
     per = max(1, int(megabytes * 1_000_000 / files))
     path.mkdir(parents=True)
     total = 0
@@ -52,7 +52,7 @@ def make_repo(path: Path, files: int, megabytes: float) -> tuple[int, int]:
         (folder / f"f{i:05d}.txt").write_text(text)
         total += len(text)
     subprocess.run("git init -q && git add -A && git -c user.name=b -c user.email=b@b "
-                   "commit -qm synthetic", shell=True, cwd=path, check=True)
+                   "commit -qm synthetic && git repack -adq", shell=True, cwd=path, check=True)
     return files, total
 
 

@@ -13,7 +13,7 @@ import pytest
 import redis as redis_lib
 
 from swarm.domain.session import Session
-from swarm.runtime import parked, views
+from swarm.runtime import homecoming, parked, views
 from swarm.runtime.seed import Seeds, Workspace
 from swarm.store.snapshots import SnapshotStore
 
@@ -92,7 +92,7 @@ def earlier_child(redis: redis_lib.Redis, tmp_path: Path, host: Seeds, parent: W
     session = result_session({"agent_id": "c1", "state": "done",
                               "delta": third.capture(child, SWARM), "seed": seed})
     third.release(child)
-    host.bring_home(session, parent.path, SWARM)
+    homecoming.bring_home(host, session, parent.path, SWARM)
     assert json.loads(session.messages[-1]["content"])["git_branch"] == "swarm/c1"
     return session
 
@@ -128,7 +128,7 @@ def test_a_parked_parent_comes_back_exactly_on_another_host(
     (grandchild.path / "from-g1.txt").write_text("g1\n")
     late = result_session({"agent_id": "g1", "state": "done",
                            "delta": g.capture(grandchild, SWARM), "seed": new_seed})
-    c.bring_home(late, back.path, SWARM)
+    homecoming.bring_home(c, late, back.path, SWARM)
     git(back.path, "add", "-A")
     git(back.path, "commit", "-qm", "the parent's work")
     git(back.path, "merge", "-q", "--no-edit", "swarm/g1")

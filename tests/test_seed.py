@@ -15,7 +15,7 @@ import redis as redis_lib
 from swarm.domain.records import AgentRecord
 from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
-from swarm.runtime import parked
+from swarm.runtime import homecoming, parked
 from swarm.runtime.seed import Seeds
 from swarm.store import keys
 from swarm.store.snapshots import SnapshotStore
@@ -166,7 +166,7 @@ def test_a_childs_work_comes_home_as_a_branch_the_parent_can_merge(
     assert SnapshotStore(redis).meta(delta).base == sid  # type: ignore[union-attr]
     session = result_session(repo, {"agent_id": "a1", "state": "done", "delta": delta,
                                     "seed": sid})
-    assert laptop.bring_home(session, repo, SWARM)
+    assert homecoming.bring_home(laptop, session, repo, SWARM)
     body = json.loads(session.messages[-1]["content"])
     assert body["git_branch"] == "swarm/a1" and "delta" not in body
     assert "new.txt" in body["diffstat"] and "git merge swarm/a1" in body["merge"]
@@ -192,7 +192,7 @@ def test_a_plain_folder_parent_gets_the_changed_files_at_a_path(
     (child.path / "gone.txt").unlink()
     session = result_session(folder, {"agent_id": "a1", "delta": far.capture(child, SWARM),
                                       "seed": sid})
-    laptop.bring_home(session, folder, SWARM)
+    homecoming.bring_home(laptop, session, folder, SWARM)
     body = json.loads(session.messages[-1]["content"])
     at = Path(body["files_at"])
     assert at.is_relative_to(tmp_path / "home-a")
@@ -240,7 +240,7 @@ def test_a_child_on_the_parents_host_hands_over_its_folder_without_a_transfer(
     delta = worker.capture(child, SWARM)
     session = result_session(folder, {"agent_id": "a1", "delta": delta, "seed": sid,
                                       "host": "laptop", "workspace": str(child.path)})
-    laptop.bring_home(session, folder, SWARM)
+    homecoming.bring_home(laptop, session, folder, SWARM)
     body = json.loads(session.messages[-1]["content"])
     assert body["files_at"] == str(child.path)
     assert (Path(body["files_at"]) / "made.txt").read_text() == "made\n"

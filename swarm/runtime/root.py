@@ -23,7 +23,7 @@ from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.session import Session
 from swarm.errors import Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
-from swarm.runtime import sweep
+from swarm.runtime import homecoming, sweep
 from swarm.runtime.local import LocalCluster, alive, shared, wait_for
 from swarm.runtime.seed import Seeds
 from swarm.runtime.spawner import RedisSpawner
@@ -166,7 +166,7 @@ class RootSwarm:
             loaded = sessions.load(agent.session.id)
             assert loaded is not None, "the root session vanished while it was parked"
             # The children's work comes home (branches, files) before the root goes on.
-            if self.seeds.bring_home(loaded, Path(loaded.workspace), self.swarm_id):
+            if homecoming.bring_home(self.seeds, loaded, Path(loaded.workspace), self.swarm_id):
                 sessions.save(loaded)
             agent.session = loaded
             try:

@@ -8,14 +8,12 @@ restore a workspace on another host.
   from a ``git worktree`` of the object store that already has it (no transfer); a child
   elsewhere fetches the bundle into its host's cache (``SWARM_HOME/seeds/cache.git``)
   once per host, then makes a worktree from there.
+- **Views.** Where the worker may mount, a child's worktree is a copy-on-write view of
+  one shared checkout of its seed per host (:mod:`swarm.runtime.views`).
 - **Bring home.** A settling child's workspace is a commit over its seed, stored as a
-  delta bundle. Before its parent resumes, the parent's process fetches it into the
-  parent's repository and makes it branch ``swarm/<agent_id>`` (over the commit of the
-  parent's workspace the child started from), or, for a parent in a plain folder,
-  writes the changed files to ``SWARM_HOME/returned/<swarm>/<agent_id>/``.
-- **Restore.** A parent in a worker snapshots its workspace as it parks; resumed on a
-  host without that folder, it is rebuilt from the snapshot, or the run fails with
-  "workspace lost". It never continues in an empty folder.
+  delta bundle; :mod:`swarm.runtime.homecoming` makes it a branch or files where its
+  parent works. A parked workspace and its restore elsewhere: :mod:`swarm.runtime.parked`.
+  Cleanup: :mod:`swarm.runtime.sweep`.
 """
 
 from __future__ import annotations
@@ -23,17 +21,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import shutil
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceError, WorkspaceLost
 from swarm.runtime import gitstate as g
 from swarm.runtime import views
@@ -79,9 +73,21 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _admin(worktree: Path) -> Path:
+    """The git folder of the linked worktree ``worktree`` (from its ``.git`` file)."""
+    text = (worktree / ".git").read_text().strip()
+    if not text.startswith("gitdir:"):
+        raise WorkspaceError(f"{worktree} is not a linked git worktree")
+    return worktree / text.removeprefix("gitdir:").strip()
+
+
 def _upper(view: Path) -> Path:
     """A view's upper folder (its changes, and its .git file)."""
     return view / view.name
+
+
+#: (repository, commit) pairs this process found present: a wide fan-out asks git once.
+_PRESENT: set[tuple[str, str]] = set()
 
 
 #: The snapshot "id" of an empty workspace: nothing is stored, an empty folder is made.
@@ -165,10 +171,12 @@ class Seeds:
         """Make commit ``sid`` (and the snapshots it is a delta over) present in the
         repository ``into``: once per host, whoever asks at the same time; the bytes this
         call fetched (0 when it was there)."""
-        if g.has(into, sid):
+        if (str(into), sid) in _PRESENT or g.has(into, sid):
+            _PRESENT.add((str(into), sid))
             return 0
         with _locked(self.home / "seeds" / "locks" / f"{sid}.lock"):
             if g.has(into, sid):
+                _PRESENT.add((str(into), sid))
                 return 0
             meta, data = self.store.get(sid)
             fetched = self.fetch(meta.base, into) if meta.base else 0
@@ -234,8 +242,7 @@ class Seeds:
         # its files come from the shared checkout, its index is a copy of that one's.
         upper = _upper(folder)  # named for the agent: so is its worktree in the repository
         g.worktree(repo, upper, branch, start, checkout=False)
-        admin = Path(g.git("rev-parse", "--path-format=absolute", "--git-dir", cwd=upper))
-        shutil.copyfile(index, admin / "index")
+        shutil.copyfile(index, _admin(upper) / "index")
         path.mkdir(parents=True, exist_ok=True)
         views.mount(lower, upper, folder / "work", path)
         return folder
@@ -321,85 +328,3 @@ class Seeds:
         self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
                                          sid), swarm_id)
         return sid
-
-    # -- bring home -------------------------------------------------------------------------
-
-    def bring_home(self, session: Session, workspace: Path, swarm_id: str) -> bool:
-        """Before a parent resumes: its children's work (the results just appended to
-        its session) as branches of its repository or files on this host; each result
-        is rewritten to say where. True when the session changed (save it)."""
-        todo: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        for message in reversed(session.messages):
-            if message.get("role") == "assistant":
-                break
-            if message.get("role") != "tool":
-                continue
-            try:
-                body = json.loads(str(message.get("content") or ""))
-            except ValueError:
-                continue
-            if isinstance(body, dict) and "delta" in body:
-                todo.append((message, body))
-        # Each delivery is a few git processes: a wide fan-in runs them side by side.
-        with ThreadPoolExecutor(max_workers=min(8, len(todo) or 1)) as pool:
-            list(pool.map(lambda item: self.deliver(item[1], workspace, swarm_id), todo))
-        for message, body in todo:
-            message["content"] = json.dumps(body, ensure_ascii=False, indent=1)
-        return bool(todo)
-
-    def deliver(self, body: dict[str, Any], workspace: Path, swarm_id: str) -> None:
-        """One child's result: its ``delta`` made a branch or files here; ``body`` says
-        where (or why it could not be)."""
-        delta, seed = str(body.pop("delta")), str(body.pop("seed", "") or "")
-        seed = "" if seed == EMPTY else seed
-        agent = str(body.get("agent_id", ""))
-        on_branch = bool(body.pop("home_branch", False))
-        branch = f"swarm/{agent}"
-        top = g.git_root(workspace)
-        here = body.pop("host", "") == self.host and Path(str(body.get("workspace", ""))).is_dir()
-        try:
-            if (top is None or not seed) and here:
-                # The child's folder is on this host: its files are there, nothing moves.
-                body["files_at"] = str(body["workspace"])
-                return
-            if top is not None and seed:
-                repo = g.common_dir(top)
-                if on_branch and g.ok("rev-parse", "--verify", "-q", f"refs/heads/{branch}",
-                                      cwd=repo):
-                    body["merge"] = _MERGE.format(branch=branch)
-                    return  # committed there by the child itself (same host)
-                self.fetch(delta, repo)
-                local = seed
-                with contextlib.suppress(WorkspaceError):
-                    local = g.git("rev-parse", "--verify", "-q", f"refs/swarm/local/{seed}",
-                                  cwd=repo)
-                tree = g.git("rev-parse", f"{delta}^{{tree}}", cwd=repo)
-                head = g.commit(repo, tree, [local], f"swarm {agent}: {body.get('answer', '')}"
-                                [:200].strip() or f"swarm {agent}", deterministic=False)
-                g.git("update-ref", f"refs/heads/{branch}", head, cwd=repo)
-                body["git_branch"] = branch
-                body["diffstat"] = g.git("diff", "--stat", local, head, cwd=repo)[-2000:]
-                body["merge"] = _MERGE.format(branch=branch)
-                return
-            repo = self.cache
-            self.fetch(delta, repo)
-            if seed:
-                files, deleted = g.changes(repo, seed, delta)
-            else:
-                files = g.git("ls-tree", "-r", "-z", "--name-only", delta,
-                              cwd=repo).split("\0")
-                files, deleted = [f for f in files if f], []
-            dest = self.home / "returned" / swarm_id / agent
-            if dest.exists():
-                shutil.rmtree(dest)
-            g.checkout_files(repo, delta, dest, files)
-            body.pop("git_branch", None)
-            body["files_at"] = str(dest)
-            if deleted:
-                body["deleted"] = deleted[:200]
-        except WorkspaceError as exc:
-            body["home_error"] = f"its work could not be brought home: {exc}"
-
-
-_MERGE = ("its work is branch {branch} of your repository: commit your own changes first, "
-          "then `git merge {branch}`")

@@ -45,7 +45,7 @@ from swarm.errors import (
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
-from swarm.runtime import parked, sweep
+from swarm.runtime import homecoming, parked, sweep
 from swarm.runtime.build import build_agent, new_session
 from swarm.runtime.seed import Seeds
 from swarm.runtime.spawner import RedisSpawner
@@ -201,7 +201,7 @@ class ChildRunner:
             elif request:  # still out: the join resumes it
                 self.ledger.stay_parked(run, swarm_id, watched.token)
                 return {"run": run.id, "state": "parked"}
-        if resume and seeds.bring_home(session, workspace.path, swarm_id):
+        if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id):
             self.sessions.save(session)  # its children's work is here before it goes on
         # A view tells what changed from its upper folder; other workspaces are compared
         # with a listing taken as the run began.
