@@ -26,6 +26,7 @@ import pytest
 import redis as redis_lib
 from click.testing import CliRunner, Result
 
+from swarm.broker.app import configure
 from swarm.cli import main
 from swarm.runtime.local import alive
 from swarm.store import keys
@@ -251,6 +252,12 @@ def _chain(hosts: Hosts, laptop: Path, lose: bool) -> tuple[Result, redis_lib.Re
     if lose:
         for key in list(client.scan_iter(keys.snapshot(parent.ws_state) + "*")):
             client.delete(key)
+    # Scaling A down: it stops taking tasks first (so P's resume, queued when G settles,
+    # waits for another host), then exits gracefully once G is done.
+    app = configure(hosts.url)
+    replies = app.control.cancel_consumer("swarm", destination=[f"w@{first}"], reply=True,
+                                          timeout=10)
+    assert replies, "host A did not stop taking tasks"
     stopping = threading.Thread(target=hosts.stop, args=("hosta",))
     stopping.start()  # graceful: A finishes G, then exits
     log = hosts.base / "hosta.log"
