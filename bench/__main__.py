@@ -115,6 +115,9 @@ def parser() -> argparse.ArgumentParser:
                    help="megabytes of the synthetic repository (default 50)")
     g.add_argument("--seed-repeats", type=int, default=2,
                    help="seeded and empty jobs, alternated (default 2 of each)")
+    g.add_argument("--seed-view", choices=("auto", "checkout"), default="auto",
+                   help="the workers' SWARM_SEED_VIEW (default auto: copy-on-write views "
+                        "where they may mount)")
     p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
                    help="SWARM_SANDBOX of the workers (default auto, as a deployment runs; "
                         "none to compare with a swarm that had no sandbox)")
@@ -132,7 +135,7 @@ SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 
          "turns": 2, "workers": 1, "concurrency": 16, "processes_n": 3, "memory_sizes": [5],
          "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "mcp_n": 3,
          "cold_repeats": 1, "cold_sizes": [1, 3], "cold_workers": 1, "seed_n": 4,
-         "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1}
+         "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1, "seed_view": "auto"}
 
 
 def display(path: Path) -> str:

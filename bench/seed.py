@@ -1,10 +1,10 @@
 """Seeding: children that start from their parent's files, on two "hosts".
 
 A synthetic git repository (``--seed-files`` files of random text, ``--seed-mb`` MB in all,
-committed, plus one uncommitted file per job so every seeded job makes a new snapshot)
-is the root's workspace. N children fan out over two worker "hosts" (UTS namespaces:
-their own host name and ``SWARM_HOME``, so each fetches the snapshot into its own cache,
-as a second machine would) and each runs one command. Jobs alternate: seeded (the
+committed and packed as a clone is, plus one uncommitted file per job so every seeded job
+makes a new snapshot) is the root's workspace. N children fan out over two worker "hosts"
+(UTS namespaces: their own host name and ``SWARM_HOME``, so each fetches the snapshot into
+its own cache, as a second machine would) and each runs one command. Jobs alternate: seeded (the
 default) and ``seed: false`` (empty folders), ``--seed-repeats`` of each.
 
 Reported: wall of each kind (median), the difference (what seeding adds), the root's
@@ -41,7 +41,7 @@ from swarm.store.snapshots import SnapshotStore
 
 def make_repo(path: Path, files: int, megabytes: float) -> tuple[int, int]:
     """A committed repository of ``files`` files of random text (``megabytes`` in all),
-    in folders of 100; returns (files, bytes)."""
+    in folders of 100, packed as a clone is; returns (files, bytes)."""
     per = max(1, int(megabytes * 1_000_000 / files))
     path.mkdir(parents=True)
     total = 0
@@ -52,7 +52,7 @@ def make_repo(path: Path, files: int, megabytes: float) -> tuple[int, int]:
         (folder / f"f{i:05d}.txt").write_text(text)
         total += len(text)
     subprocess.run("git init -q && git add -A && git -c user.name=b -c user.email=b@b "
-                   "commit -qm synthetic", shell=True, cwd=path, check=True)
+                   "commit -qm synthetic && git repack -adq", shell=True, cwd=path, check=True)
     return files, total
 
 
@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     per = math.ceil((n + 16) / 2)
     specs = [WorkerSpec(per, uts_host="seed-host-a"), WorkerSpec(per, uts_host="seed-host-b")]
     jobs: list[dict[str, Any]] = []
+    view = getattr(args, "seed_view", "auto")
+    os.environ["SWARM_SEED_VIEW"] = view  # the workers' (started by the cluster)
     with model_server(latency) as model, Cluster(specs) as cluster:
         repo = cluster.home / "repo"
         files, size = make_repo(repo, args.seed_files, args.seed_mb)
@@ -109,7 +111,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 per_host: dict[str, int] = {}
                 for a in children:
                     per_host[a.host] = per_host.get(a.host, 0) + 1
+                views = sum(1 for a in children if a.workspace and (
+                    Path(a.workspace).parent / ".views" / a.id).is_dir())
                 job = {"seeded": seeded, "wall": done.wall, "children_per_host": per_host,
+                       "children_in_views": views,
                        "snapshot_bytes": meta.size if meta else 0,
                        "snapshot_files": meta.files if meta else 0,
                        "fetched_bytes_per_host": hosts,
@@ -123,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     seeded_walls = [j["wall"] for j in jobs if j["seeded"]]
     empty_walls = [j["wall"] for j in jobs if not j["seeded"]]
     return {"benchmark": "seed",
-            "config": {"n": n, "latency": latency, "files": files, "bytes": size,
+            "config": {"n": n, "latency": latency, "files": files, "bytes": size, "view": view,
                        "repeats": args.seed_repeats, "hosts": 2, "threads_per_host": per},
             "jobs": jobs, "wall_seeded_median": median(seeded_walls),
             "wall_empty_median": median(empty_walls),
@@ -135,7 +140,7 @@ def report(out: dict[str, Any]) -> list[str]:
     cfg = out["config"]
     lines = [f"7. seeding: N={cfg['n']} children over 2 hosts, a repository of {cfg['files']} "
              f"files ({cfg['bytes'] / 1e6:.1f} MB), one command each, latency "
-             f"{cfg['latency']:g} s",
+             f"{cfg['latency']:g} s, SWARM_SEED_VIEW={cfg.get('view', 'auto')}",
              "  job     | wall s | snapshot MB | fetched MB per host      | Redis peak +MB | "
              "children per host"]
     for j in out["jobs"]:
@@ -144,7 +149,9 @@ def report(out: dict[str, Any]) -> list[str]:
         lines.append(f"  {'seeded' if j['seeded'] else 'empty':<7} | {j['wall']:>6.2f} | "
                      f"{j['snapshot_bytes'] / 1e6:>11.1f} | {fetched:<24} | "
                      f"{(j['redis_used_memory_peak'] - j['redis_used_memory_before']) / 1e6:>14.1f}"
-                     f" | {j['children_per_host']}")
+                     f" | {j['children_per_host']}"
+                     + (f", {j['children_in_views']} in views" if j.get("children_in_views")
+                        else ""))
     lines.append(f"  median wall: seeded {out['wall_seeded_median']:.2f} s, empty "
                  f"{out['wall_empty_median']:.2f} s: seeding adds {out['added_seconds']:.2f} s "
                  "(target < 1 s; the snapshot moved once per host)")

@@ -103,6 +103,10 @@ KNOBS: dict[str, Knob] = {
     "snapshot_swarm_max": Knob(("SWARM_SNAPSHOT_SWARM_MAX",),
                                "bytes of workspace snapshots one swarm may store in Redis; "
                                "0 = no cap"),
+    "seed_view": Knob(("SWARM_SEED_VIEW",),
+                      "a seeded child's workspace on a worker: auto (a copy-on-write overlayfs "
+                      "view of one shared checkout per host, where the worker can mount one; "
+                      "else a full checkout), checkout (always a full checkout)"),
     "sandbox": Knob(("SWARM_SANDBOX",),
                     "run commands in bubblewrap: auto (when a trial works), bwrap, none; "
                     "workers default to auto, the root in a terminal to none"),
@@ -191,6 +195,7 @@ class Settings:
     reclaim_idle: int = 15
     snapshot_max: int = 100_000_000
     snapshot_swarm_max: int = 1_000_000_000
+    seed_view: str = "auto"
     sandbox: str = "none"
     sandbox_network: bool = True
     sandbox_uid: int = 65534
@@ -245,6 +250,8 @@ class Settings:
             raise ConfigError("SWARM_REDIS_URL lists Redis Sentinels; set SWARM_REDIS_MASTER to "
                               "the name of the master they watch (the NAME of `sentinel "
                               "monitor NAME host port quorum`)")
+        if self.seed_view not in ("auto", "checkout"):
+            raise ConfigError(f"SWARM_SEED_VIEW={self.seed_view!r} is not one of auto, checkout")
         if self.sandbox not in ("auto", "bwrap", "none"):
             raise ConfigError(f"SWARM_SANDBOX={self.sandbox!r} is not one of auto, bwrap, none")
         if not 0 < self.sandbox_uid < 0xFFFFFFFF:

@@ -379,8 +379,11 @@ def test_a_child_starts_from_the_parents_uncommitted_and_untracked_files(
     assert result.exit_code == 0, result.stderr
     child = json.loads(result.stdout)
     assert child["answer"].split()[:3] == ["uncommitted", "untracked", "0"], child
-    # The same host: a worktree of the user's repository, no transfer.
-    assert child["git_branch"] == f"swarm/{child['agent_id']}"
+    # The same host: a worktree of the user's repository, no transfer (it changed
+    # nothing, so its result names no branch).
+    assert child["changes"].startswith("none") and "git_branch" not in child
+    subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "-q",
+                    f"swarm/{child['agent_id']}"], check=True, capture_output=True)
 
 
 def test_seed_false_starts_a_child_in_an_empty_folder(
@@ -411,3 +414,25 @@ def test_an_agent_call_over_the_snapshot_cap_is_refused_with_what_to_do(
                                     "snapshot is 5.0 KB in 1 files; the cap is 1.0 KB "
                                     "(SWARM_SNAPSHOT_MAX)"), result.stdout
     assert not [r for r in model.requests if task_of(r) == "CAPKID never"]
+
+
+def test_a_child_that_changed_nothing_sends_nothing_home_and_says_so(
+        cluster: tuple[str, Path], client: redis_lib.Redis, model: ScriptedModelServer,
+        tmp_path: Path) -> None:
+    repo = _repo_with_work_in_progress(tmp_path / "repo")
+    model.responder = ByTask({
+        "SAMEROOT": [agent_calls("SAMEKID look", "SAMEKID write"),
+                     lambda r: Reply(content=json.dumps(results_of(r)))],
+        "SAMEKID look": [Reply(tool_calls=[ToolCall("run_cli", {"command": "cat new.txt"})]),
+                         Reply(content="looked")],
+        "SAMEKID write": [Reply(tool_calls=[ToolCall("run_cli", {"command": "echo x > x.txt"})]),
+                          Reply(content="wrote")],
+    })
+    result = swarm_run(cluster, model, repo, "SAMEROOT")
+    assert result.exit_code == 0, result.stderr
+    looked, wrote = json.loads(result.stdout)
+    assert looked["changes"].startswith("none") and not looked.get("files_changed")
+    assert "git_branch" not in looked and "merge" not in looked
+    assert Ledger(client).agent(looked["agent_id"]).ws_state == ""  # type: ignore[union-attr]
+    assert "changes" not in wrote and wrote["git_branch"] == f"swarm/{wrote['agent_id']}"
+    assert wrote["files_changed"] == ["x.txt"]

@@ -26,6 +26,7 @@ import pytest
 import redis as redis_lib
 from click.testing import CliRunner, Result
 
+from swarm.broker.app import configure
 from swarm.cli import main
 from swarm.runtime.local import alive
 from swarm.store import keys
@@ -198,8 +199,15 @@ def test_six_children_on_two_hosts_each_bring_a_branch_home_and_the_root_merges_
     assert {h for h, n in root_snapshot.items() if int(n) > 0} == names
 
 
+#: What the parent P leaves uncommitted before it parks: staged, unstaged, both, untracked.
+WORK_IN_PROGRESS = ("echo parent-file > p.txt && echo staged > s.txt && git add s.txt && "
+                    "echo more >> README && echo part > t.txt && git add t.txt && "
+                    "echo later >> t.txt")
+
+
 def _chain(hosts: Hosts, laptop: Path, lose: bool) -> tuple[Result, redis_lib.Redis, str]:
-    """Root -> parent P -> grandchild G. P parks on host A; A is stopped (SIGTERM) while G
+    """Root -> parent P -> child C, then grandchild G. P leaves work in progress and brings
+    C's branch home on host A; then it parks for G on A; A is stopped (SIGTERM) while G
     runs there; P resumes on host B. With ``lose``, P's snapshot is deleted first."""
     first = hosts.start("hosta")
     repo = git_repo(laptop / "repo")
@@ -210,15 +218,26 @@ def _chain(hosts: Hosts, laptop: Path, lose: bool) -> tuple[Result, redis_lib.Re
         g_go.wait(60)
         return cli("echo from-g > g.txt")
 
+    branches: list[str] = []
+
+    def branch_of(request: dict[str, Any]) -> str:
+        branches.append(json.loads(tool_results(request)[0]).get("git_branch", "none"))
+        return branches[-1]
+
+    def then_g(request: dict[str, Any]) -> Reply:
+        branch_of(request)  # C's
+        return Reply(tool_calls=[ToolCall("agent", {"message": "MH-G go"}, id="g")])
+
     hosts.model.responder = ByTask({
         "MH-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "MH-P work"}, id="p")]),
                     lambda r: Reply(content=tool_results(r)[0])],
-        "MH-P": [cli("echo parent-file > p.txt"),
-                 Reply(tool_calls=[ToolCall("agent", {"message": "MH-G go"}, id="g")]),
-                 lambda r: cli(f"cat p.txt && git branch --list "
-                               f"swarm/{json.loads(tool_results(r)[0])['agent_id']} | wc -l "
-                               "&& hostname"),
+        "MH-P": [cli(WORK_IN_PROGRESS),
+                 Reply(tool_calls=[ToolCall("agent", {"message": "MH-C first"}, id="c")]),
+                 then_g,
+                 lambda r: cli(f"cat p.txt && git status --porcelain && git branch --list "
+                               f"{branches[0]} {branch_of(r)} | wc -l && hostname"),
                  last_result],
+        "MH-C": [cli("echo from-c > c.txt"), Reply(content="c done")],
         "MH-G": [grandchild, Reply(content="g done")],
     })
     out: list[Result] = []
@@ -233,6 +252,12 @@ def _chain(hosts: Hosts, laptop: Path, lose: bool) -> tuple[Result, redis_lib.Re
     if lose:
         for key in list(client.scan_iter(keys.snapshot(parent.ws_state) + "*")):
             client.delete(key)
+    # Scaling A down: it stops taking tasks first (so P's resume, queued when G settles,
+    # waits for another host), then exits gracefully once G is done.
+    app = configure(hosts.url)
+    replies = app.control.cancel_consumer("swarm", destination=[f"w@{first}"], reply=True,
+                                          timeout=10)
+    assert replies, "host A did not stop taking tasks"
     stopping = threading.Thread(target=hosts.stop, args=("hosta",))
     stopping.start()  # graceful: A finishes G, then exits
     log = hosts.base / "hosta.log"
@@ -256,8 +281,11 @@ def test_a_parked_parent_whose_host_is_shut_down_resumes_on_another_host_with_it
     assert result.exit_code == 0, result.stderr
     body = json.loads(result.stdout)
     assert body["state"] == "done", body
-    lines = body["answer"].split()
-    assert lines[:3] == ["parent-file", "1", hosts.name("hostb")], lines
+    lines = body["answer"].splitlines()
+    # Its files, its staged and unstaged changes, and both children's branches, as it
+    # left them on host A.
+    assert lines[:7] == ["parent-file", " M README", "A  s.txt", "AM t.txt", "?? p.txt", "2",
+                         hosts.name("hostb")], lines
     record = Ledger(client).agent(parent_id)
     assert record is not None and record.ws_host == hosts.name("hostb")
     # P's work (with its own file and its grandchild's merged-in branch) came home.

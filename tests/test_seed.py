@@ -7,16 +7,21 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import redis as redis_lib
 
+from swarm.domain.records import AgentRecord
 from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
+from swarm.runtime import homecoming, parked
 from swarm.runtime.seed import Seeds
 from swarm.store import keys
 from swarm.store.snapshots import SnapshotMeta, SnapshotStore
+from swarm.workers import workspace as ws
+from swarm.workers.child import ChildRunner
 
 SWARM = "sseedtest"
 
@@ -47,8 +52,11 @@ def make_repo(path: Path) -> Path:
     return path
 
 
-def seeds(redis: redis_lib.Redis, home: Path, host: str, **caps: int) -> Seeds:
-    return Seeds(SnapshotStore(redis), home, host, **caps)
+def seeds(redis: redis_lib.Redis, home: Path, host: str, view: str = "checkout",
+          **caps: int) -> Seeds:
+    """Full checkouts unless asked (a view is a mount in this process's namespace: a test
+    that makes one unmounts it, see ``unmounted``)."""
+    return Seeds(SnapshotStore(redis), home, host, view=view, **caps)
 
 
 def files_of(path: Path) -> dict[str, str]:
@@ -179,7 +187,7 @@ def test_a_childs_work_comes_home_as_a_branch_the_parent_can_merge(
     assert SnapshotStore(redis).meta(delta).base == sid  # type: ignore[union-attr]
     session = result_session(repo, {"agent_id": "a1", "state": "done", "delta": delta,
                                     "seed": sid})
-    assert laptop.bring_home(session, repo, SWARM)
+    assert homecoming.bring_home(laptop, session, repo, SWARM)
     body = json.loads(session.messages[-1]["content"])
     assert body["git_branch"] == "swarm/a1" and "delta" not in body
     assert "new.txt" in body["diffstat"] and "git merge swarm/a1" in body["merge"]
@@ -205,7 +213,7 @@ def test_a_plain_folder_parent_gets_the_changed_files_at_a_path(
     (child.path / "gone.txt").unlink()
     session = result_session(folder, {"agent_id": "a1", "delta": far.capture(child, SWARM),
                                       "seed": sid})
-    laptop.bring_home(session, folder, SWARM)
+    homecoming.bring_home(laptop, session, folder, SWARM)
     body = json.loads(session.messages[-1]["content"])
     at = Path(body["files_at"])
     assert at.is_relative_to(tmp_path / "home-a")
@@ -222,7 +230,7 @@ def test_a_workspace_is_restored_on_another_host(redis: redis_lib.Redis,
     (parent.path / "untracked.txt").unlink()
     state = b.take(parent.path, SWARM)  # as it parks
     c = seeds(redis, tmp_path / "home-c", "hostc")
-    back = c.restore(SWARM, "p1", sid, state)
+    back = parked.restore(c, SWARM, "p1", sid, state)
     assert files_of(back.path) == files_of(parent.path)
     # Its changes are uncommitted over its seed, as they were.
     assert "mine.txt" in sh(back.path, "status", "--porcelain")
@@ -236,7 +244,7 @@ def test_a_workspace_that_cannot_be_restored_fails_loudly(redis: redis_lib.Redis
     for key in redis.scan_iter("swarm:snapshot:*"):
         redis.delete(key)
     with pytest.raises(WorkspaceLost, match="could not be restored on hostc"):
-        seeds(redis, tmp_path / "home-c", "hostc").restore(SWARM, "p1", sid, sid)
+        parked.restore(seeds(redis, tmp_path / "home-c", "hostc"), SWARM, "p1", sid, sid)
     assert not (tmp_path / "home-c" / "workspaces" / SWARM / "p1").exists()
 
 
@@ -253,8 +261,25 @@ def test_a_child_on_the_parents_host_hands_over_its_folder_without_a_transfer(
     delta = worker.capture(child, SWARM)
     session = result_session(folder, {"agent_id": "a1", "delta": delta, "seed": sid,
                                       "host": "laptop", "workspace": str(child.path)})
-    laptop.bring_home(session, folder, SWARM)
+    homecoming.bring_home(laptop, session, folder, SWARM)
     body = json.loads(session.messages[-1]["content"])
     assert body["files_at"] == str(child.path)
     assert (Path(body["files_at"]) / "made.txt").read_text() == "made\n"
     assert SnapshotStore(redis).hosts(delta) == {"laptop": 0}  # nobody fetched it
+
+
+def test_a_checkout_as_it_was_seeded_has_nothing_to_send_home(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    child = far.child(SWARM, "a1", sid)
+    before = ws.snapshot(child.path)
+    record = AgentRecord("a1", SWARM, seed=sid)
+    # Nothing changed since the listing taken at its seed: known without a tree.
+    assert ChildRunner._changed(child, far, before, record) == ([], True)
+    # Changed since it parked elsewhere: the listing is not of its seed, so not exact.
+    assert ChildRunner._changed(child, far, before, replace(record, ws_state="x")) == \
+        ([], False)
+    (child.path / "committed.txt").write_text("edited\n")
+    assert ChildRunner._changed(child, far, before, record) == (["committed.txt"], True)

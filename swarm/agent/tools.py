@@ -72,7 +72,7 @@ AGENT = function_schema(
     "copy of your workspace as it is now (committed, uncommitted and untracked files; not "
     "ignored ones or secrets like .env); its changes come back as branch swarm/<agent_id> "
     "in your git repository (merge it with `git merge swarm/<agent_id>`), or as files at "
-    "the path named in its result.",
+    "the path named in its result; `changes: none` when it changed nothing.",
     {
         "message": {"type": "string"},
         "agent_id": {"type": "string"},

@@ -47,6 +47,7 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
 
     from swarm.agent import sandbox, tools
     from swarm.agent.probe import tool_versions
+    from swarm.runtime import views
     from swarm.runtime.build import tools_cache
     from swarm.runtime.local import exit_with_parent
     from swarm.secrets import hide_from_proc
@@ -54,6 +55,9 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     # Agents' commands are this process's children: keep the API key and the Redis URL
     # out of what they can read in /proc/$PPID/environ.
     hide_from_proc(sys.argv[1:])
+    # The copy-on-write views of children's workspaces are mounted in this process's own
+    # mount namespace (where it may make one): they go away with it, however it ends.
+    views.private_mounts()
     settings = settings_from()
     choice = sandbox.for_worker(settings)
     click.echo(f"sandbox: {choice.summary}", err=True)

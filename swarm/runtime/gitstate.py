@@ -210,13 +210,15 @@ def keep(repo: Path, sha: str) -> None:
     git("update-ref", f"refs/swarm/snap/{sha}", sha, cwd=repo)
 
 
-def worktree(repo: Path, path: Path, branch: str, start: str) -> None:
-    """A worktree of ``repo`` at ``path`` on ``branch`` (made or reset at ``start``)."""
+def worktree(repo: Path, path: Path, branch: str, start: str, checkout: bool = True) -> None:
+    """A worktree of ``repo`` at ``path`` on ``branch`` (made or reset at ``start``);
+    without ``checkout``, its files and index are left for the caller to provide."""
     path.parent.mkdir(parents=True, exist_ok=True)
     last: WorkspaceError | None = None
     for _ in range(5):  # concurrent worktree adds on one repository can trip on locks
         try:
-            git("worktree", "add", "-q", "-f", "-B", branch, str(path), start,
+            git("worktree", "add", "-q", "-f", *(() if checkout else ("--no-checkout",)),
+                "-B", branch, str(path), start,
                 cwd=repo.parent if repo.name == ".git" else repo)
             return
         except WorkspaceError as exc:
@@ -250,3 +252,59 @@ def changes(repo: Path, old: str, new: str) -> tuple[list[str], list[str]]:
     for status, name in zip(parts[::2], parts[1::2], strict=False):
         (deleted if status.startswith("D") else changed).append(name)
     return changed, deleted
+
+
+def rev(repo: Path, name: str) -> str:
+    """The commit ``name`` is, or ""."""
+    try:
+        return git("rev-parse", "--verify", "-q", f"{name}^{{commit}}", cwd=repo)
+    except WorkspaceError:
+        return ""
+
+
+def index_tree(top: Path) -> str:
+    """The tree of the work tree's index as it is (what is staged), written from a copy
+    (the index itself is not touched); "" when it cannot be (a merge conflict)."""
+    real = _index_of(top)
+    with tempfile.TemporaryDirectory(prefix="swarm-index-") as tmp:
+        temp = Path(tmp) / "index"
+        if real.is_file():
+            shutil.copyfile(real, temp)
+        try:
+            return git("write-tree", cwd=top, env={"GIT_INDEX_FILE": str(temp)})
+        except WorkspaceError:
+            return ""
+
+
+#: Commits rewritten at most by :func:`transplant` (a longer history is not carried).
+TRANSPLANT_MAX = 500
+
+
+def transplant(repo: Path, tip: str, start: str, onto: str, memo: dict[str, str]) -> str:
+    """``tip`` with its history since ``start`` re-made over ``onto`` (same trees,
+    messages, authors and dates; ``memo`` maps old commits to new ones across calls);
+    "" when ``start`` is not an ancestor of ``tip`` or the history is too long."""
+    memo.setdefault(start, onto)
+    if tip in memo:
+        return memo[tip]
+    if not ok("merge-base", "--is-ancestor", start, tip, cwd=repo):
+        return ""
+    lines = git("rev-list", "--reverse", "--topo-order", "--parents", tip, f"^{start}",
+                cwd=repo).splitlines()
+    if len(lines) > TRANSPLANT_MAX:
+        return ""
+    for line in lines:
+        sha, *parents = line.split()
+        if sha in memo:
+            continue
+        fields = git("log", "-1", "--date=raw", "--format=%T%x00%an%x00%ae%x00%ad%x00%cn%x00"
+                     "%ce%x00%cd%x00%B", sha, cwd=repo).split("\0", 7)
+        tree, an, ae, ad, cn, ce, cd, message = fields
+        args = ["commit-tree", tree, "-m", message or "-"]
+        for parent in parents:
+            if parent in memo:
+                args += ["-p", memo[parent]]
+        memo[sha] = git(*args, cwd=repo, env={
+            "GIT_AUTHOR_NAME": an, "GIT_AUTHOR_EMAIL": ae, "GIT_AUTHOR_DATE": ad,
+            "GIT_COMMITTER_NAME": cn, "GIT_COMMITTER_EMAIL": ce, "GIT_COMMITTER_DATE": cd})
+    return memo.get(tip, "")

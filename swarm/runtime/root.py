@@ -23,6 +23,7 @@ from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.session import Session
 from swarm.errors import Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
+from swarm.runtime import homecoming, sweep
 from swarm.runtime.local import LocalCluster, alive, shared, wait_for
 from swarm.runtime.seed import Seeds
 from swarm.runtime.spawner import RedisSpawner
@@ -92,6 +93,8 @@ class RootSwarm:
                                      self.task, inherited, socket.gethostname(), self.session.id,
                                      mcp=self.mcp.to_json())
         self.ensure_runtime()
+        # What swarms that ended long ago left in SWARM_HOME and the repository's refs.
+        sweep.soon(self.settings.home, self.store.redis, (Path(self.session.workspace),))
 
     def local_workers(self) -> int:
         """Local worker processes this root needs: ``workers`` if given; else, on the
@@ -164,7 +167,7 @@ class RootSwarm:
             loaded = sessions.load(agent.session.id)
             assert loaded is not None, "the root session vanished while it was parked"
             # The children's work comes home (branches, files) before the root goes on.
-            if self.seeds.bring_home(loaded, Path(loaded.workspace), self.swarm_id):
+            if homecoming.bring_home(self.seeds, loaded, Path(loaded.workspace), self.swarm_id):
                 sessions.save(loaded)
             agent.session = loaded
             try:

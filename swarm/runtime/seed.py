@@ -8,14 +8,12 @@ restore a workspace on another host.
   from a ``git worktree`` of the object store that already has it (no transfer); a child
   elsewhere fetches the bundle into its host's cache (``SWARM_HOME/seeds/cache.git``)
   once per host, then makes a worktree from there.
+- **Views.** Where the worker may mount, a child's worktree is a copy-on-write view of
+  one shared checkout of its seed per host (:mod:`swarm.runtime.views`).
 - **Bring home.** A settling child's workspace is a commit over its seed, stored as a
-  delta bundle. Before its parent resumes, the parent's process fetches it into the
-  parent's repository and makes it branch ``swarm/<agent_id>`` (over the commit of the
-  parent's workspace the child started from), or, for a parent in a plain folder,
-  writes the changed files to ``SWARM_HOME/returned/<swarm>/<agent_id>/``.
-- **Restore.** A parent in a worker snapshots its workspace as it parks; resumed on a
-  host without that folder, it is rebuilt from the snapshot, or the run fails with
-  "workspace lost". It never continues in an empty folder.
+  delta bundle; :mod:`swarm.runtime.homecoming` makes it a branch or files where its
+  parent works. A parked workspace and its restore elsewhere: :mod:`swarm.runtime.parked`.
+  Cleanup: :mod:`swarm.runtime.sweep`.
 """
 
 from __future__ import annotations
@@ -23,20 +21,20 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
+import logging
+import os
 import shutil
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceError, WorkspaceLost
 from swarm.runtime import gitstate as g
+from swarm.runtime import views
 from swarm.store.snapshots import SnapshotMeta, SnapshotStore
 from swarm.text import human_bytes
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Workspace:
@@ -53,6 +51,10 @@ class Workspace:
     """The git directory its worktree belongs to (None: a plain folder)."""
     home_branch: bool = False
     """Its branch is in its parent's own repository (same host): commits land there."""
+    view: Path | None = None
+    """The folder of its copy-on-write view (its upper folder, named for the agent,
+    ``work`` and the file ``lower``), or None: a full checkout or a plain folder
+    (:mod:`swarm.runtime.views`)."""
 
     @property
     def top(self) -> Path:
@@ -71,6 +73,23 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _admin(worktree: Path) -> Path:
+    """The git folder of the linked worktree ``worktree`` (from its ``.git`` file)."""
+    text = (worktree / ".git").read_text().strip()
+    if not text.startswith("gitdir:"):
+        raise WorkspaceError(f"{worktree} is not a linked git worktree")
+    return worktree / text.removeprefix("gitdir:").strip()
+
+
+def _upper(view: Path) -> Path:
+    """A view's upper folder (its changes, and its .git file)."""
+    return view / view.name
+
+
+#: (repository, commit) pairs this process found present: a wide fan-out asks git once.
+_PRESENT: set[tuple[str, str]] = set()
+
+
 #: The snapshot "id" of an empty workspace: nothing is stored, an empty folder is made.
 EMPTY = "empty"
 
@@ -79,12 +98,15 @@ class Seeds:
     """Snapshots of one host (``home`` is its ``SWARM_HOME``) on one store."""
 
     def __init__(self, store: SnapshotStore, home: Path, host: str, snapshot_max: int = 0,
-                 swarm_max: int = 0) -> None:
+                 swarm_max: int = 0, view: str = "auto") -> None:
         self.store = store
         self.home = home
         self.host = host
         self.snapshot_max = snapshot_max
         self.swarm_max = swarm_max
+        self.view = view
+        """``auto``: children's workspaces are copy-on-write views where this process can
+        mount them; ``checkout``: full checkouts (SWARM_SEED_VIEW)."""
 
     @property
     def cache(self) -> Path:
@@ -97,9 +119,10 @@ class Seeds:
 
     # -- seed -------------------------------------------------------------------------------
 
-    def take(self, workspace: Path, swarm_id: str) -> str:
-        """Snapshot ``workspace`` as its agent sees it and store it (once); its id.
-        :class:`SnapshotTooLarge` names the size, the cap and what to do."""
+    def take(self, workspace: Path, swarm_id: str, base: str = "") -> str:
+        """Snapshot ``workspace`` as its agent sees it and store it (once); its id. With
+        ``base`` (the snapshot the workspace was seeded from), it is stored as a delta
+        over it. :class:`SnapshotTooLarge` names the size, the cap and what to do."""
         top = g.git_root(workspace)
         head = ""
         if top is not None:
@@ -128,11 +151,12 @@ class Seeds:
         g.keep(odb, sid)
         if local != sid:
             g.git("update-ref", f"refs/swarm/local/{sid}", local, cwd=odb)
-        self._publish(odb, SnapshotMeta(sid, 0, 0, "", "", files, self.host, str(odb), local,
+        base = base if base not in ("", EMPTY, sid) and g.has(odb, base) else ""
+        self.publish(odb, SnapshotMeta(sid, 0, 0, "", base, files, self.host, str(odb), local,
                                         "" if subdir == "." else subdir), swarm_id)
         return sid
 
-    def _publish(self, odb: Path, meta: SnapshotMeta, swarm_id: str) -> None:
+    def publish(self, odb: Path, meta: SnapshotMeta, swarm_id: str) -> None:
         if self.store.exists(meta.id):
             return
         data = g.bundle(odb, meta.id, meta.base)
@@ -147,10 +171,12 @@ class Seeds:
         """Make commit ``sid`` (and the snapshots it is a delta over) present in the
         repository ``into``: once per host, whoever asks at the same time; the bytes this
         call fetched (0 when it was there)."""
-        if g.has(into, sid):
+        if (str(into), sid) in _PRESENT or g.has(into, sid):
+            _PRESENT.add((str(into), sid))
             return 0
         with _locked(self.home / "seeds" / "locks" / f"{sid}.lock"):
             if g.has(into, sid):
+                _PRESENT.add((str(into), sid))
                 return 0
             meta, data = self.store.get(sid)
             fetched = self.fetch(meta.base, into) if meta.base else 0
@@ -174,19 +200,109 @@ class Seeds:
         start = meta.local or seed
         if meta.origin == self.host and odb.is_dir() and g.has(odb, start):
             # The parent's host: a worktree of the store that has it, no transfer.
-            g.worktree(odb, path, branch, start)
+            view = self.checkout(odb, path, branch, start, seed)
             self.store.fetched(seed, self.host, 0)
             home_branch = start != seed
             repo = odb
         else:
             repo = self.cache
             self.fetch(seed, repo)
-            g.worktree(repo, path, branch, seed)
+            view = self.checkout(repo, path, branch, seed, seed)
             home_branch = False
         if meta.subdir:
             (path / meta.subdir).mkdir(parents=True, exist_ok=True)
         return Workspace(path / meta.subdir if meta.subdir else path, branch, root=path,
-                         seed=seed, repo=repo, home_branch=home_branch)
+                         seed=seed, repo=repo, home_branch=home_branch, view=view)
+
+    # -- checkouts and views ----------------------------------------------------------------
+
+    def checkout(self, repo: Path, path: Path, branch: str, start: str, seed: str) -> Path | None:
+        """A worktree of ``repo`` at ``path`` on ``branch`` at ``start`` (whose files are
+        those of snapshot ``seed``): a copy-on-write view of the host's shared checkout of
+        ``seed`` where this process can mount one (its view folder), else a full checkout
+        (None)."""
+        if self.view == "auto" and not views.unavailable(self.home):
+            try:
+                return self._view(repo, path, branch, start, seed)
+            except (OSError, WorkspaceError) as exc:
+                log.warning("a full checkout for %s instead of a view: %s", path.name, exc)
+                self.release_view(path.parent / ".views" / path.name, path, remove=True)
+        g.worktree(repo, path, branch, start)
+        return None
+
+    def _view(self, repo: Path, path: Path, branch: str, start: str, seed: str) -> Path:
+        with _locked(self.home / "seeds" / "locks" / f"tree-{seed}.lock"):
+            lower, index = views.shared_checkout(repo, seed, self.home / "seeds" / "trees")
+        folder = path.parent / ".views" / path.name
+        self.release_view(folder, path, remove=True)
+        folder.mkdir(parents=True)
+        (folder / "work").mkdir()
+        (folder / "lower").write_text(str(lower))
+        # The worktree is registered on the upper folder: its .git file is in the view,
+        # its files come from the shared checkout, its index is a copy of that one's.
+        upper = _upper(folder)  # named for the agent: so is its worktree in the repository
+        g.worktree(repo, upper, branch, start, checkout=False)
+        shutil.copyfile(index, _admin(upper) / "index")
+        path.mkdir(parents=True, exist_ok=True)
+        views.mount(lower, upper, folder / "work", path)
+        return folder
+
+    def attach(self, ws: Workspace) -> Workspace:
+        """``ws`` ready to work in: its view mounted again if it is one (a run of its
+        agent in another process or after a restart)."""
+        if ws.view is not None and not views.mounted(ws.top):
+            lower = Path((ws.view / "lower").read_text())
+            try:
+                views.mount(lower, _upper(ws.view), ws.view / "work", ws.top)
+            except OSError as exc:
+                raise WorkspaceLost(f"the workspace view at {ws.top} could not be mounted "
+                                    f"on {self.host}: {exc}") from None
+        return ws
+
+    def found(self, path: Path, swarm_id: str, agent_id: str, seed: str) -> Workspace:
+        """A workspace already on this host (a resume, a continuation, a takeover), its
+        view mounted again where it is one."""
+        root = self.home / "workspaces" / swarm_id / agent_id
+        top = root if root.is_dir() and path.resolve().is_relative_to(root.resolve()) else path
+        view = self.view_of(top)
+        if view is not None:
+            self.attach(Workspace(path, root=top, view=view))
+        if not (top / ".git").is_file():
+            return Workspace(path, root=top, view=view)
+        repo = g.common_dir(top)
+        meta = self.store.meta(seed) if seed and seed != EMPTY else None
+        home_branch = meta is not None and meta.local != meta.id and \
+            Path(meta.odb).resolve() == repo.resolve()
+        return Workspace(path, f"swarm/{agent_id}", root=top, seed=seed, repo=repo,
+                         home_branch=home_branch, view=view)
+
+    def view_of(self, top: Path) -> Path | None:
+        """The view folder of the workspace whose top folder is ``top``, or None."""
+        folder = top.parent / ".views" / top.name
+        return folder if (folder / "lower").is_file() else None
+
+    def release(self, ws: Workspace) -> None:
+        """The run in ``ws`` ended: unmount its view (its changes stay in its folder)."""
+        if ws.view is not None and views.mounted(ws.top):
+            views.unmount(ws.top)
+
+    @staticmethod
+    def release_view(folder: Path, path: Path, remove: bool = False) -> None:
+        if views.mounted(path):
+            views.unmount(path)
+        if remove and folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def changed(self, ws: Workspace, limit: int) -> list[str] | None:
+        """What a view's run changed over its seed (None: not a view, or too many)."""
+        if ws.view is None:
+            return None
+        lower = Path((ws.view / "lower").read_text())
+        found = views.changed(lower, _upper(ws.view), limit)
+        if found is None or ws.path == ws.top:
+            return found
+        sub = str(ws.path.relative_to(ws.top))
+        return [os.path.relpath(f, sub) for f in found if Path(f).is_relative_to(sub)]
 
     # -- settle and restore -----------------------------------------------------------------
 
@@ -209,121 +325,6 @@ class Seeds:
             if g.git("rev-parse", f"{ws.seed}^{{tree}}", cwd=repo) == tree:
                 return ""
         sid = g.commit(repo, tree, parents, "swarm: a child's work")
-        self._publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
+        self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
                                          sid), swarm_id)
         return sid
-
-    def restore(self, swarm_id: str, agent_id: str, seed: str, state: str) -> Workspace:
-        """Rebuild on this host an agent's workspace from the snapshot ``state`` taken as
-        it parked or settled; :class:`WorkspaceLost` when it cannot be."""
-        path = self.home / "workspaces" / swarm_id / agent_id
-        seed = "" if seed == EMPTY else seed
-        if state == EMPTY:  # it was empty as it parked
-            path.mkdir(parents=True, exist_ok=True)
-            return Workspace(path, root=path)
-        try:
-            if path.exists() or path.is_symlink():
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
-            repo = self.cache
-            self.fetch(state, repo)
-            if not seed:
-                g.checkout_files(repo, state, path)
-                return Workspace(path, root=path)
-            self.fetch(seed, repo)
-            meta = self.store.meta(seed)
-            branch = f"swarm/{agent_id}"
-            g.git("worktree", "prune", cwd=repo)
-            g.worktree(repo, path, branch, seed)
-            g.git("read-tree", "-u", "--reset", state, cwd=path)
-            g.git("reset", "-q", cwd=path)  # its changes uncommitted again, as they were
-        except WorkspaceError as exc:
-            raise WorkspaceLost(f"the workspace of {agent_id} could not be restored on "
-                                f"{self.host}: {exc}") from None
-        subdir = meta.subdir if meta is not None else ""
-        return Workspace(path / subdir if subdir else path, branch, root=path, seed=seed,
-                         repo=repo)
-
-    # -- bring home -------------------------------------------------------------------------
-
-    def bring_home(self, session: Session, workspace: Path, swarm_id: str) -> bool:
-        """Before a parent resumes: its children's work (the results just appended to
-        its session) as branches of its repository or files on this host; each result
-        is rewritten to say where. True when the session changed (save it)."""
-        todo: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        for message in reversed(session.messages):
-            if message.get("role") == "assistant":
-                break
-            if message.get("role") != "tool":
-                continue
-            try:
-                body = json.loads(str(message.get("content") or ""))
-            except ValueError:
-                continue
-            if isinstance(body, dict) and "delta" in body:
-                todo.append((message, body))
-        # Each delivery is a few git processes: a wide fan-in runs them side by side.
-        with ThreadPoolExecutor(max_workers=min(8, len(todo) or 1)) as pool:
-            list(pool.map(lambda item: self.deliver(item[1], workspace, swarm_id), todo))
-        for message, body in todo:
-            message["content"] = json.dumps(body, ensure_ascii=False, indent=1)
-        return bool(todo)
-
-    def deliver(self, body: dict[str, Any], workspace: Path, swarm_id: str) -> None:
-        """One child's result: its ``delta`` made a branch or files here; ``body`` says
-        where (or why it could not be)."""
-        delta, seed = str(body.pop("delta")), str(body.pop("seed", "") or "")
-        seed = "" if seed == EMPTY else seed
-        agent = str(body.get("agent_id", ""))
-        on_branch = bool(body.pop("home_branch", False))
-        branch = f"swarm/{agent}"
-        top = g.git_root(workspace)
-        here = body.pop("host", "") == self.host and Path(str(body.get("workspace", ""))).is_dir()
-        try:
-            if (top is None or not seed) and here:
-                # The child's folder is on this host: its files are there, nothing moves.
-                body["files_at"] = str(body["workspace"])
-                return
-            if top is not None and seed:
-                repo = g.common_dir(top)
-                if on_branch and g.ok("rev-parse", "--verify", "-q", f"refs/heads/{branch}",
-                                      cwd=repo):
-                    body["merge"] = _MERGE.format(branch=branch)
-                    return  # committed there by the child itself (same host)
-                self.fetch(delta, repo)
-                local = seed
-                with contextlib.suppress(WorkspaceError):
-                    local = g.git("rev-parse", "--verify", "-q", f"refs/swarm/local/{seed}",
-                                  cwd=repo)
-                tree = g.git("rev-parse", f"{delta}^{{tree}}", cwd=repo)
-                head = g.commit(repo, tree, [local], f"swarm {agent}: {body.get('answer', '')}"
-                                [:200].strip() or f"swarm {agent}", deterministic=False)
-                g.git("update-ref", f"refs/heads/{branch}", head, cwd=repo)
-                body["git_branch"] = branch
-                body["diffstat"] = g.git("diff", "--stat", local, head, cwd=repo)[-2000:]
-                body["merge"] = _MERGE.format(branch=branch)
-                return
-            repo = self.cache
-            self.fetch(delta, repo)
-            if seed:
-                files, deleted = g.changes(repo, seed, delta)
-            else:
-                files = g.git("ls-tree", "-r", "-z", "--name-only", delta,
-                              cwd=repo).split("\0")
-                files, deleted = [f for f in files if f], []
-            dest = self.home / "returned" / swarm_id / agent
-            if dest.exists():
-                shutil.rmtree(dest)
-            g.checkout_files(repo, delta, dest, files)
-            body.pop("git_branch", None)
-            body["files_at"] = str(dest)
-            if deleted:
-                body["deleted"] = deleted[:200]
-        except WorkspaceError as exc:
-            body["home_error"] = f"its work could not be brought home: {exc}"
-
-
-_MERGE = ("its work is branch {branch} of your repository: commit your own changes first, "
-          "then `git merge {branch}`")

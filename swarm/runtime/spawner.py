@@ -14,6 +14,9 @@ from swarm.store.ledger import Ledger, derive_id
 #: Takes the snapshot of the parent's workspace its new children start from; returns its
 #: id, or raises :class:`WorkspaceError` (over a cap, say) with the reason.
 Seeder = Callable[[], str]
+#: Given that snapshot, stores the parent's workspace exactly as it parks (git index,
+#: ``HEAD``, its children's branches); returns the id to restore it from.
+Keeper = Callable[[str], str]
 
 
 class RedisSpawner:
@@ -27,7 +30,7 @@ class RedisSpawner:
     def __init__(self, ledger: Ledger, agent_id: str, swarm_id: str, run_id: str = "",
                  ensure_swarm: Callable[[], None] | None = None, token: str = "",
                  seeder: Seeder | None = None, host: str = "",
-                 keep_state: bool = False) -> None:
+                 keep_state: bool = False, keeper: Keeper | None = None) -> None:
         self.ledger = ledger
         self.agent_id = agent_id
         self.run_id = run_id
@@ -39,11 +42,15 @@ class RedisSpawner:
         self.host = host
         self.keep_state = keep_state
         """Snapshot the workspace at every park, children seeded or not (a parent in a
-        worker: it may be resumed on another host, which restores it from this)."""
+        worker: it may be resumed on another host, which restores it from this, stored by
+        ``keeper`` when given)."""
+        self.keeper = keeper
         self.requests = 0
         self._ensured = False
         self.snapshot = ""
         """The snapshot taken for the latest request ("" when none was)."""
+        self.state = ""
+        """What the parent can be restored from as it parks for that request."""
 
     def request_id(self, turn: int, calls: list[SpawnCall]) -> str:
         return derive_id("q", self.agent_id, turn, *(c.call_id for c in calls))
@@ -54,11 +61,13 @@ class RedisSpawner:
         answered with the reason instead."""
         self._ensure()  # the swarm's record (and its counters) come first
         wanted = [c for c in calls if not c.agent_id and not c.empty]
-        self.snapshot = ""
+        self.snapshot = self.state = ""
         if (not wanted and not self.keep_state) or self.seeder is None:
             return calls, {}
         try:
             self.snapshot = self.seeder()
+            self.state = self.keeper(self.snapshot) \
+                if self.keep_state and self.keeper is not None else self.snapshot
         except WorkspaceError as exc:
             refused = {c.call_id: f"error: the child was not started: {exc}" for c in wanted}
             return [c for c in calls if c.call_id not in refused], refused
@@ -71,7 +80,7 @@ class RedisSpawner:
         self.requests += 1
         self.ledger.park(request_id, self.agent_id, self.swarm_id, turn,
                          [asdict(c) for c in calls], results, parent_run=self.run_id,
-                         token=self.token, workspace_state=self.snapshot, host=self.host)
+                         token=self.token, workspace_state=self.state, host=self.host)
 
     def _ensure(self) -> None:
         if self.ensure_swarm is not None and not self._ensured:

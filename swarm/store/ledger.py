@@ -288,7 +288,7 @@ def result_text(run: RunRecord | None, call_id: str) -> str:
         return json.dumps({"state": "failed", "error": f"no run was recorded for call {call_id}"})
     body: dict[str, Any] = {"agent_id": run.result.get("agent_id", run.agent), "state": run.state}
     for name in ("error", "output", "answer", "workspace", "git_branch", "diffstat",
-                 "files_changed", "usage", "delta", "seed", "home_branch", "host"):
+                 "files_changed", "changes", "usage", "delta", "seed", "home_branch", "host"):
         if run.result.get(name) not in (None, "", [], {}):
             body[name] = run.result[name]
     if "output" in body:

@@ -45,7 +45,7 @@ from swarm.errors import (
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
-from swarm.runtime import gitstate
+from swarm.runtime import homecoming, parked, sweep
 from swarm.runtime.build import build_agent, new_session
 from swarm.runtime.seed import Seeds
 from swarm.runtime.spawner import RedisSpawner
@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds a worker trusts what it read of a swarm's settings (they never change).
 SETTINGS_TTL = 30.0
+
+#: What a child's result says when its workspace is as it was seeded.
+NO_CHANGES = "none: its workspace is as it was given, nothing to merge"
 
 #: Settings of the model endpoint: from the worker's environment when it has them.
 ENDPOINT = frozenset({"base_url", "model"})
@@ -97,6 +100,7 @@ class ChildRunner:
         A run delivered again after its worker died (its lease ran out) is claimed anew and
         resumed from its last saved step.
         """
+        sweep.soon(self.settings.home, self.redis)  # what finished swarms left on this host
         run = self.ledger.run(run_id)
         if run is None:
             log.warning("run %s is not in the ledger; nothing to do", run_id)
@@ -173,8 +177,18 @@ class ChildRunner:
             # half the CPU of a parsed stream (and one read instead of one per chunk).
             settings = dataclasses.replace(settings, stream=False)
         seeds = Seeds(self.snapshots, self.settings.home, self.host, settings.snapshot_max,
-                      settings.snapshot_swarm_max)
+                      settings.snapshot_swarm_max, view=self.settings.seed_view)
         workspace = self._workspace(record, swarm_id, seeds)
+        try:
+            return self._work_in(workspace, seeds, settings, run, start, resume, send, watched)
+        finally:
+            seeds.release(workspace)  # a view is mounted while a run works in it
+
+    def _work_in(self, workspace: ws.Workspace, seeds: Seeds, settings: Settings,
+                 run: RunRecord, start: Start, resume: bool,
+                 send: Callable[..., None] | None, watched: Watched) -> dict[str, Any]:
+        record = start.record
+        swarm_id = record.swarm
         session = self.sessions.from_fields(run.agent, start.session_meta,
                                             start.session_messages) \
             or new_session(workspace.path, run.agent)
@@ -187,9 +201,11 @@ class ChildRunner:
             elif request:  # still out: the join resumes it
                 self.ledger.stay_parked(run, swarm_id, watched.token)
                 return {"run": run.id, "state": "parked"}
-        if resume and seeds.bring_home(session, workspace.path, swarm_id):
+        if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id):
             self.sessions.save(session)  # its children's work is here before it goes on
-        before = self._snapshot(workspace, run)
+        # A view tells what changed from its upper folder; other workspaces are compared
+        # with a listing taken as the run began.
+        before = self._snapshot(workspace, run) if workspace.view is None else None
         watched.limit = settings.child_timeout
         control = Control(self.redis, swarm_id, watched, settings, self.supervisor,
                           cancelled=start.cancelled, spent=start.spent)
@@ -206,7 +222,11 @@ class ChildRunner:
                 observer=ProgressReporter(self.supervisor, swarm_id, run.agent, send, control),
                 spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id,
                                      token=watched.token,
-                                     seeder=lambda: seeds.take(workspace.path, swarm_id),
+                                     seeder=lambda: seeds.take(workspace.path, swarm_id,
+                                                               base=workspace.seed),
+                                     keeper=lambda sid: parked.state(
+                                         seeds, workspace, sid, swarm_id,
+                                         parked.branches_in(session)),
                                      host=self.host, keep_state=True),
                 extra_prompt=role_prompt(record.kind, run.agent, record.depth,
                                          workspace.path),
@@ -225,19 +245,24 @@ class ChildRunner:
         finally:
             self.models.release(model)
         start_usage = run.result.get("usage_at_start") or {}
-        result.update(
-            agent_id=run.agent, workspace=str(workspace.path),
-            files_changed=ws.changed_files(before, ws.snapshot(workspace.path)),
-            usage=_usage_delta(start_usage, session.usage))
-        try:
-            state_id = seeds.capture(workspace, swarm_id)
-        except WorkspaceError as exc:
-            state_id = ""
-            result["home_error"] = f"its work could not be sent home: {exc}"
+        changed, exact = self._changed(workspace, seeds, before, record)
+        result.update(agent_id=run.agent, workspace=str(workspace.path), files_changed=changed,
+                      usage=_usage_delta(start_usage, session.usage))
+        state_id = ""
+        if changed or not exact:  # a workspace as it was seeded has nothing to send home
+            try:
+                state_id = seeds.capture(workspace, swarm_id)
+            except WorkspaceError as exc:
+                result["home_error"] = f"its work could not be sent home: {exc}"
         if state_id:
-            result.update(delta=state_id, seed=workspace.seed, host=self.host)
+            # A view is unmounted when the run ends: its files travel as the delta, even
+            # to a parent on this host.
+            result.update(delta=state_id, seed=workspace.seed,
+                          host=self.host if workspace.view is None else "")
             self.ledger.place(run.agent, str(workspace.path), self.host, state_id)
-        if workspace.home_branch:
+        elif "home_error" not in result:
+            result["changes"] = NO_CHANGES
+        if workspace.home_branch and state_id:
             result["git_branch"] = workspace.git_branch
             result["home_branch"] = True
             result["diffstat"] = ws.commit_changes(
@@ -247,6 +272,20 @@ class ChildRunner:
         if record.kind == "job":
             self.ledger.finish_swarm(swarm_id, state)
         return {"run": run.id, "state": state}
+
+    @staticmethod
+    def _changed(workspace: ws.Workspace, seeds: Seeds, before: ws.Snapshot | None,
+                 record: AgentRecord) -> tuple[list[str], bool]:
+        """The files the agent changed, and whether that list is exact about the
+        workspace against its seed (nothing in it: nothing to send home). A view's upper
+        folder is; a listing is when it was taken at the seed (the agent never parked or
+        settled with changes, whose listing may be on another host) and was complete."""
+        if before is None:
+            found = seeds.changed(workspace, ws.SNAPSHOT_LIMIT)
+            return (found, True) if found is not None else ([], False)
+        after = ws.snapshot(workspace.path)
+        complete = max(len(before), len(after)) < ws.SNAPSHOT_LIMIT
+        return ws.changed_files(before, after), complete and not record.ws_state
 
     def _snapshot(self, workspace: ws.Workspace, run: RunRecord) -> ws.Snapshot:
         """The workspace as it was when this run began (kept on disk across resumes)."""
@@ -334,37 +373,22 @@ class ChildRunner:
             path = Path(record.workspace)
             here = record.ws_host in ("", self.host)
             if here and path.is_dir():
-                return _found(path, record, seeds)
+                return seeds.found(path, swarm_id, record.id, record.seed)
             if record.kind == "job" and not record.ws_state and not path.exists():
                 # A job's folder is named by its submitter, on the worker's own disk.
                 path.mkdir(parents=True)
-                return _found(path, record, seeds)
+                return seeds.found(path, swarm_id, record.id, record.seed)
             if not record.ws_state:
                 where = f"on {record.ws_host}" if not here else f"at {path}"
                 raise WorkspaceLost(f"the workspace of {record.id} was {where} and no "
                                     "snapshot of it was taken")
-            workspace = seeds.restore(swarm_id, record.id, record.seed, record.ws_state)
+            workspace = parked.restore(seeds, swarm_id, record.id, record.seed,
+                                       record.ws_state)
             self.ledger.place(record.id, str(workspace.path), self.host)
             return workspace
         workspace = seeds.child(swarm_id, record.id, record.seed)
         self.ledger.place(record.id, str(workspace.path), self.host)
         return workspace
-
-
-def _found(path: Path, record: AgentRecord, seeds: Seeds) -> ws.Workspace:
-    """A workspace already on this host (a resume, a continuation, a takeover)."""
-    root = seeds.home / "workspaces" / record.swarm / record.id
-    top = root if root.is_dir() and path.resolve().is_relative_to(root.resolve()) else path
-    git = top / ".git"
-    if not git.is_file():
-        return ws.Workspace(path, root=top)
-    repo = gitstate.common_dir(top)
-    branch = f"swarm/{record.id}"
-    meta = seeds.store.meta(record.seed) if record.seed else None
-    home_branch = meta is not None and meta.local != meta.id and \
-        Path(meta.odb).resolve() == repo.resolve()
-    return ws.Workspace(path, branch, root=top, seed=record.seed, repo=repo,
-                        home_branch=home_branch)
 
 
 def _usage_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

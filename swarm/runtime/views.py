@@ -1,0 +1,182 @@
+"""Copy-on-write workspaces: one read-only checkout of a snapshot per host, and an
+overlayfs view of it per child.
+
+A child's workspace is an overlay mount whose lower layer is the host's shared checkout
+of its seed (``SWARM_HOME/seeds/trees/<seed>``, written once per host and never changed
+while it exists) and whose upper layer is the child's own folder: a write, a new file or
+a deletion lands in the child's upper folder only (the kernel copies a file up before
+its first write), so no child changes another child's files or the shared checkout.
+Making one costs a mount and a copy of the shared checkout's git index (its stat data
+stays valid: overlayfs shows a lower file's inode and times), not a checkout of every
+file; what a child changed is what its upper folder holds.
+
+Mounting needs ``CAP_SYS_ADMIN`` (a root worker) and a ``SWARM_HOME`` on a file system
+overlayfs accepts as its upper layer (ext4, xfs, tmpfs; not overlayfs itself, as a
+container's root often is). :func:`unavailable` tries once per process and says why not;
+a worker that cannot mount gives each child a full checkout instead (correct, slower).
+A view is mounted while a run of its agent works, and unmounted when the run ends
+(parked or settled), so mounts never outlive their runs; :func:`private_mounts` puts a
+worker's mounts in a mount namespace of its own, so they go with it if it is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from swarm.runtime import gitstate as g
+
+log = logging.getLogger(__name__)
+
+_MS_REC, _MS_SLAVE, _MNT_DETACH, _CLONE_NEWNS = 0x4000, 0x80000, 2, 0x20000
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def private_mounts() -> bool:
+    """Move this process into a mount namespace of its own (mounts of the host still
+    reach it; its own reach nobody), so the views it mounts go away with it. Call it
+    before any thread starts; False (nothing changed) where that is not allowed."""
+    libc = _libc()
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        return False
+    with contextlib.suppress(OSError):
+        _check(libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
+    return True
+
+
+def mount(lower: Path, upper: Path, work: Path, target: Path) -> None:
+    """Mount the view of ``lower`` with changes in ``upper`` at ``target``."""
+    for path in (lower, upper, work, target):
+        if any(c in str(path) for c in ",:\\"):
+            raise OSError(f"overlayfs cannot take the path {path}")
+    data = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
+    _check(_libc().mount(b"swarm-view", str(target).encode(), b"overlay", 0, data),
+           f"mount overlay at {target}")
+
+
+def unmount(target: Path) -> None:
+    """Unmount ``target`` (lazily when a process still uses it: it keeps its view)."""
+    libc = _libc()
+    if libc.umount2(str(target).encode(), 0) != 0:
+        libc.umount2(str(target).encode(), _MNT_DETACH)
+
+
+def mounted(target: Path) -> bool:
+    return os.path.ismount(target)
+
+
+_probed: dict[str, str] = {}
+
+
+def unavailable(home: Path) -> str:
+    """Why this process cannot mount views under ``home`` ("" when it can); tried once."""
+    key = str(home.resolve())
+    if key not in _probed:
+        _probed[key] = _probe(home)
+        if _probed[key]:
+            log.info("children get full checkouts, not copy-on-write views: %s", _probed[key])
+    return _probed[key]
+
+
+def _probe(home: Path) -> str:
+    try:
+        (home / "seeds").mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="view-probe-", dir=home / "seeds") as tmp:
+            parts = [Path(tmp) / n for n in ("lower", "upper", "work", "view")]
+            for part in parts:
+                part.mkdir()
+            (parts[0] / "f").write_text("lower\n")
+            mount(*parts)
+            try:
+                (parts[3] / "f").write_text("changed\n")
+                if (parts[0] / "f").read_text() != "lower\n":
+                    return "a write through the overlay changed its lower layer"
+            finally:
+                unmount(parts[3])
+    except OSError as exc:
+        return f"overlayfs cannot be mounted here ({exc.strerror or exc})"
+    return ""
+
+
+def shared_checkout(repo: Path, sid: str, trees: Path) -> tuple[Path, Path]:
+    """The host's read-only checkout of commit ``sid`` of ``repo`` under ``trees`` and its
+    git index: made once (the caller holds the host's lock for ``sid``)."""
+    files, index = trees / sid, trees / f"{sid}.index"
+    if files.is_dir() and index.is_file():
+        return files, index
+    trees.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{sid[:12]}-", dir=trees))
+    try:
+        temp_index = tmp / "index"
+        env = {"GIT_DIR": str(repo), "GIT_WORK_TREE": str(tmp / "files"),
+               "GIT_INDEX_FILE": str(temp_index)}
+        (tmp / "files").mkdir()
+        g.git("-c", f"checkout.workers={min(8, os.cpu_count() or 1)}", "read-tree", "-u",
+              "--reset", sid, cwd=tmp / "files", env=env)
+        # Entries git wrote as "racily clean" (a file as new as the index) would be read
+        # again by every child: checked here, once.
+        g.git("update-index", "-q", "--refresh", cwd=tmp / "files", env=env)
+        os.replace(temp_index, index)
+        os.rename(tmp / "files", files)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return files, index
+
+
+def changed(lower: Path, upper: Path, limit: int) -> list[str] | None:
+    """What a view changed over its lower layer (added, modified or deleted paths,
+    sorted), read from its upper folder alone; None past ``limit`` entries. A file only
+    copied up (opened for writing, its times touched) with its size and time unchanged
+    does not count."""
+    out: list[str] = []
+    for root, dirs, names in os.walk(upper):
+        rel = os.path.relpath(root, upper)
+        for name in [*names, *dirs]:
+            path = name if rel == "." else os.path.join(rel, name)
+            if path == ".git":
+                continue
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # a whiteout: deleted
+                out.append(path)
+            elif stat.S_ISDIR(st.st_mode):
+                if _opaque(os.path.join(root, name)) and os.path.isdir(lower / path):
+                    out.append(path)  # replaced as a whole: what was under it is gone
+                continue
+            else:
+                try:
+                    old = os.lstat(lower / path)
+                    same = (old.st_size, old.st_mtime_ns, stat.S_IFMT(old.st_mode)) == \
+                        (st.st_size, st.st_mtime_ns, stat.S_IFMT(st.st_mode))
+                except OSError:
+                    same = False
+                if not same:
+                    out.append(path)
+            if len(out) > limit:
+                return None
+    return sorted(out)
+
+
+def _opaque(path: str) -> bool:
+    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+    return False

@@ -1,0 +1,160 @@
+"""A parked parent's workspace comes back on another host exactly as it was: its files,
+its staged and unstaged changes, its own commits, its earlier children's branches, and
+the start of the children still out (their branches merge into it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+
+from swarm.domain.session import Session
+from swarm.runtime import homecoming, parked, views
+from swarm.runtime.seed import Seeds, Workspace
+from swarm.store.snapshots import SnapshotStore
+
+SWARM = "sparktest"
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def files_of(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): p.read_text() for p in sorted(path.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(path).parts}
+
+
+@pytest.fixture(params=["checkout", "auto"])
+def view(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Each test with full checkouts and with views (where they can be mounted); views
+    left mounted are unmounted after it."""
+    if request.param == "auto" and views.unavailable(tmp_path):
+        pytest.skip(views.unavailable(tmp_path))
+    try:
+        yield request.param
+    finally:
+        with open("/proc/self/mountinfo") as table:
+            points = [line.split()[4] for line in table]
+        for point in sorted(points, key=len, reverse=True):
+            if Path(point).is_relative_to(tmp_path.resolve()):
+                views.unmount(Path(point))
+
+
+def make_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q")
+    (path / "README").write_text("base\n")
+    (path / "tracked.txt").write_text("one\n")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "the user's first commit")
+    return path
+
+
+def work_in(ws: Workspace) -> None:
+    """A parent's work in progress: a commit of its own, staged, unstaged, both, untracked."""
+    (ws.path / "committed.txt").write_text("committed by the parent\n")
+    git(ws.path, "add", "committed.txt")
+    git(ws.path, "commit", "-qm", "the parent's own commit")
+    (ws.path / "staged.txt").write_text("staged\n")
+    git(ws.path, "add", "staged.txt")
+    (ws.path / "tracked.txt").write_text("one\nunstaged\n")
+    (ws.path / "both.txt").write_text("staged part\n")
+    git(ws.path, "add", "both.txt")
+    (ws.path / "both.txt").write_text("staged part\nunstaged part\n")
+    (ws.path / "README").unlink()
+    (ws.path / "untracked.txt").write_text("untracked\n")
+
+
+def result_session(body: dict[str, object]) -> Session:
+    return Session(id="p1", workspace="", messages=[
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c0"}]},
+        {"role": "tool", "tool_call_id": "c0", "content": json.dumps(body)}],
+        usage={}, created=0, updated=0)
+
+
+def seeds(redis: redis_lib.Redis, home: Path, host: str, view: str) -> Seeds:
+    return Seeds(SnapshotStore(redis), home, host, view=view)
+
+
+def earlier_child(redis: redis_lib.Redis, tmp_path: Path, host: Seeds, parent: Workspace,
+                  view: str) -> Session:
+    """A child of the parent (run on a third host) whose branch came home to it."""
+    seed = host.take(parent.path, SWARM, base=parent.seed)
+    third = seeds(redis, tmp_path / "home-x", "hostx", view)
+    child = third.child(SWARM, "c1", seed)
+    (child.path / "from-c1.txt").write_text("c1\n")
+    session = result_session({"agent_id": "c1", "state": "done",
+                              "delta": third.capture(child, SWARM), "seed": seed})
+    third.release(child)
+    homecoming.bring_home(host, session, parent.path, SWARM)
+    assert json.loads(session.messages[-1]["content"])["git_branch"] == "swarm/c1"
+    return session
+
+
+def test_a_parked_parent_comes_back_exactly_on_another_host(
+        redis: redis_lib.Redis, tmp_path: Path, view: str) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop", view).take(repo, SWARM)
+    b = seeds(redis, tmp_path / "home-b", "hostb", view)
+    parent = b.child(SWARM, "p1", sid)
+    work_in(parent)
+    session = earlier_child(redis, tmp_path, b, parent, view)
+    status = git(parent.path, "status", "--porcelain")
+    log = git(parent.path, "log", "--format=%s%n%T")
+    c1 = git(parent.path, "show", "--format=%T", "--no-patch", "swarm/c1")
+    # It parks: the snapshot for its new children, then its exact state over it.
+    new_seed = b.take(parent.path, SWARM, base=parent.seed)
+    state = parked.state(b, parent, new_seed, SWARM, parked.branches_in(session))
+    assert SnapshotStore(redis).meta(state).base == new_seed  # type: ignore[union-attr]
+    c = seeds(redis, tmp_path / "home-c", "hostc", view)
+    back = parked.restore(c, SWARM, "p1", sid, state)
+    assert files_of(back.path) == files_of(parent.path)
+    assert git(back.path, "status", "--porcelain") == status
+    assert git(back.path, "diff", "--cached", "both.txt") == \
+        git(parent.path, "diff", "--cached", "both.txt")
+    assert git(back.path, "log", "--format=%s%n%T") == log
+    assert git(back.path, "rev-parse", "--abbrev-ref", "HEAD").strip() == "swarm/p1"
+    assert git(back.path, "show", "--format=%T", "--no-patch", "swarm/c1") == c1
+    # A child still out (seeded from new_seed) brings its branch home over the restored
+    # parent's HEAD: the parent merges it.
+    g = seeds(redis, tmp_path / "home-g", "hostg", view)
+    grandchild = g.child(SWARM, "g1", new_seed)
+    (grandchild.path / "from-g1.txt").write_text("g1\n")
+    late = result_session({"agent_id": "g1", "state": "done",
+                           "delta": g.capture(grandchild, SWARM), "seed": new_seed})
+    homecoming.bring_home(c, late, back.path, SWARM)
+    git(back.path, "add", "-A")
+    git(back.path, "commit", "-qm", "the parent's work")
+    git(back.path, "merge", "-q", "--no-edit", "swarm/g1")
+    git(back.path, "merge", "-q", "--no-edit", "swarm/c1")
+    assert (back.path / "from-g1.txt").read_text() == "g1\n"
+    assert (back.path / "from-c1.txt").read_text() == "c1\n"
+    assert (back.path / "both.txt").read_text() == "staged part\nunstaged part\n"
+
+
+def test_a_parent_in_the_users_repository_ships_none_of_its_history(
+        redis: redis_lib.Redis, tmp_path: Path, view: str) -> None:
+    repo = make_repo(tmp_path / "repo")
+    first = git(repo, "rev-parse", "HEAD").strip()
+    sid = seeds(redis, tmp_path / "home-a", "laptop", view).take(repo, SWARM)
+    near = seeds(redis, tmp_path / "home-w", "laptop", view)  # a worker on the laptop
+    parent = near.child(SWARM, "p1", sid)
+    assert parent.home_branch
+    work_in(parent)
+    status = git(parent.path, "status", "--porcelain")
+    new_seed = near.take(parent.path, SWARM, base=parent.seed)
+    state = parked.state(near, parent, new_seed, SWARM, [])
+    c = seeds(redis, tmp_path / "home-c", "hostc", view)
+    back = parked.restore(c, SWARM, "p1", sid, state)
+    assert files_of(back.path) == files_of(parent.path)
+    assert git(back.path, "status", "--porcelain") == status
+    assert git(back.path, "log", "--format=%s").splitlines() == [
+        "the parent's own commit", "swarm seed"]  # its commit, over its seed
+    missing = subprocess.run(["git", "cat-file", "-e", first], cwd=back.path)
+    assert missing.returncode != 0  # the user's history stayed on the laptop

@@ -1,0 +1,127 @@
+"""Copy-on-write workspaces: children of one snapshot on a host share one read-only
+checkout, each through its own overlayfs view; a child's writes never reach another
+child or the shared checkout, and what it changed is read from its upper folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+
+from swarm.runtime import views
+from swarm.runtime.seed import Seeds
+from swarm.store.snapshots import SnapshotStore
+
+SWARM = "sviewtest"
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def mounts_under(folder: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as table:
+        points = [line.split()[4] for line in table]
+    return [p for p in points if Path(p).is_relative_to(folder.resolve())]
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    """A SWARM_HOME where views can be mounted (skipped, with the reason, where not); every
+    view left mounted under it is unmounted after the test."""
+    reason = views.unavailable(tmp_path)
+    if reason:
+        pytest.skip(reason)
+    try:
+        yield tmp_path
+    finally:
+        for point in sorted(mounts_under(tmp_path), key=len, reverse=True):
+            views.unmount(Path(point))
+
+
+def make_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    git(path, "init", "-q")
+    for i in range(30):
+        (path / f"d{i % 3}").mkdir(exist_ok=True)
+        (path / f"d{i % 3}" / f"f{i}.txt").write_text(f"file {i}\n")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "base")
+    (path / "untracked.txt").write_text("untracked\n")
+    return path
+
+
+def seeds(redis: redis_lib.Redis, home: Path, host: str) -> Seeds:
+    return Seeds(SnapshotStore(redis), home, host, view="auto")
+
+
+def test_children_share_one_checkout_and_never_see_each_others_writes(
+        redis: redis_lib.Redis, home: Path) -> None:
+    repo = make_repo(home / "repo")
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM)
+    host = seeds(redis, home / "host-b", "hostb")
+    one, two = host.child(SWARM, "a1", sid), host.child(SWARM, "a2", sid)
+    assert one.view is not None and two.view is not None
+    lower = Path((one.view / "lower").read_text())
+    assert lower == Path((two.view / "lower").read_text())
+    assert lower.is_relative_to(home / "host-b" / "seeds" / "trees")
+    # The copied index matches the shared files: git sees nothing to re-read.
+    assert git(one.path, "diff-files", "--name-only") == ""
+    assert git(one.path, "status", "--porcelain") == ""
+    (one.path / "d0" / "f0.txt").write_text("changed by a1\n")
+    with open(one.path / "d1" / "f1.txt", "a") as handle:
+        handle.write("appended by a1\n")
+    (one.path / "untracked.txt").unlink()
+    (one.path / "new.txt").write_text("new\n")
+    os.utime(one.path / "d2" / "f2.txt")  # copied up, its content unchanged
+    os.utime(one.path / "d2" / "f5.txt", ns=(os.stat(lower / "d2" / "f5.txt").st_atime_ns,
+                                              os.stat(lower / "d2" / "f5.txt").st_mtime_ns))
+    assert (two.path / "d0" / "f0.txt").read_text() == "file 0\n"
+    assert (two.path / "d1" / "f1.txt").read_text() == "file 1\n"
+    assert (two.path / "untracked.txt").read_text() == "untracked\n"
+    assert not (two.path / "new.txt").exists()
+    assert (lower / "d0" / "f0.txt").read_text() == "file 0\n"
+    assert (lower / "untracked.txt").is_file() and not (lower / "new.txt").exists()
+    assert host.changed(two, 100) == []
+    assert host.changed(one, 100) == ["d0/f0.txt", "d1/f1.txt", "d2/f2.txt", "new.txt",
+                                      "untracked.txt"]
+    assert host.capture(two, SWARM) == ""
+    delta = host.capture(one, SWARM)
+    changed = git(repo, "--git-dir", str(host.cache), "diff", "--name-only", sid, delta)
+    assert changed.split() == ["d0/f0.txt", "d1/f1.txt", "new.txt", "untracked.txt"]
+
+
+def test_a_released_view_is_mounted_again_with_its_changes(
+        redis: redis_lib.Redis, home: Path) -> None:
+    repo = make_repo(home / "repo")
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM)
+    host = seeds(redis, home / "host-b", "hostb")
+    child = host.child(SWARM, "a1", sid)
+    (child.path / "mine.txt").write_text("kept\n")
+    host.release(child)  # the run ended (parked)
+    assert not views.mounted(child.path) and not any(child.path.iterdir())
+    again = host.found(child.path, SWARM, "a1", sid)  # its next run, maybe another process
+    assert again.view == child.view and views.mounted(again.path)
+    assert (again.path / "mine.txt").read_text() == "kept\n"
+    assert git(again.path, "status", "--porcelain") == "?? mine.txt\n"
+    assert again.git_branch == "swarm/a1"
+
+
+def test_a_child_on_the_parents_host_gets_a_view_of_the_users_repository(
+        redis: redis_lib.Redis, home: Path) -> None:
+    repo = make_repo(home / "repo")
+    laptop = seeds(redis, home / "laptop", "laptop")
+    sid = laptop.take(repo, SWARM)
+    near = seeds(redis, home / "worker", "laptop").child(SWARM, "a1", sid)
+    assert near.view is not None and near.home_branch
+    assert SnapshotStore(redis).hosts(sid) == {"laptop": 0}  # no transfer
+    (near.path / "child.txt").write_text("child\n")
+    git(near.path, "add", "-A")
+    git(near.path, "commit", "-qm", "child")
+    assert git(repo, "show", "swarm/a1:child.txt") == "child\n"
+    assert not (repo / "child.txt").exists()
