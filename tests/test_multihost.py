@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 import redis as redis_lib
 from click.testing import CliRunner, Result
 
+from bench.hosts import HostSpec, host_argv, namespaces_reason
 from swarm.cli import main
 from swarm.runtime.local import alive
 from swarm.store import keys
@@ -38,18 +38,7 @@ from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 GIT = "git -c user.name=r -c user.email=r@r"
 
 
-def _namespaces() -> str:
-    """Why worker hosts cannot be made here, or ""."""
-    try:
-        out = subprocess.run(["unshare", "--mount", "--uts", "--propagation", "private",
-                              "sh", "-c", "hostname swarm-ns-check && mount -t tmpfs tmpfs /mnt"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare is not available: {exc}"
-    return "" if out.returncode == 0 else f"mount/UTS namespaces not permitted: {out.stderr}"
-
-
-REASON = _namespaces()
+REASON = namespaces_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(REASON), reason=REASON)]
 
 
@@ -70,19 +59,15 @@ class Hosts:
         name = self.name(short)
         disk = self.base / f"disk-{short}"
         disk.mkdir(exist_ok=True)
-        script = " && ".join([
-            f"hostname {name}",
-            f"mount --bind {shlex.quote(str(disk))} {shlex.quote(str(self.home))}",
-            f"mount -t tmpfs tmpfs {shlex.quote(str(self.base / 'laptop'))}",
-            f"exec {shlex.quote(sys.executable)} -m swarm worker --concurrency 3 "
-            f"--hostname w@{name}"])
+        spec = HostSpec(name, disk=disk, home=self.home, hide=(self.base / "laptop",))
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
         env.update(SWARM_REDIS_URL=self.url, SWARM_HOME=str(self.home),
                    SWARM_BASE_URL=self.model.base_url, SWARM_API_KEY="k", SWARM_RETRIES="3")
         log = open(self.base / f"{short}.log", "ab")  # noqa: SIM115
         self.procs[short] = subprocess.Popen(
-            ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
+            host_argv(spec, [sys.executable, "-m", "swarm", "worker", "--concurrency", "3",
+                             "--hostname", f"w@{name}"]),
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.close()

@@ -7,8 +7,10 @@ command gets ``cwd=`` instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import threading
@@ -35,6 +37,13 @@ _CHUNK = 65536
 _TICK = 0.05
 _CONTINUATION = bytes(range(0x80, 0xC0))
 
+DIE_WITH_RUNNER = 'trap "kill -KILL 0" USR1; bash -c "$1" & wait $!'
+"""The shell an unconfined command runs in: when its runner dies (``setpriv --pdeathsig
+USR1``: the thread that started it is gone, say the worker was SIGKILLed), it kills the
+command's whole process group, so a command never goes on after its worker's lease can
+have been handed over. (A sandboxed command dies with its runner by bubblewrap's
+``--die-with-parent``.)"""
+
 BACKGROUND_NOTE = "[bash exited; background processes still hold the output open: not waited for]"
 CANCEL_NOTE = "[cancelled: the command and its children were killed]"
 
@@ -46,6 +55,31 @@ def child_env(extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
     if extra_env:
         env.update(extra_env)
     return env
+
+
+@functools.cache
+def _setpriv() -> str:
+    """``setpriv`` (util-linux) if it can set a parent-death signal here, else ""."""
+    path = shutil.which("setpriv")
+    if path is None:
+        return ""
+    try:
+        done = subprocess.run([path, "--pdeathsig", "USR1", "--", "true"],
+                              capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return path if done.returncode == 0 else ""
+
+
+def unconfined_argv(command: str) -> list[str]:
+    """How an unconfined command runs: in a shell that dies with its runner, taking the
+    command's process group along (:data:`DIE_WITH_RUNNER`); plain ``bash -c`` where
+    ``setpriv`` is missing."""
+    setpriv = _setpriv()
+    if not setpriv:
+        return ["bash", "-c", command]
+    return [setpriv, "--pdeathsig", "USR1", "--", "bash", "-c", DIE_WITH_RUNNER, "bash",
+            command]
 
 
 def clamp_timeout(requested: int | None, default: int, ceiling: int) -> int:
@@ -228,7 +262,7 @@ class LocalEnvironment:
         box = self.choice.box
         fd = program_fd() if box is not None else -1
         cgroup = new_cgroup() if box is not None else None
-        argv = ["bash", "-c", command] if box is None else \
+        argv = unconfined_argv(command) if box is None else \
             box.argv(command, self.workspace, fd, cgroup)
         try:
             try:
