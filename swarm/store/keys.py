@@ -199,6 +199,11 @@ def heartbeat(kind: str, name: str) -> str:
     return f"{PREFIX}alive:{kind}:{name}"
 
 
+def worker_host(host: str) -> str:
+    """String with the heartbeat's TTL: a worker runs on ``host`` (its host name)."""
+    return f"{PREFIX}host:{host}"
+
+
 def worker_sandbox(name: str) -> str:
     """String with the heartbeat's TTL: where worker ``name`` runs commands (one line)."""
     return f"{PREFIX}sandbox:{name}"
