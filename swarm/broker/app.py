@@ -130,7 +130,7 @@ class _Heartbeat:
                 pipe.set(self.key, time.time(), ex=keys.HEARTBEAT_TTL)
                 pipe.set(self.sandbox_key, self.sandbox, ex=keys.HEARTBEAT_TTL)
                 pipe.set(keys.worker_host(socket.gethostname()), self.key,
-                         ex=keys.HEARTBEAT_TTL)
+                         ex=keys.HOST_TTL)
                 pipe.execute()
             self.stopped.wait(keys.HEARTBEAT_TTL / 3)
 
