@@ -37,12 +37,14 @@ _CHUNK = 65536
 _TICK = 0.05
 _CONTINUATION = bytes(range(0x80, 0xC0))
 
-DIE_WITH_RUNNER = 'trap "kill -KILL 0" USR1; bash -c "$1" & wait $!'
+DIE_WITH_RUNNER = ('trap "kill -KILL 0" USR1; trap : TERM; bash -c "$1" & p=$!; '
+                   'while :; do wait $p; s=$?; kill -0 $p 2>/dev/null || exit $s; done')
 """The shell an unconfined command runs in: when its runner dies (``setpriv --pdeathsig
 USR1``: the thread that started it is gone, say the worker was SIGKILLed), it kills the
 command's whole process group, so a command never goes on after its worker's lease can
 have been handed over. (A sandboxed command dies with its runner by bubblewrap's
-``--die-with-parent``.)"""
+``--die-with-parent``.) A SIGTERM to the group (cancel, timeout) stops the command; this
+shell outlives it to reap it and exit with its status (no zombie left to init)."""
 
 BACKGROUND_NOTE = "[bash exited; background processes still hold the output open: not waited for]"
 CANCEL_NOTE = "[cancelled: the command and its children were killed]"
