@@ -220,6 +220,7 @@ class LocalEnvironment:
         hide: tuple[Path, ...] = (),
         pass_env: tuple[str, ...] = (),
         read_only: tuple[Path, ...] = (),
+        die_with_runner: bool = False,
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -230,6 +231,9 @@ class LocalEnvironment:
         self.choice = choose(sandbox, network=network, hide=hide, read_only=read_only)
         """Where commands run (``SWARM_SANDBOX``: ``none``, ``auto`` or ``bwrap``)."""
         self.pass_env = pass_env
+        self.die_with_runner = die_with_runner
+        """Unconfined commands die with this process (:func:`unconfined_argv`): a worker's.
+        (Off in a terminal, where a command's ``$PPID`` stays the agent's process.)"""
         self._env: dict[str, str] | None = None
 
     def env(self) -> dict[str, str]:
@@ -264,7 +268,8 @@ class LocalEnvironment:
         box = self.choice.box
         fd = program_fd() if box is not None else -1
         cgroup = new_cgroup() if box is not None else None
-        argv = unconfined_argv(command) if box is None else \
+        argv = (unconfined_argv(command) if self.die_with_runner else ["bash", "-c", command]) \
+            if box is None else \
             box.argv(command, self.workspace, fd, cgroup)
         try:
             try:

@@ -223,6 +223,7 @@ class ChildRunner:
                 mcp=self.mcp_servers(swarm_id, record, workspace.path, settings),
                 read_only=(Path(record.parent_workspace),)
                 if record.parent_workspace and record.parent_host == self.host else (),
+                die_with_runner=True,
             )
             state, result = self._answer(agent, run, resume)
         except Parked:
