@@ -38,6 +38,7 @@ from typing import Any
 import redis as redis_lib
 from click.testing import CliRunner
 
+from bench.hosts import HostSpec, host_argv, uts_works
 from bench.spawn import (
     MODEL,
     RESULTS,
@@ -348,7 +349,7 @@ class Cluster:
         swarm = [sys.executable, "-m", "swarm"]
         self._spawn("coordinator", [*swarm, "coordinator", "--name", f"bench-{os.getpid()}"],
                     self.home)
-        self.uts = any(w.uts_host for w in self.workers) and _uts_works()
+        self.uts = any(w.uts_host for w in self.workers) and uts_works()
         for i, spec in enumerate(self.workers):
             argv = [*swarm, "worker", "--concurrency", str(spec.concurrency), "--loglevel",
                     "WARNING"]
@@ -356,8 +357,8 @@ class Cluster:
             if spec.uts_host and self.uts:
                 home = self.home / "hosts" / spec.uts_host
                 home.mkdir(parents=True, exist_ok=True)
-                argv = ["unshare", "--uts", "sh", "-c", f'hostname {spec.uts_host} && exec "$@"',
-                        "sh", *argv, "--hostname", f"swarm@{spec.uts_host}"]
+                argv = host_argv(HostSpec(spec.uts_host),
+                                 [*argv, "--hostname", f"swarm@{spec.uts_host}"])
             else:
                 label = spec.uts_host or f"w{i}"
                 argv += ["--hostname", f"bench{i}-{label}-{os.getpid()}@{socket.gethostname()}"]
@@ -407,15 +408,6 @@ class Cluster:
             self.stop()
         finally:
             shutil.rmtree(self.home, ignore_errors=True)
-
-
-def _uts_works() -> bool:
-    try:
-        done = subprocess.run(["unshare", "--uts", "sh", "-c", "hostname bench-probe"],
-                              capture_output=True, timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
 
 
 # -- the benchmark job -----------------------------------------------------------------------

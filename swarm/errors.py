@@ -167,6 +167,11 @@ class SnapshotTooLarge(WorkspaceError):
     ``SWARM_SNAPSHOT_SWARM_MAX``); the message says the size, the cap and what to do."""
 
 
+class WorkspaceElsewhere(WorkspaceError):
+    """A run taken over on a host that does not have its workspace, while a worker still
+    runs on the host that does (the run is handed back for that host to take)."""
+
+
 class WorkspaceLost(WorkspaceError):
     """A workspace that must be restored (a parked parent resumed on another host, a
     continued child) cannot be: its snapshot is gone or broken."""

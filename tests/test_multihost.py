@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import pytest
 import redis as redis_lib
 from click.testing import CliRunner, Result
 
+from bench.hosts import HostSpec, host_argv, namespaces_reason
 from swarm.broker.app import configure
 from swarm.cli import main
 from swarm.runtime.local import alive
@@ -39,18 +39,7 @@ from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 GIT = "git -c user.name=r -c user.email=r@r"
 
 
-def _namespaces() -> str:
-    """Why worker hosts cannot be made here, or ""."""
-    try:
-        out = subprocess.run(["unshare", "--mount", "--uts", "--propagation", "private",
-                              "sh", "-c", "hostname swarm-ns-check && mount -t tmpfs tmpfs /mnt"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare is not available: {exc}"
-    return "" if out.returncode == 0 else f"mount/UTS namespaces not permitted: {out.stderr}"
-
-
-REASON = _namespaces()
+REASON = namespaces_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(REASON), reason=REASON)]
 
 
@@ -63,6 +52,8 @@ class Hosts:
         self.suffix = f"{os.getpid()}"
         self.home = base / "home"  # every host's SWARM_HOME, each on its own disk
         self.home.mkdir()
+        self.env: dict[str, str] = {}
+        """Settings of the workers started from now on."""
 
     def name(self, short: str) -> str:
         return f"{short}-ws{self.suffix}"
@@ -71,19 +62,16 @@ class Hosts:
         name = self.name(short)
         disk = self.base / f"disk-{short}"
         disk.mkdir(exist_ok=True)
-        script = " && ".join([
-            f"hostname {name}",
-            f"mount --bind {shlex.quote(str(disk))} {shlex.quote(str(self.home))}",
-            f"mount -t tmpfs tmpfs {shlex.quote(str(self.base / 'laptop'))}",
-            f"exec {shlex.quote(sys.executable)} -m swarm worker --concurrency 3 "
-            f"--hostname w@{name}"])
+        spec = HostSpec(name, disk=disk, home=self.home, hide=(self.base / "laptop",))
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
         env.update(SWARM_REDIS_URL=self.url, SWARM_HOME=str(self.home),
-                   SWARM_BASE_URL=self.model.base_url, SWARM_API_KEY="k", SWARM_RETRIES="3")
+                   SWARM_BASE_URL=self.model.base_url, SWARM_API_KEY="k", SWARM_RETRIES="3",
+                   **self.env)
         log = open(self.base / f"{short}.log", "ab")  # noqa: SIM115
         self.procs[short] = subprocess.Popen(
-            ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
+            host_argv(spec, [sys.executable, "-m", "swarm", "worker", "--concurrency", "3",
+                             "--hostname", f"w@{name}"]),
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.close()
@@ -306,3 +294,49 @@ def test_a_parked_parent_whose_workspace_cannot_be_restored_fails_loudly(
     record = Ledger(client).agent(parent_id)
     assert record is not None and record.state == "failed"
 
+
+
+def test_a_child_whose_worker_was_killed_is_carried_on_by_its_own_host_not_failed(
+        world: tuple[Hosts, str, Path]) -> None:
+    """A worker process SIGKILLed mid-child on host A, another host B alive: B must not
+    take the child over into an empty folder (it failed with 'workspace lost', found by the
+    chaos campaign); it hands the run back, and A's restarted worker carries it on there,
+    with its files."""
+    hosts, url, laptop = world
+    repo = git_repo(laptop / "repo")
+    started = hosts.base / "started"  # outside the laptop folder: every host sees it
+    hosts.model.responder = ByTask({
+        "MH-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "MH-K work",
+                                                         "seed": False}, id="k")]),
+                    last_result],
+        "MH-K": [cli(f"echo mine > mine.txt && echo $$ > {started} && exec sleep 60"),
+                 cli("cat mine.txt && hostname"), last_result],
+    })
+    hosts.env = {"SWARM_LEASE": "2", "SWARM_SANDBOX": "none"}
+    first = hosts.start("hosta")
+    out: list[Result] = []
+    runner = threading.Thread(target=lambda: out.append(swarm_run(hosts, repo, "MH-ROOT go")))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while not (started.exists() and started.read_text().strip()):
+        assert time.monotonic() < deadline, "the child's command never started"
+        time.sleep(0.05)
+    second = hosts.start("hostb")
+    os.kill(hosts.procs["hosta"].pid, signal.SIGKILL)  # the worker process only
+    hosts.procs.pop("hosta").wait(timeout=10)
+    client = connect(url)
+    ledger = Ledger(client)
+    child = next(a for a in ledger.agents(ledger.latest_swarm() or "") if a.kind == "child")
+    # B is asked to take it over (the lease ran out) while A is down: it hands it back.
+    while "handed back" not in (hosts.base / "hostb.log").read_text(errors="replace"):
+        assert time.monotonic() < deadline + 60, "host B never handed the run back"
+        time.sleep(0.05)
+    hosts.start("hosta")
+    runner.join(120)
+    assert not runner.is_alive() and out
+    body = json.loads(out[0].stdout)
+    assert body["state"] == "done", body
+    assert body["answer"].split()[:2] == ["mine", first], body
+    run = ledger.run(child.run)
+    assert run is not None and run.state == "done"
+    assert second != first

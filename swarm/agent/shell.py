@@ -7,8 +7,10 @@ command gets ``cwd=`` instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import threading
@@ -35,6 +37,15 @@ _CHUNK = 65536
 _TICK = 0.05
 _CONTINUATION = bytes(range(0x80, 0xC0))
 
+DIE_WITH_RUNNER = ('trap "kill -KILL 0" USR1; trap : TERM; bash -c "$1" & p=$!; '
+                   'while :; do wait $p; s=$?; kill -0 $p 2>/dev/null || exit $s; done')
+"""The shell an unconfined command runs in: when its runner dies (``setpriv --pdeathsig
+USR1``: the thread that started it is gone, say the worker was SIGKILLed), it kills the
+command's whole process group, so a command never goes on after its worker's lease can
+have been handed over. (A sandboxed command dies with its runner by bubblewrap's
+``--die-with-parent``.) A SIGTERM to the group (cancel, timeout) stops the command; this
+shell outlives it to reap it and exit with its status (no zombie left to init)."""
+
 BACKGROUND_NOTE = "[bash exited; background processes still hold the output open: not waited for]"
 CANCEL_NOTE = "[cancelled: the command and its children were killed]"
 
@@ -46,6 +57,31 @@ def child_env(extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
     if extra_env:
         env.update(extra_env)
     return env
+
+
+@functools.cache
+def _setpriv() -> str:
+    """``setpriv`` (util-linux) if it can set a parent-death signal here, else ""."""
+    path = shutil.which("setpriv")
+    if path is None:
+        return ""
+    try:
+        done = subprocess.run([path, "--pdeathsig", "USR1", "--", "true"],
+                              capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return path if done.returncode == 0 else ""
+
+
+def unconfined_argv(command: str) -> list[str]:
+    """How an unconfined command runs: in a shell that dies with its runner, taking the
+    command's process group along (:data:`DIE_WITH_RUNNER`); plain ``bash -c`` where
+    ``setpriv`` is missing."""
+    setpriv = _setpriv()
+    if not setpriv:
+        return ["bash", "-c", command]
+    return [setpriv, "--pdeathsig", "USR1", "--", "bash", "-c", DIE_WITH_RUNNER, "bash",
+            command]
 
 
 def clamp_timeout(requested: int | None, default: int, ceiling: int) -> int:
@@ -185,6 +221,7 @@ class LocalEnvironment:
         pass_env: tuple[str, ...] = (),
         read_only: tuple[Path, ...] = (),
         sandbox_uid: int = UID,
+        die_with_runner: bool = False,
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -198,6 +235,9 @@ class LocalEnvironment:
         uid ``sandbox_uid`` when this process is root)."""
         self._prepared = False
         self.pass_env = pass_env
+        self.die_with_runner = die_with_runner
+        """Unconfined commands die with this process (:func:`unconfined_argv`): a worker's.
+        (Off in a terminal, where a command's ``$PPID`` stays the agent's process.)"""
         self._env: dict[str, str] | None = None
 
     def env(self) -> dict[str, str]:
@@ -240,7 +280,10 @@ class LocalEnvironment:
                                 "run the worker as a user of its own") from exc
             self._prepared = True
         fd = program_fd() if box is not None else -1
-        argv = ["bash", "-c", command] if box is None else box.argv(command, self.workspace, fd)
+        if box is not None:
+            argv = box.argv(command, self.workspace, fd)
+        else:
+            argv = unconfined_argv(command) if self.die_with_runner else ["bash", "-c", command]
         try:
             proc = subprocess.Popen(
                 argv,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import ssl
 import threading
 import time
@@ -145,6 +146,8 @@ class _Heartbeat:
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.set(self.key, time.time(), ex=keys.HEARTBEAT_TTL)
                 pipe.set(self.sandbox_key, self.sandbox, ex=keys.HEARTBEAT_TTL)
+                pipe.set(keys.worker_host(socket.gethostname()), self.key,
+                         ex=keys.HOST_TTL)
                 pipe.execute()
             self.stopped.wait(keys.HEARTBEAT_TTL / 3)
 

@@ -93,6 +93,7 @@ def build_agent(
     before_step: Callable[[Agent], None] | None = None,
     mcp: McpConfig | None = None,
     read_only: tuple[Path, ...] = (),
+    die_with_runner: bool = False,
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
@@ -100,7 +101,8 @@ def build_agent(
     ``before_step`` are the agent's (:class:`Agent`): the root's session lock, a child's
     limits. ``mcp`` lists its MCP servers (a root reads them from its folder, a child
     inherits its swarm's). ``read_only`` folders are seen by sandboxed commands (a child's
-    parent's workspace)."""
+    parent's workspace). With ``die_with_runner`` (a worker's children) an unconfined
+    command dies with the process that runs it."""
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
@@ -108,7 +110,8 @@ def build_agent(
                              sandbox=settings.sandbox, network=settings.sandbox_network,
                              hide=(settings.home,), read_only=read_only,
                              sandbox_uid=settings.sandbox_uid, pass_env=tuple(
-                                 n.strip() for n in settings.sandbox_env.split(",") if n.strip())),
+                                 n.strip() for n in settings.sandbox_env.split(",") if n.strip()),
+                             die_with_runner=die_with_runner),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
         system_prompt=prompt_builder(workspace, folder, extra_prompt, tools_cache(settings)),

@@ -199,6 +199,16 @@ def heartbeat(kind: str, name: str) -> str:
     return f"{PREFIX}alive:{kind}:{name}"
 
 
+#: A host counts as coming back this long after its workers' last heartbeat (a restart on
+#: a loaded machine, a short partition): its children's folders are waited for, not lost.
+HOST_TTL = 60
+
+
+def worker_host(host: str) -> str:
+    """String with the TTL :data:`HOST_TTL`: a worker ran on ``host`` (its host name)."""
+    return f"{PREFIX}host:{host}"
+
+
 def worker_sandbox(name: str) -> str:
     """String with the heartbeat's TTL: where worker ``name`` runs commands (one line)."""
     return f"{PREFIX}sandbox:{name}"

@@ -170,6 +170,15 @@ end
 return out
 """
 
+# A claim given up at once (the run's workspace is on another host, whose worker should
+# take it): its lease runs out now, so the coordinator sends it again at its next pass.
+_HAND_BACK = _NOW + """
+if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'lease', '', 'lease_until', tostring(now))
+redis.call('ZADD', KEYS[2], now, ARGV[2])
+return 1
+"""
+
 # Runs put in flight get a grace lease (ARGV[1] seconds) until their task is sent and
 # claimed; ARGV[2] == 'nx' keeps a lease already there.
 _GRACE = _NOW + """
@@ -396,6 +405,7 @@ class Ledger:
         self._settle = redis_.register_script(_SETTLE)
         self._start = redis_.register_script(_START)
         self._renew = redis_.register_script(_RENEW)
+        self._hand_back = redis_.register_script(_HAND_BACK)
         self._refuse = redis_.register_script(_REFUSE)
         self._release = redis_.register_script(_RELEASE)
         self._reap = redis_.register_script(_REAP)
@@ -805,6 +815,11 @@ class Ledger:
             return {}
         got = cast("list[str]", self._holders(keys=[keys.run(r) for r in run_ids]))
         return dict(zip(run_ids, got, strict=True))
+    def hand_back(self, run_id: str, token: str) -> bool:
+        """Give up the claim ``token`` holds on the run at once (still ``running``, its lease
+        run out): the coordinator's next reap sends it again, for another worker."""
+        return bool(self._hand_back(keys=[keys.run(run_id), keys.leases()],
+                                    args=[token, run_id]))
 
     def spend(self, swarm_id: str, tokens: int) -> int:
         """Add a model call's tokens to the swarm's count; returns the new total."""

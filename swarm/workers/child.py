@@ -39,6 +39,7 @@ from swarm.errors import (
     LeaseLost,
     ModelError,
     Parked,
+    WorkspaceElsewhere,
     WorkspaceError,
     WorkspaceLost,
 )
@@ -49,6 +50,7 @@ from swarm.runtime import homecoming, parked, sweep
 from swarm.runtime.build import build_agent, new_session
 from swarm.runtime.seed import Seeds
 from swarm.runtime.spawner import RedisSpawner
+from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, QueueApprover
 from swarm.store.gate import RedisRateGate
 from swarm.store.hints import HomeHints, SwarmHints
@@ -134,6 +136,11 @@ class ChildRunner:
             return {"run": run.id, "state": "lease lost"}
         except (SwarmStoreError, redis.RedisError):
             raise  # Redis went away: the lease runs out and a worker takes the run over
+        except WorkspaceElsewhere as exc:
+            # Its host's worker (restarted after a crash, say) carries it on with its files.
+            log.warning("run %s: %s", run.id, exc)
+            self.ledger.hand_back(run.id, token)
+            return {"run": run.id, "state": "handed back"}
         except WorkspaceError as exc:
             # Never carry on in an empty folder: the run fails, saying why.
             log.error("run %s: %s", run.id, exc)
@@ -237,6 +244,7 @@ class ChildRunner:
                 mcp=self.mcp_servers(swarm_id, record, workspace.path, settings),
                 read_only=(Path(record.parent_workspace),)
                 if record.parent_workspace and record.parent_host == self.host else (),
+                die_with_runner=True,
             )
             state, result = self._answer(agent, run, resume)
         except Parked:
@@ -378,6 +386,10 @@ class ChildRunner:
                 # A job's folder is named by its submitter, on the worker's own disk.
                 path.mkdir(parents=True)
                 return seeds.found(path, swarm_id, record.id, record.seed)
+            if not record.ws_state and not here and \
+                    self.redis.exists(keys.worker_host(record.ws_host)):
+                raise WorkspaceElsewhere(f"the workspace of {record.id} is on {record.ws_host}, "
+                                         "where a worker runs: handed back for it")
             if not record.ws_state:
                 where = f"on {record.ws_host}" if not here else f"at {path}"
                 raise WorkspaceLost(f"the workspace of {record.id} was {where} and no "

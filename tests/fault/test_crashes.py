@@ -180,6 +180,43 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def test_a_sigkilled_workers_running_command_dies_with_it(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """A worker process killed outright (SIGKILL: the OOM killer, a crash) cannot stop its
+    children's commands, and its lease runs out: the command it was running must not go on
+    (it would write after the run was taken over, a zombie execution the chaos campaign
+    found). Its shell and what it started die with it."""
+    pids, late = tmp_path / "pids", tmp_path / "late"
+    model.responder = ByTask({
+        "ROOT": [agent_calls("VICTIM work"), report],
+        "VICTIM": [Reply(tool_calls=[ToolCall("run_cli", {
+                       "command": f"echo $$ >> {pids}; (sleep 60; echo late >> {late}) & "
+                                  f"echo $! >> {pids}; sleep 60; echo late >> {late}"})]),
+                   Reply(content="victim recovered")],
+    })
+    swarm.start("coordinator", "coord")
+    doomed = swarm.start("worker", "doomed", SWARM_LEASE="2")
+    swarm.ready()
+    thread, out = swarm.run_in_thread("ROOT go", tmp_path)
+    started: list[str] = []
+    try:
+        started = wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2
+                             and pids.read_text().split(), "the command and its subshell")
+        os.kill(doomed.pid, signal.SIGKILL)  # the worker process only, not its group
+        doomed.wait(timeout=10)
+        wait_until(lambda: not any(alive(int(p)) for p in started),
+                   "the command and its subshell to die with their worker", timeout=10)
+    finally:
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        swarm.start("worker", "rescuer", SWARM_LEASE="2")  # so the root gets its answer
+        thread.join(timeout=60)
+    assert not late.exists()
+    (result,) = out
+    assert result.stdout.strip() == "done:victim recovered", result.output
+
+
 def test_a_worker_cut_off_from_redis_stops_its_command_before_its_lease_runs_out(
         swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
     """A partition: the worker can reach the model but not Redis, so it cannot renew the
