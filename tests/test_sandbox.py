@@ -109,6 +109,29 @@ def test_git_works_in_a_worktree_whose_repository_is_in_a_hidden_folder(
 
 
 @needs_sandbox
+def test_git_works_in_a_view_whose_worktree_is_registered_on_its_upper_folder(
+        tmp_path: Path) -> None:
+    """A copy-on-write view shows its upper folder's ``.git`` file, whose worktree folder
+    names the upper folder back, not the view: with ``linked`` the box binds that git."""
+    repo, upper, ws = tmp_path / "repo", tmp_path / "views" / "a1" / "a1", tmp_path / "ws"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "seed"],
+                   check=True)
+    subprocess.run([*git, "-C", str(repo), "worktree", "add", "-q", "-b", "swarm/a1",
+                    str(upper)], check=True)
+    shutil.copytree(upper, ws)  # what the mounted view shows (its files and .git file)
+    command = "git -c user.name=c -c user.email=c@c commit -q --allow-empty -m box && echo ok"
+    unlinked = LocalEnvironment(ws, sandbox="bwrap", hide=(tmp_path,)).execute(command, 10)
+    assert "not a git repository" in unlinked.output, unlinked.output
+    linked = LocalEnvironment(ws, sandbox="bwrap", hide=(tmp_path,), linked=upper)
+    assert linked.execute(command, 10).output == "ok\n"
+    log = subprocess.run(["git", "-C", str(repo), "log", "--format=%s", "swarm/a1"],
+                         capture_output=True, text=True, check=True)
+    assert log.stdout.split() == ["box", "seed"]
+
+
+@needs_sandbox
 def test_what_the_workers_git_obeys_stays_read_only_in_a_worktree(tmp_path: Path) -> None:
     """The worker's own git (unconfined) reads the repository's config and hooks and the
     worktree's pointers to it: the box writes objects, refs and reflogs only."""

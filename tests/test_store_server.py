@@ -171,6 +171,65 @@ def test_normal_exit_without_release_stops_the_server(home: Path) -> None:
     assert isinstance(pid, int) and wait_gone(pid)
 
 
+def test_a_process_that_only_adopts_never_starts_a_server(home: Path) -> None:
+    with pytest.raises(StoreUnavailableError, match="has finished"):
+        EmbeddedServer(home).ensure(start=False)
+    assert not EmbeddedServer(home).status().running
+    owner, local = EmbeddedServer(home), EmbeddedServer(home)
+    url = owner.ensure()
+    assert local.ensure(start=False) == url
+    pid = owner.status().pid
+    owner.release()
+    local.release()
+    assert isinstance(pid, int) and wait_gone(pid)
+
+
+# A user stopped by SIGTERM (as KeyboardInterrupt, like `swarm worker`) right after the
+# server started and before it counted itself as a user.
+TERMED_WHILE_STARTING = """
+import os, signal, sys
+from pathlib import Path
+from swarm.store.server import EmbeddedServer
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, interrupt)
+start = EmbeddedServer._start
+def start_then_termed(self):
+    info = start(self)
+    print(info.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return info
+EmbeddedServer._start = start_then_termed
+try:
+    EmbeddedServer(Path(sys.argv[1])).ensure()
+    print("ensured", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_a_user_termed_while_it_starts_the_server_leaves_none_running(home: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", TERMED_WHILE_STARTING, str(home)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pid, outcome = done.stdout.split()
+    # The signal waited until the process was a user; its unwinding then stopped the server.
+    assert outcome == "interrupted", done.stdout + done.stderr
+    assert wait_gone(int(pid)), "the server was left running for nobody"
+
+
+def test_release_held_leaves_the_server_before_os_exit(home: Path) -> None:
+    code = ("import os, sys; from pathlib import Path; "
+            "from swarm.store.server import EmbeddedServer, release_held; "
+            "s = EmbeddedServer(Path(sys.argv[1])); s.ensure(); print(s.status().pid, "
+            "flush=True); release_held(); os._exit(0)")
+    done = subprocess.run([sys.executable, "-c", code, str(home)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert wait_gone(int(done.stdout))
+
+
 def test_concurrent_ensures_share_one_server(home: Path) -> None:
     procs = [spawn_user(home), spawn_user(home)]
     try:

@@ -153,11 +153,13 @@ class GitDirs:
         return [self.own, *(self.repo / name for name in REPO_WRITABLE)]
 
 
-def git_dirs(workspace: Path) -> GitDirs | None:
+def git_dirs(workspace: Path, linked: Path | None = None) -> GitDirs | None:
     """The git folders of a worktree at ``workspace``: its own (named by its ``.git`` file,
     and naming that file back) and its repository's; None for anything else. A command in
     the box may have written that ``.git`` file: a folder it names that is not such a pair
-    is never bound writable nor granted."""
+    is never bound writable nor granted. A workspace that is a copy-on-write view has its
+    worktree registered on the view's upper folder, ``linked`` (the one the view shows its
+    ``.git`` from): its folder may name that one's ``.git`` back instead."""
     dot = workspace / ".git"
     try:
         text = dot.read_text(errors="replace").strip() if dot.is_file() else ""
@@ -168,7 +170,8 @@ def git_dirs(workspace: Path) -> GitDirs | None:
     except (OSError, ValueError):
         return None
     repo = own.parent.parent
-    if own.parent.name != "worktrees" or back != dot.resolve() \
+    named = {dot.resolve(), *([(linked / ".git").resolve()] if linked is not None else [])}
+    if own.parent.name != "worktrees" or back not in named \
             or not (repo / "objects").is_dir():
         return None
     return GitDirs(own, repo)
@@ -192,12 +195,12 @@ class Box:
     switches to it (``subprocess``'s ``user=`` would fork the worker instead of vforking
     it: 48 ms a command instead of 15 with a 500 MB worker)."""
 
-    def prepare(self, workspace: Path) -> None:
+    def prepare(self, workspace: Path, linked: Path | None = None) -> None:
         """Give :attr:`run_as` the workspace and its git folders, and a way to the folders
         the box binds (nothing to do for an unprivileged runner). ``OSError`` when the
-        filesystem cannot hold the ACL entries."""
+        filesystem cannot hold the ACL entries. ``linked``: see :func:`git_dirs`."""
         ws = workspace.resolve()
-        git = git_dirs(ws)
+        git = git_dirs(ws, linked)
         if git is not None:  # a repository without reflogs yet: git in the box makes them
             (git.repo / "logs").mkdir(exist_ok=True)
         if self.run_as is None:
@@ -208,8 +211,9 @@ class Box:
         bound = (*self.hide, *self.read_only, *([self.home] if self.home else []))
         grant_search([*writable, *(Path(p) for p in bound)], self.run_as)
 
-    def argv(self, command: str, workspace: Path, seccomp_fd: int) -> list[str]:
-        """bubblewrap's command line for ``command``."""
+    def argv(self, command: str, workspace: Path, seccomp_fd: int,
+             linked: Path | None = None) -> list[str]:
+        """bubblewrap's command line for ``command`` (``linked``: see :func:`git_dirs`)."""
         ws = str(workspace.resolve())
         box = [] if self.run_as is None else [
             "setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups",
@@ -233,7 +237,7 @@ class Box:
         # A workspace that is a git worktree keeps its git folders elsewhere (a seeded
         # child's in SWARM_HOME's host cache, a same-host one's in its parent's repository):
         # git in the workspace reads them, and writes objects, refs and its own folder.
-        git = git_dirs(Path(ws))
+        git = git_dirs(Path(ws), linked)
         if git is not None:
             mounts += [(str(git.repo), "ro")]
             mounts += [(str(p), "~bind") for p in git.writable if p.is_dir()]

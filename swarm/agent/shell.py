@@ -222,6 +222,7 @@ class LocalEnvironment:
         read_only: tuple[Path, ...] = (),
         sandbox_uid: int = UID,
         die_with_runner: bool = False,
+        linked: Path | None = None,
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -238,6 +239,9 @@ class LocalEnvironment:
         self.die_with_runner = die_with_runner
         """Unconfined commands die with this process (:func:`unconfined_argv`): a worker's.
         (Off in a terminal, where a command's ``$PPID`` stays the agent's process.)"""
+        self.linked = linked
+        """The folder whose ``.git`` the workspace's git worktree is registered on, when the
+        workspace is a copy-on-write view of it (the sandbox binds that worktree's git)."""
         self._env: dict[str, str] | None = None
 
     def env(self) -> dict[str, str]:
@@ -272,7 +276,7 @@ class LocalEnvironment:
         box = self.choice.box
         if box is not None and not self._prepared:
             try:
-                box.prepare(self.workspace)
+                box.prepare(self.workspace, self.linked)
             except OSError as exc:
                 raise ToolError(f"cannot give the sandbox's uid {box.run_as} the workspace "
                                 f"{self.workspace}: {exc}; put SWARM_HOME and the workspace on "
@@ -281,7 +285,7 @@ class LocalEnvironment:
             self._prepared = True
         fd = program_fd() if box is not None else -1
         if box is not None:
-            argv = box.argv(command, self.workspace, fd)
+            argv = box.argv(command, self.workspace, fd, self.linked)
         else:
             argv = unconfined_argv(command) if self.die_with_runner else ["bash", "-c", command]
         try:

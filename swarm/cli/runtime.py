@@ -49,7 +49,7 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     from swarm.agent.probe import tool_versions
     from swarm.runtime import views
     from swarm.runtime.build import tools_cache
-    from swarm.runtime.local import exit_with_parent
+    from swarm.runtime.local import exit_with_parent, started_for_a_run
     from swarm.secrets import hide_from_proc
 
     # Agents' commands are this process's children: keep the API key and the Redis URL
@@ -81,7 +81,7 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     # Until Celery takes SIGTERM over, it unwinds: on the embedded default this process is a
     # user of the server, and the last user to leave stops it.
     interrupt_on_term()
-    with open_store(settings) as store:
+    with open_store(settings, adopt=started_for_a_run()) as store:
         app = configure(store.url, store.master)
         app.worker_main([
             "worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--queues={queues}",
@@ -102,7 +102,7 @@ def coordinator(name: str | None) -> None:
 
     from swarm.broker.app import configure
     from swarm.coordinator.service import Coordinator
-    from swarm.runtime.local import exit_with_parent
+    from swarm.runtime.local import exit_with_parent, started_for_a_run
     from swarm.secrets import hide_from_proc
 
     logging.getLogger("swarm").setLevel(logging.INFO)
@@ -110,7 +110,7 @@ def coordinator(name: str | None) -> None:
     settings = settings_from()
     exit_with_parent()
     interrupt_on_term()  # until the service's own handler: leave the server as its user
-    with open_store(settings) as store:
+    with open_store(settings, adopt=started_for_a_run()) as store:
         service = Coordinator(store.redis, configure(store.url, store.master), settings,
                               name=name or socket.gethostname())
 

@@ -94,6 +94,7 @@ def build_agent(
     mcp: McpConfig | None = None,
     read_only: tuple[Path, ...] = (),
     die_with_runner: bool = False,
+    linked: Path | None = None,
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
@@ -102,7 +103,8 @@ def build_agent(
     limits. ``mcp`` lists its MCP servers (a root reads them from its folder, a child
     inherits its swarm's). ``read_only`` folders are seen by sandboxed commands (a child's
     parent's workspace). With ``die_with_runner`` (a worker's children) an unconfined
-    command dies with the process that runs it."""
+    command dies with the process that runs it. ``linked``: a view's upper folder, where its
+    git worktree is registered (:class:`LocalEnvironment`)."""
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
@@ -111,7 +113,7 @@ def build_agent(
                              hide=(settings.home,), read_only=read_only,
                              sandbox_uid=settings.sandbox_uid, pass_env=tuple(
                                  n.strip() for n in settings.sandbox_env.split(",") if n.strip()),
-                             die_with_runner=die_with_runner),
+                             die_with_runner=die_with_runner, linked=linked),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
         system_prompt=prompt_builder(workspace, folder, extra_prompt, tools_cache(settings)),

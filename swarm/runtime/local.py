@@ -25,6 +25,7 @@ import redis
 
 from swarm.errors import RuntimeUnavailable, SwarmError
 from swarm.store import keys
+from swarm.store.server import release_held
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,12 @@ class LocalCluster:
         self._logs.clear()
 
 
+def started_for_a_run() -> bool:
+    """Whether this process was started by :class:`LocalCluster` (for a ``swarm run``): it
+    adopts that run's embedded server and never starts one of its own."""
+    return bool(os.environ.get("SWARM_PARENT_PID"))
+
+
 def exit_with_parent() -> None:
     """In a process started by :class:`LocalCluster`: stop when the ``swarm run`` that
     started it is gone (even SIGKILLed), so no local worker outlives its job."""
@@ -197,6 +204,7 @@ def exit_with_parent() -> None:
                             parent)
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(STOP_GRACE)
+                release_held()  # os._exit skips atexit: the server must not be left running
                 os._exit(1)
             except PermissionError:
                 pass

@@ -81,7 +81,7 @@ def _admin(worktree: Path) -> Path:
     return worktree / text.removeprefix("gitdir:").strip()
 
 
-def _upper(view: Path) -> Path:
+def upper(view: Path) -> Path:
     """A view's upper folder (its changes, and its .git file)."""
     return view / view.name
 
@@ -240,11 +240,11 @@ class Seeds:
         (folder / "lower").write_text(str(lower))
         # The worktree is registered on the upper folder: its .git file is in the view,
         # its files come from the shared checkout, its index is a copy of that one's.
-        upper = _upper(folder)  # named for the agent: so is its worktree in the repository
-        g.worktree(repo, upper, branch, start, checkout=False)
-        shutil.copyfile(index, _admin(upper) / "index")
+        top = upper(folder)  # named for the agent: so is its worktree in the repository
+        g.worktree(repo, top, branch, start, checkout=False)
+        shutil.copyfile(index, _admin(top) / "index")
         path.mkdir(parents=True, exist_ok=True)
-        views.mount(lower, upper, folder / "work", path)
+        views.mount(lower, top, folder / "work", path)
         return folder
 
     def attach(self, ws: Workspace) -> Workspace:
@@ -253,7 +253,7 @@ class Seeds:
         if ws.view is not None and not views.mounted(ws.top):
             lower = Path((ws.view / "lower").read_text())
             try:
-                views.mount(lower, _upper(ws.view), ws.view / "work", ws.top)
+                views.mount(lower, upper(ws.view), ws.view / "work", ws.top)
             except OSError as exc:
                 raise WorkspaceLost(f"the workspace view at {ws.top} could not be mounted "
                                     f"on {self.host}: {exc}") from None
@@ -298,7 +298,7 @@ class Seeds:
         if ws.view is None:
             return None
         lower = Path((ws.view / "lower").read_text())
-        found = views.changed(lower, _upper(ws.view), limit)
+        found = views.changed(lower, upper(ws.view), limit)
         if found is None or ws.path == ws.top:
             return found
         sub = str(ws.path.relative_to(ws.top))

@@ -253,9 +253,10 @@ class Store:
 
 
 @contextlib.contextmanager
-def open_store(settings: Settings) -> Iterator[Store]:
+def open_store(settings: Settings, *, adopt: bool = False) -> Iterator[Store]:
     """The store of ``settings``: the external Redis of ``redis_url``, else the embedded server
-    of ``home`` (ensured on enter, released on exit)."""
+    of ``home`` (ensured on enter, released on exit; with ``adopt``, only a running one:
+    see :meth:`EmbeddedServer.ensure`)."""
     if settings.redis_url:
         client = connect(settings.redis_url, master=settings.redis_master)
         try:
@@ -264,7 +265,7 @@ def open_store(settings: Settings) -> Iterator[Store]:
             client.close()
         return
     server = EmbeddedServer(settings.home)
-    url = server.ensure()
+    url = server.ensure(start=not adopt)
     try:
         client = connect(url, hint=EMBEDDED_HINT)
         try:

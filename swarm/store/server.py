@@ -26,8 +26,10 @@ import fcntl
 import importlib.metadata
 import json
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -83,6 +85,31 @@ def server_binary() -> Path | None:
     return None
 
 
+#: The servers this process is a user of (:func:`release_held`).
+_HELD: set[EmbeddedServer] = set()
+
+
+def release_held() -> None:
+    """Leave every server this process uses, as its exit would: for a process about to
+    ``os._exit`` (which skips ``atexit``)."""
+    for server in list(_HELD):
+        with contextlib.suppress(Exception):
+            server.release()
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 class EmbeddedServer:
     """Manage the shared Valkey server of one ``SWARM_HOME``.
 
@@ -121,13 +148,19 @@ class EmbeddedServer:
 
     # -- public ----------------------------------------------------------------------------
 
-    def ensure(self) -> str:
+    def ensure(self, *, start: bool = True) -> str:
         """Adopt the running server of this home or start one; register this process as a user.
 
+        With ``start=False`` only a running server is adopted (a local coordinator or worker
+        of a ``swarm run``: once that run has released the server, none starts it again).
         Returns ``redis://127.0.0.1:PORT/0``. Raises :class:`StoreUnavailableError`.
         """
         with self._locked():
             info = self._read_info()
+            if not start and (info is None or not self._healthy(info)):
+                raise StoreUnavailableError(
+                    f"the embedded Redis of {self.home} is not running: the `swarm run` this "
+                    "process was started for has finished and stopped it; nothing to do")
             if info is None or not self._healthy(info):
                 if info is not None:
                     self._terminate(info)  # recorded but not answering: never two on one dir
@@ -136,6 +169,7 @@ class EmbeddedServer:
             if self._registered_pid != os.getpid():
                 self._add_user(1)
                 self._registered_pid = os.getpid()
+                _HELD.add(self)
                 if not self._atexit:
                     # A caller that forgets release() still leaves no orphan on a normal exit.
                     atexit.register(self.release)
@@ -150,6 +184,7 @@ class EmbeddedServer:
         with self._locked():
             self._add_user(-1)
             self._registered_pid = None
+            _HELD.discard(self)
             if not self._live_users():
                 info = self._read_info()
                 if info is not None:
@@ -182,6 +217,14 @@ class EmbeddedServer:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        """The lock of the layout above. SIGINT and SIGTERM wait until it is released (in
+        the main thread): a process stopped between starting the server and counting
+        itself as its user would leave the server running for nobody."""
+        with _signals_held(), self._locked_now():
+            yield
+
+    @contextlib.contextmanager
+    def _locked_now(self) -> Iterator[None]:
         try:
             self.users_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)

@@ -48,7 +48,7 @@ from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
 from swarm.runtime import homecoming, parked, sweep
 from swarm.runtime.build import build_agent, new_session
-from swarm.runtime.seed import Seeds
+from swarm.runtime.seed import Seeds, upper
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, QueueApprover
@@ -245,6 +245,7 @@ class ChildRunner:
                 read_only=(Path(record.parent_workspace),)
                 if record.parent_workspace and record.parent_host == self.host else (),
                 die_with_runner=True,
+                linked=upper(workspace.view) if workspace.view is not None else None,
             )
             state, result = self._answer(agent, run, resume)
         except Parked:
