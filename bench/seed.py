@@ -28,6 +28,7 @@ from bench.common import (
     Cluster,
     JobScript,
     WorkerSpec,
+    analyse,
     log,
     median,
     model_server,
@@ -103,6 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 with PeakMemory(cluster.url) as memory:
                     done = run_root(cluster, model, script, max_parallel=max(64, n),
                                     workspace=repo, timeout=900)
+                times = analyse(script, done)
                 swarm_id = ledger.latest_swarm() or ""
                 children = [a for a in ledger.agents(swarm_id) if a.kind == "child"]
                 seed = next((a.seed for a in children if a.seed), "")
@@ -115,6 +117,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     Path(a.workspace).parent / ".views" / a.id).is_dir())
                 job = {"seeded": seeded, "wall": done.wall, "children_per_host": per_host,
                        "children_in_views": views,
+                       # Where the time goes: fan-out answer -> each child's first request,
+                       # its command's turn, and its last answer -> the root's next request.
+                       "spawn_s": _spread(times.spawn), "turn_gap_s": _spread(times.turn_gaps),
+                       "fanin_s": times.fanin,
                        "snapshot_bytes": meta.size if meta else 0,
                        "snapshot_files": meta.files if meta else 0,
                        "fetched_bytes_per_host": hosts,
@@ -136,6 +142,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "run_seconds": time.perf_counter() - began}
 
 
+def _spread(values: list[float]) -> list[float]:
+    """Min, median and max of ``values``."""
+    return [min(values), median(values) or 0.0, max(values)] if values else [0.0, 0.0, 0.0]
+
+
 def report(out: dict[str, Any]) -> list[str]:
     cfg = out["config"]
     lines = [f"7. seeding: N={cfg['n']} children over 2 hosts, a repository of {cfg['files']} "
@@ -152,6 +163,11 @@ def report(out: dict[str, Any]) -> list[str]:
                      f" | {j['children_per_host']}"
                      + (f", {j['children_in_views']} in views" if j.get("children_in_views")
                         else ""))
+        if "spawn_s" in j:
+            lines.append("          | fan-out -> child's first request {:.2f} / {:.2f} / {:.2f} s, "
+                         "command turn {:.2f} / {:.2f} / {:.2f} s (min / median / max), "
+                         "last answer -> root {:.2f} s".format(
+                             *j["spawn_s"], *j["turn_gap_s"], j["fanin_s"]))
     lines.append(f"  median wall: seeded {out['wall_seeded_median']:.2f} s, empty "
                  f"{out['wall_empty_median']:.2f} s: seeding adds {out['added_seconds']:.2f} s "
                  "(target < 1 s; the snapshot moved once per host)")

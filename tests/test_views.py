@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
+from swarm.agent import sandbox
+from swarm.agent.sandbox import UID
+from swarm.agent.shell import LocalEnvironment
 from swarm.runtime import views
-from swarm.runtime.seed import Seeds
+from swarm.runtime.seed import Seeds, upper
 from swarm.store.snapshots import SnapshotStore
 
 SWARM = "sviewtest"
@@ -125,3 +128,29 @@ def test_a_child_on_the_parents_host_gets_a_view_of_the_users_repository(
     git(near.path, "commit", "-qm", "child")
     assert git(repo, "show", "swarm/a1:child.txt") == "child\n"
     assert not (repo / "child.txt").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not sandbox.probe().ok,
+                    reason="a root worker's box (as its sandbox uid) is needed")
+def test_a_root_workers_box_writes_a_view_without_copying_its_files_up(
+        redis: redis_lib.Redis, home: Path) -> None:
+    """The sandbox uid's ACL entries are set on the shared checkout once, before its index
+    is refreshed: granting them through each view copied every file into each child's
+    upper folder (2.4 s a child for 50 MB; each command turn of 50 children 73 s)."""
+    repo = make_repo(home / "repo")
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM)
+    host = Seeds(SnapshotStore(redis), home / "host-b", "hostb", view="auto", box_uid=UID)
+    child = host.child(SWARM, "a1", sid)
+    assert child.view is not None
+    top = upper(child.view)
+    # The shared index still matches the files' stat data: nothing is hashed again.
+    assert git(child.path, "diff-files", "--name-only") == ""
+    env = LocalEnvironment(child.path, sandbox="bwrap", linked=top)
+    result = env.execute("id -u && echo more >> d0/f0.txt && echo new > d1/new.txt "
+                         "&& git status --porcelain", 10)
+    assert result.output.split("\n")[:3] == [str(UID), " M d0/f0.txt", "?? d1/new.txt"], \
+        result.output
+    copied = sorted(str(p.relative_to(top)) for p in top.rglob("*") if p.is_file())
+    assert copied == [".git", "d0/f0.txt", "d1/new.txt"]
+    lower = Path((child.view / "lower").read_text())
+    assert (lower / "d0" / "f0.txt").read_text() == "file 0\n"

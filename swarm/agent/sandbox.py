@@ -198,15 +198,19 @@ class Box:
     def prepare(self, workspace: Path, linked: Path | None = None) -> None:
         """Give :attr:`run_as` the workspace and its git folders, and a way to the folders
         the box binds (nothing to do for an unprivileged runner). ``OSError`` when the
-        filesystem cannot hold the ACL entries. ``linked``: see :func:`git_dirs`."""
+        filesystem cannot hold the ACL entries. ``linked``: a view's upper folder (see
+        :func:`git_dirs`); of a view, only that folder is granted."""
         ws = workspace.resolve()
         git = git_dirs(ws, linked)
         if git is not None:  # a repository without reflogs yet: git in the box makes them
             (git.repo / "logs").mkdir(exist_ok=True)
         if self.run_as is None:
             return
+        # A view's files are its lower layer's (granted once when its host made it, see
+        # swarm.runtime.views) until written: an ACL set through the view would copy every
+        # file up. What the view itself holds is its upper folder.
         writable = [ws, *(git.writable if git is not None else [])]
-        for path in writable:
+        for path in [linked if linked is not None else ws, *writable[1:]]:
             grant_tree(path, self.run_as)
         bound = (*self.hide, *self.read_only, *([self.home] if self.home else []))
         grant_search([*writable, *(Path(p) for p in bound)], self.run_as)

@@ -98,7 +98,7 @@ class Seeds:
     """Snapshots of one host (``home`` is its ``SWARM_HOME``) on one store."""
 
     def __init__(self, store: SnapshotStore, home: Path, host: str, snapshot_max: int = 0,
-                 swarm_max: int = 0, view: str = "auto") -> None:
+                 swarm_max: int = 0, view: str = "auto", box_uid: int | None = None) -> None:
         self.store = store
         self.home = home
         self.host = host
@@ -107,6 +107,8 @@ class Seeds:
         self.view = view
         """``auto``: children's workspaces are copy-on-write views where this process can
         mount them; ``checkout``: full checkouts (SWARM_SEED_VIEW)."""
+        self.box_uid = box_uid
+        """The host uid a root worker's sandbox runs commands as (None: no such box)."""
 
     @property
     def cache(self) -> Path:
@@ -232,7 +234,8 @@ class Seeds:
 
     def _view(self, repo: Path, path: Path, branch: str, start: str, seed: str) -> Path:
         with _locked(self.home / "seeds" / "locks" / f"tree-{seed}.lock"):
-            lower, index = views.shared_checkout(repo, seed, self.home / "seeds" / "trees")
+            lower, index = views.shared_checkout(repo, seed, self.home / "seeds" / "trees",
+                                                 self.box_uid)
         folder = path.parent / ".views" / path.name
         self.release_view(folder, path, remove=True)
         folder.mkdir(parents=True)

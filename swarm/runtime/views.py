@@ -30,6 +30,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+from swarm.agent.grants import grant_tree
 from swarm.runtime import gitstate as g
 
 log = logging.getLogger(__name__)
@@ -113,11 +114,20 @@ def _probe(home: Path) -> str:
     return ""
 
 
-def shared_checkout(repo: Path, sid: str, trees: Path) -> tuple[Path, Path]:
+def shared_checkout(repo: Path, sid: str, trees: Path,
+                    box_uid: int | None = None) -> tuple[Path, Path]:
     """The host's read-only checkout of commit ``sid`` of ``repo`` under ``trees`` and its
-    git index: made once (the caller holds the host's lock for ``sid``)."""
+    git index: made once (the caller holds the host's lock for ``sid``). With ``box_uid``
+    (a root worker's sandbox uid), that uid may write its files through a view, by ACL
+    entries set here once: set through each view, they would copy every file up."""
     files, index = trees / sid, trees / f"{sid}.index"
     if files.is_dir() and index.is_file():
+        granted = trees / f"{sid}.uid-{box_uid}"
+        if box_uid is not None and not granted.exists():  # made before a box needed it
+            grant_tree(files, box_uid)
+            g.git("update-index", "-q", "--refresh", cwd=files, env={
+                "GIT_DIR": str(repo), "GIT_WORK_TREE": str(files), "GIT_INDEX_FILE": str(index)})
+            granted.touch()
         return files, index
     trees.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{sid[:12]}-", dir=trees))
@@ -128,6 +138,9 @@ def shared_checkout(repo: Path, sid: str, trees: Path) -> tuple[Path, Path]:
         (tmp / "files").mkdir()
         g.git("-c", f"checkout.workers={min(8, os.cpu_count() or 1)}", "read-tree", "-u",
               "--reset", sid, cwd=tmp / "files", env=env)
+        if box_uid is not None:  # before the refresh: an ACL entry changes a file's ctime
+            grant_tree(tmp / "files", box_uid)
+            (trees / f"{sid}.uid-{box_uid}").touch()
         # Entries git wrote as "racily clean" (a file as new as the index) would be read
         # again by every child: checked here, once.
         g.git("update-index", "-q", "--refresh", cwd=tmp / "files", env=env)

@@ -184,7 +184,8 @@ class ChildRunner:
             # half the CPU of a parsed stream (and one read instead of one per chunk).
             settings = dataclasses.replace(settings, stream=False)
         seeds = Seeds(self.snapshots, self.settings.home, self.host, settings.snapshot_max,
-                      settings.snapshot_swarm_max, view=self.settings.seed_view)
+                      settings.snapshot_swarm_max, view=self.settings.seed_view,
+                      box_uid=self.sandbox.box.run_as if self.sandbox.box else None)
         workspace = self._workspace(record, swarm_id, seeds)
         try:
             return self._work_in(workspace, seeds, settings, run, start, resume, send, watched)
