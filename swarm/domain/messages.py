@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Message = dict[str, Any]
 """One Chat Completions message, exactly as sent to / received from the API."""
+
+
+def tool_body(message: Message) -> dict[str, Any] | None:
+    """The JSON object a ``tool`` message carries (a child's result), else None."""
+    if message.get("role") != "tool":
+        return None
+    try:
+        body = json.loads(str(message.get("content") or ""))
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
 
 
 @dataclass

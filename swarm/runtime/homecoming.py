@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from swarm.domain.messages import tool_body
 from swarm.domain.session import Session
 from swarm.errors import WorkspaceError
 from swarm.runtime import gitstate as g
@@ -27,13 +28,8 @@ def bring_home(seeds: Seeds, session: Session, workspace: Path, swarm_id: str) -
     for message in reversed(session.messages):
         if message.get("role") == "assistant":
             break
-        if message.get("role") != "tool":
-            continue
-        try:
-            body = json.loads(str(message.get("content") or ""))
-        except ValueError:
-            continue
-        if isinstance(body, dict) and "delta" in body:
+        body = tool_body(message)
+        if body is not None and "delta" in body:
             todo.append((message, body))
     # Each delivery is a few git processes: a wide fan-in runs them side by side.
     with ThreadPoolExecutor(max_workers=min(8, len(todo) or 1)) as pool:

@@ -17,10 +17,10 @@ children's branches, and ``refs/swarm/local/<seed>`` for the children still out.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterable
 
+from swarm.domain.messages import tool_body
 from swarm.domain.session import Session
 from swarm.errors import WorkspaceError, WorkspaceLost
 from swarm.runtime import gitstate as g
@@ -35,13 +35,8 @@ def branches_in(session: Session) -> list[str]:
     """The ``swarm/<child>`` branches its children's results (in its session) named."""
     names: list[str] = []
     for message in session.messages:
-        if message.get("role") != "tool":
-            continue
-        try:
-            body = json.loads(str(message.get("content") or ""))
-        except ValueError:
-            continue
-        if isinstance(body, dict) and str(body.get("git_branch", "")).startswith("swarm/"):
+        body = tool_body(message)
+        if body is not None and str(body.get("git_branch", "")).startswith("swarm/"):
             names.append(str(body["git_branch"]))
     return names
 

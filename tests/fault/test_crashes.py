@@ -428,6 +428,26 @@ def test_cancel_aborts_a_childs_model_call_in_flight(
     print(f"\ncancel of a model call in flight: the run settled {took:.2f} s after swarm cancel")
 
 
+def _asking_root(swarm: Swarm, model: ScriptedModelServer, folder: Path,
+                 timeout: int) -> tuple[threading.Thread, list[Result]]:
+    """``swarm run "ROOT ask"`` in a thread, whose run_cli calls always ask a person (who
+    has ``timeout`` seconds to answer); its result lands in the list once it ends."""
+    env = {"SWARM_APPROVAL": "run_cli=always", "SWARM_APPROVAL_TIMEOUT": str(timeout)}
+    base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    base.update(swarm.env(SWARM_BASE_URL=model.base_url, **env))
+    out: list[Result] = []
+    thread = threading.Thread(target=lambda: out.append(CliRunner().invoke(
+        main, ["run", "--workers", "0", "-C", str(folder), "ROOT ask"], env=base)))
+    thread.start()
+    return thread, out
+
+
+def _pending(swarm: Swarm) -> list[Any]:
+    """The approval requests waiting in the latest swarm."""
+    swarm_id = swarm.ledger.latest_swarm()
+    return ApprovalQueue(swarm.redis, swarm_id).pending() if swarm_id else []
+
+
 def test_children_ask_a_person_through_the_queue(swarm: Swarm, model: ScriptedModelServer,
                                                  tmp_path: Path) -> None:
     made = tmp_path / "made"
@@ -441,19 +461,9 @@ def test_children_ask_a_person_through_the_queue(swarm: Swarm, model: ScriptedMo
     swarm.start("coordinator", "coord")
     swarm.start("worker", "w1")
     swarm.ready()
-    env = {"SWARM_APPROVAL": "run_cli=always", "SWARM_APPROVAL_TIMEOUT": "3"}
-    base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
-    base.update(swarm.env(SWARM_BASE_URL=model.base_url, **env))
-    out: list[Result] = []
-    thread = threading.Thread(target=lambda: out.append(CliRunner().invoke(
-        main, ["run", "--workers", "0", "-C", str(tmp_path), "ROOT ask"], env=base)))
-    thread.start()
-
-    def pending() -> list[Any]:
-        swarm_id = swarm.ledger.latest_swarm()
-        return ApprovalQueue(swarm.redis, swarm_id).pending() if swarm_id else []
-
-    asks = wait_until(lambda: [p for p in pending() if "mkdir" in p.summary], "a request")
+    thread, out = _asking_root(swarm, model, tmp_path, timeout=3)
+    asks = wait_until(lambda: [p for p in _pending(swarm) if "mkdir" in p.summary],
+                      "a request")
     listed = CliRunner().invoke(main, ["approve"], env=swarm.env())
     assert asks[0].id in listed.stdout and "mkdir" in listed.stdout
     answered = CliRunner().invoke(main, ["approve", asks[0].id], env=swarm.env())
@@ -483,18 +493,10 @@ def test_an_approval_asked_by_a_worker_that_died_expires_and_the_next_attempt_as
     swarm.start("coordinator", "coord")
     doomed = swarm.start("worker", "doomed", SWARM_LEASE="2")
     swarm.ready()
-    env = {"SWARM_APPROVAL": "run_cli=always", "SWARM_APPROVAL_TIMEOUT": "120"}
-    base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
-    base.update(swarm.env(SWARM_BASE_URL=model.base_url, **env))
-    out: list[Result] = []
-    thread = threading.Thread(target=lambda: out.append(CliRunner().invoke(
-        main, ["run", "--workers", "0", "-C", str(tmp_path), "ROOT ask"], env=base)))
-    thread.start()
+    thread, out = _asking_root(swarm, model, tmp_path, timeout=120)
 
     def pending() -> list[str]:
-        swarm_id = swarm.ledger.latest_swarm()
-        return [p.id for p in ApprovalQueue(swarm.redis, swarm_id).pending()] if swarm_id \
-            else []
+        return [p.id for p in _pending(swarm)]
 
     (first,) = wait_until(pending, "the child's request")
     os.kill(doomed.pid, signal.SIGKILL)
