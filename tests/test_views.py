@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
+from swarm.runtime import gitstate as g
 from swarm.runtime import views
 from swarm.runtime.seed import Seeds
 from swarm.store.snapshots import SnapshotStore
@@ -63,7 +64,7 @@ def seeds(redis: redis_lib.Redis, home: Path, host: str) -> Seeds:
 def test_children_share_one_checkout_and_never_see_each_others_writes(
         redis: redis_lib.Redis, home: Path) -> None:
     repo = make_repo(home / "repo")
-    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM)
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     host = seeds(redis, home / "host-b", "hostb")
     one, two = host.child(SWARM, "a1", sid), host.child(SWARM, "a2", sid)
     assert one.view is not None and two.view is not None
@@ -99,7 +100,7 @@ def test_children_share_one_checkout_and_never_see_each_others_writes(
 def test_a_released_view_is_mounted_again_with_its_changes(
         redis: redis_lib.Redis, home: Path) -> None:
     repo = make_repo(home / "repo")
-    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM)
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     host = seeds(redis, home / "host-b", "hostb")
     child = host.child(SWARM, "a1", sid)
     (child.path / "mine.txt").write_text("kept\n")
@@ -116,7 +117,7 @@ def test_a_child_on_the_parents_host_gets_a_view_of_the_users_repository(
         redis: redis_lib.Redis, home: Path) -> None:
     repo = make_repo(home / "repo")
     laptop = seeds(redis, home / "laptop", "laptop")
-    sid = laptop.take(repo, SWARM)
+    sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
     near = seeds(redis, home / "worker", "laptop").child(SWARM, "a1", sid)
     assert near.view is not None and near.home_branch
     assert SnapshotStore(redis).hosts(sid) == {"laptop": 0}  # no transfer

@@ -143,10 +143,12 @@ POINTERS = ("commondir", "gitdir")
 
 @dataclass(frozen=True)
 class GitDirs:
-    """The git folders of a worktree: its own, ``REPO/worktrees/NAME``, and ``REPO``."""
+    """The git folders of a worktree: its own, ``REPO/worktrees/NAME``, and ``REPO``; and
+    its top folder (the workspace, or a folder above it)."""
 
     own: Path
     repo: Path
+    top: Path
 
     @property
     def writable(self) -> list[Path]:
@@ -154,18 +156,22 @@ class GitDirs:
 
 
 def git_dirs(workspace: Path, linked: Path | None = None) -> GitDirs | None:
-    """The git folders of a worktree at ``workspace``: its own (named by its ``.git`` file,
-    and naming that file back) and its repository's; None for anything else. A command in
-    the box may have written that ``.git`` file: a folder it names that is not such a pair
+    """The git folders of the worktree holding ``workspace``: its own (named by its
+    ``.git`` file, and naming that file back) and its repository's; None for anything
+    else. A command in the box may have written that ``.git`` file: a folder it names that
+    is not such a pair
     is never bound writable nor granted. A workspace that is a copy-on-write view has its
     worktree registered on the view's upper folder, ``linked`` (the one the view shows its
     ``.git`` from): its folder may name that one's ``.git`` back instead."""
-    dot = workspace / ".git"
+    # Its own .git, or its worktree's above it (a child seeded from a subfolder of its
+    # parent's repository works in that subfolder of its worktree).
+    dot = next((p / ".git" for p in (workspace, *workspace.parents)
+                if os.path.lexists(p / ".git")), workspace / ".git")
     try:
         text = dot.read_text(errors="replace").strip() if dot.is_file() else ""
         if not text.startswith("gitdir:"):
             return None
-        own = (workspace / text.removeprefix("gitdir:").strip()).resolve()
+        own = (dot.parent / text.removeprefix("gitdir:").strip()).resolve()
         back = (own / (own / "gitdir").read_text(errors="replace").strip()).resolve()
     except (OSError, ValueError):
         return None
@@ -174,7 +180,7 @@ def git_dirs(workspace: Path, linked: Path | None = None) -> GitDirs | None:
     if own.parent.name != "worktrees" or back not in named \
             or not (repo / "objects").is_dir():
         return None
-    return GitDirs(own, repo)
+    return GitDirs(own, repo, dot.parent)
 
 
 @dataclass(frozen=True)
@@ -208,8 +214,9 @@ class Box:
         writable = [ws, *(git.writable if git is not None else [])]
         for path in writable:
             grant_tree(path, self.run_as)
-        bound = (*self.hide, *self.read_only, *([self.home] if self.home else []))
-        grant_search([*writable, *(Path(p) for p in bound)], self.run_as)
+        bound = [Path(p) for p in (*self.hide, *self.read_only, *([self.home] if self.home
+                                                                   else []))]
+        grant_search([*writable, *bound, *([git.top] if git is not None else [])], self.run_as)
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,
              linked: Path | None = None) -> list[str]:
@@ -239,7 +246,10 @@ class Box:
         # git in the workspace reads them, and writes objects, refs and its own folder.
         git = git_dirs(Path(ws), linked)
         if git is not None:
-            mounts += [(str(git.repo), "ro")]
+            # A workspace below its worktree's top sees the rest of the worktree read-only
+            # (git in it reads the whole work tree).
+            mounts += [(str(git.repo), "ro")] + ([(str(git.top), "ro")] if str(git.top) != ws
+                                                   else [])
             mounts += [(str(p), "~bind") for p in git.writable if p.is_dir()]
             mounts += [(str(git.own / n), "~file") for n in POINTERS if (git.own / n).is_file()]
         mounts += [(str(Path(p).resolve()), "ro") for p in self.read_only if os.path.isdir(p)]

@@ -46,6 +46,7 @@ from swarm.errors import (
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
+from swarm.runtime import gitstate as g
 from swarm.runtime import homecoming, parked, sweep
 from swarm.runtime.build import build_agent, new_session
 from swarm.runtime.seed import Seeds, upper
@@ -208,7 +209,10 @@ class ChildRunner:
             elif request:  # still out: the join resumes it
                 self.ledger.stay_parked(run, swarm_id, watched.token)
                 return {"run": run.id, "state": "parked"}
-        if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id):
+        # Its git work tree as this host made it; a job's folder (named by its submitter)
+        # is found as a root's is, before this run's commands.
+        tree = workspace.tree or (g.discover(workspace.path) if record.kind == "job" else None)
+        if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id, tree):
             self.sessions.save(session)  # its children's work is here before it goes on
         # A view tells what changed from its upper folder; other workspaces are compared
         # with a listing taken as the run began.
@@ -230,7 +234,8 @@ class ChildRunner:
                 spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id,
                                      token=watched.token,
                                      seeder=lambda: seeds.take(workspace.path, swarm_id,
-                                                               base=workspace.seed),
+                                                               base=workspace.seed,
+                                                               tree_of=tree),
                                      keeper=lambda sid: parked.state(
                                          seeds, workspace, sid, swarm_id,
                                          parked.branches_in(session)),
