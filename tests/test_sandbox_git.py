@@ -162,8 +162,10 @@ def test_what_a_command_plants_never_runs_in_the_workers_git(
     box = LocalEnvironment(child.top, sandbox="bwrap", hide=(tmp_path / "home-w",))
     done = box.execute(f"{arm(marks)} && {PLANTS[plant]} && echo planted", 30)
     assert done.output.endswith("planted\n"), done.output
-    what_the_worker_does(host, child)
-    assert sorted(os.listdir(marks)) == []
+    try:
+        what_the_worker_does(host, child)
+    finally:  # first: what ran, whether or not the worker got through
+        assert sorted(os.listdir(marks)) == []
     # The branch holds what the command wrote, and git in the box still works on it.
     log = sh(repo, "log", "--format=%s", "swarm/a1")
     assert log.split("\n")[0] == "swarm a1: settled", log
@@ -271,3 +273,24 @@ def test_a_childs_planted_git_never_runs_on_a_real_worker(
     assert sorted(os.listdir(marks)) == []
     files = sh(repo, "ls-tree", "-r", "--name-only", child["git_branch"])
     assert "pwn/fsmonitor" in files, files
+
+
+def test_the_workers_git_runs_no_hook_of_the_users_repository(
+        redis: redis_lib.Redis, tmp_path: Path, marks: Path) -> None:
+    """Hooks and an fsmonitor the user configured for their own git are not run by the
+    worker's (as root, on a child's workspace, on what commands wrote)."""
+    repo = make_repo(tmp_path / "repo")
+    hooks = repo / ".git" / "hooks"
+    for name in HOOKS:
+        (hooks / name).write_text(f"#!/bin/sh\ntouch {marks / name}\n")
+        (hooks / name).chmod(0o755)
+    (tmp_path / "fsmonitor").write_text(f"#!/bin/sh\ntouch {marks / 'fsmonitor'}\n")
+    (tmp_path / "fsmonitor").chmod(0o755)
+    sh(repo, "config", "core.fsmonitor", str(tmp_path / "fsmonitor"))
+    laptop = seeds(redis, tmp_path / "home-a")
+    sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    host = seeds(redis, tmp_path / "home-w")
+    child = host.child(SWARM, "a1", sid)
+    (child.path / "new.txt").write_text("new\n")
+    what_the_worker_does(host, child)
+    assert sorted(os.listdir(marks)) == []
