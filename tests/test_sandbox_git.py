@@ -92,18 +92,17 @@ def evil_repo(name: str) -> str:
             f"&& cat evil.cfg >> {name}/config")
 
 
-#: What a command plants, by name: shell run in the box at the workspace's top, after arm().
+#: What a command plants, by name: shell run in the box in the child's workspace (a
+#: subfolder of its worktree, as its parent worked in a subfolder of its repository),
+#: after arm(). Its worktree's own .git file is out of its reach (tested below).
 PLANTS = {
-    # The worktree's .git file names a git folder the command made.
+    # A .git file naming a git folder the command made.
     "git-file": f"{evil_repo('.evil')} && echo \"gitdir: $PWD/.evil\" > .git",
-    # The .git file replaced by a git folder.
-    "git-dir": f"{evil_repo('.evil')} && rm .git && mv .evil .git",
+    # A git folder.
+    "git-dir": evil_repo(".git"),
     # The worktree's own git folder (writable in the box) gets a config.worktree, which
     # git reads when the repository enables extensions.worktreeConfig.
-    "worktree-config": "cp evil.cfg \"$(sed 's/^gitdir: //' .git)/config.worktree\"",
-    # A repository in the subfolder the child works in (its parent worked there).
-    "subfolder": f"cd pkg && cp -r ../pwn ../evil.cfg ../.gitattributes . && "
-                 f"{evil_repo('.git')}",
+    "worktree-config": "cp evil.cfg \"$(git rev-parse --absolute-git-dir)/config.worktree\"",
 }
 
 
@@ -159,7 +158,7 @@ def test_what_a_command_plants_never_runs_in_the_workers_git(
     host = seeds(redis, tmp_path / "home-w")  # a worker on the same host
     child = host.child(SWARM, "a1", sid)
     assert child.home_branch and child.path == child.top / "pkg"
-    box = LocalEnvironment(child.top, sandbox="bwrap", hide=(tmp_path / "home-w",))
+    box = LocalEnvironment(child.path, sandbox="bwrap", hide=(tmp_path / "home-w",))
     done = box.execute(f"{arm(marks)} && {PLANTS[plant]} && echo planted", 30)
     assert done.output.endswith("planted\n"), done.output
     try:
@@ -169,7 +168,7 @@ def test_what_a_command_plants_never_runs_in_the_workers_git(
     # The branch holds what the command wrote, and git in the box still works on it.
     log = sh(repo, "log", "--format=%s", "swarm/a1")
     assert log.split("\n")[0] == "swarm a1: settled", log
-    assert "pwn/fsmonitor" in sh(repo, "ls-tree", "-r", "--name-only", "swarm/a1")
+    assert "pkg/pwn/fsmonitor" in sh(repo, "ls-tree", "-r", "--name-only", "swarm/a1")
 
 
 @needs_sandbox
@@ -213,17 +212,72 @@ def test_git_works_in_the_box_of_a_child_seeded_from_a_subfolder(
     assert sh(repo, "log", "--format=%s", "-1", "swarm/a1") == "box\n"
 
 
+@needs_sandbox
+def test_a_workspaces_own_git_stays_where_it_is_in_the_box(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    """A worktree's .git file, and a repository's own .git folder with what git obeys in
+    it (a root's or a job's folder), cannot be moved, replaced or rewritten from the box;
+    git still commits there."""
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a").take(repo, SWARM, tree_of=g.discover(repo))
+    child = seeds(redis, tmp_path / "home-w").child(SWARM, "a1", sid)
+    commit = "git -c user.name=c -c user.email=c@c commit -q --allow-empty -m box; echo commit=$?"
+    tries = {"write": "echo 'gitdir: /tmp' > .git", "move": "mv .git moved",
+             "remove": "rm -f .git"}
+    out = LocalEnvironment(child.path, sandbox="bwrap", hide=(tmp_path / "home-w",)).execute(
+        "; ".join(f"{c}; echo {n}=$?" for n, c in tries.items()) + f"; {commit}", 10).output
+    assert [f"{n}=1" in out for n in tries] == [True] * len(tries), out
+    assert "commit=0" in out, out
+    before = {p: p.read_bytes() for p in (repo / ".git").glob("*") if p.is_file()}
+    tries = {"move": "mv .git moved", "config": "echo x >> .git/config",
+             "hook": "echo x > .git/hooks/post-commit", "info": "echo x > .git/info/attributes",
+             "replace": "mv .git/config c && echo x > .git/config"}
+    out = LocalEnvironment(repo, sandbox="bwrap").execute(
+        "; ".join(f"{c}; echo {n}=$?" for n, c in tries.items()) + f"; {commit}", 10).output
+    assert [f"{n}=1" in out for n in tries] == [True] * len(tries), out
+    assert "commit=0" in out, out
+    assert (repo / ".git" / "config").read_bytes() == before[repo / ".git" / "config"]
+    assert not (repo / ".git" / "hooks" / "post-commit").exists()
+
+
+@needs_sandbox
+def test_what_a_roots_command_plants_in_its_repository_never_runs(
+        redis: redis_lib.Redis, tmp_path: Path, marks: Path) -> None:
+    """A root in its own repository's top folder: its commands plant a filter for the
+    files they write, a commondir file naming a repository of theirs, a .git in a
+    subfolder; the root's git (which found its repository before its commands ran) runs
+    none of it as it seeds children, and finds the same repository again."""
+    repo = make_repo(tmp_path / "repo")
+    laptop = seeds(redis, tmp_path / "home-a")
+    tree = laptop.pinned("root:s1", repo)
+    assert tree == g.WorkTree(repo, repo / ".git")
+    box = LocalEnvironment(repo, sandbox="bwrap", hide=(tmp_path / "home-a",))
+    done = box.execute(f"{arm(marks)} && {evil_repo('evil.git')} && "
+                       "{ cat evil.cfg >> .git/config; echo config=$?; } && "
+                       "echo \"$PWD/evil.git\" > .git/commondir && "
+                       "mkdir -p pkg && cd pkg && cp ../evil.cfg . && "
+                       f"{evil_repo('.git')} && echo planted", 30)
+    assert "config=1" in done.output and done.output.endswith("planted\n"), done.output
+    try:
+        assert laptop.pinned("root:s1", repo) == tree  # as it resumes, attached elsewhere
+        laptop.take(repo / "pkg", SWARM, tree_of=tree)
+        laptop.take(repo, SWARM, tree_of=tree)
+    finally:
+        assert sorted(os.listdir(marks)) == []
+
+
 # -- end to end: real workers --------------------------------------------------------------
 
-E2E_PLANT = " && ".join([PLANTS["worktree-config"], PLANTS["git-dir"]])
+E2E_PLANT = " && ".join([PLANTS["worktree-config"], PLANTS["git-dir"]])  # in pkg/
 
 
 @needs_sandbox
 @pytest.mark.slow
 def test_a_childs_planted_git_never_runs_on_a_real_worker(
         tmp_path: Path, marks: Path) -> None:
-    """A root in a repository; its child (on a real worker, in the box) plants a worktree
-    config and a .git folder, then calls a grandchild (the worker snapshots it as a
+    """A root in a subfolder of a repository; its child (on a real worker, in the box, in
+    that subfolder of its worktree) plants a worktree config and a .git folder, then calls
+    a grandchild (the worker snapshots it as a
     parent) and settles (the worker captures it and commits it to its branch); the root
     brings its work home. No planted program runs anywhere."""
     from click.testing import CliRunner
@@ -260,7 +314,7 @@ def test_a_childs_planted_git_never_runs_on_a_real_worker(
                 env.update(SWARM_BASE_URL=model.base_url, SWARM_REDIS_URL=url,
                            SWARM_HOME=str(home), SWARM_API_KEY="sk-test", SWARM_RETRIES="1")
                 result = CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C",
-                                                   str(repo), "ROOT"],
+                                                   str(repo / "pkg"), "ROOT"],
                                             env=env, catch_exceptions=False)
         finally:
             cluster.stop()
@@ -272,7 +326,7 @@ def test_a_childs_planted_git_never_runs_on_a_real_worker(
     assert "planted and called" in child["answer"], child
     assert sorted(os.listdir(marks)) == []
     files = sh(repo, "ls-tree", "-r", "--name-only", child["git_branch"])
-    assert "pwn/fsmonitor" in files, files
+    assert "pkg/pwn/fsmonitor" in files, files
 
 
 def test_the_workers_git_runs_no_hook_of_the_users_repository(

@@ -31,6 +31,7 @@ import fnmatch
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -183,6 +184,36 @@ def git_dirs(workspace: Path, linked: Path | None = None) -> GitDirs | None:
     return GitDirs(own, repo, dot.parent)
 
 
+#: What git obeys in a repository's own ``.git`` folder: read-only in the box when the
+#: workspace is the repository's top (a root's folder, a job's), as the swarm's git and
+#: the user's read it there.
+OBEYED = ("config", "config.worktree", "commondir", "hooks", "info")
+
+
+def own_repository(workspace: Path) -> list[tuple[str, str]]:
+    """Binds that keep the workspace's own ``.git`` (a folder or a worktree's ``.git``
+    file) where it is: its ``.git`` cannot be moved or replaced, and what git obeys in it
+    (:data:`OBEYED`) cannot be changed. Links are never bound."""
+    dot = workspace / ".git"
+    try:
+        mode = os.lstat(dot).st_mode
+    except OSError:
+        return []
+    if stat.S_ISREG(mode):
+        return [(str(dot), "~file")]
+    if not stat.S_ISDIR(mode):
+        return []
+    out = [(str(dot), "~bind")]
+    for name in OBEYED:
+        try:
+            kind = stat.S_IFMT(os.lstat(dot / name).st_mode)
+        except OSError:
+            continue
+        if kind in (stat.S_IFREG, stat.S_IFDIR):
+            out.append((str(dot / name), "~file"))
+    return out
+
+
 @dataclass(frozen=True)
 class Box:
     """How to wrap a command in bubblewrap."""
@@ -252,6 +283,7 @@ class Box:
                                                    else [])
             mounts += [(str(p), "~bind") for p in git.writable if p.is_dir()]
             mounts += [(str(git.own / n), "~file") for n in POINTERS if (git.own / n).is_file()]
+        mounts += own_repository(Path(ws))
         mounts += [(str(Path(p).resolve()), "ro") for p in self.read_only if os.path.isdir(p)]
         if self.home and os.path.isdir(self.home) and Path(self.home).resolve() != Path("/"):
             mounts.append((str(Path(self.home).resolve()), "home"))

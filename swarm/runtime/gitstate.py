@@ -77,8 +77,8 @@ def git(*args: str, repo: Path | None = None, cwd: Path | None = None,
         env: dict[str, str] | None = None, timeout: float = 300) -> str:
     """``git ARGS`` (output stripped) in the repository ``repo`` (its git directory), or as
     ``env`` says (``GIT_DIR`` and the rest); :class:`WorkspaceError` with git's message."""
-    if repo is not None:
-        env = {"GIT_DIR": str(repo), **(env or {})}
+    if repo is not None:  # its config is its own (never a commondir file's)
+        env = {"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo), **(env or {})}
         cwd = cwd or repo
     try:
         out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
@@ -150,8 +150,8 @@ def registered(repo: Path, top: Path) -> WorkTree | None:
 
 def discover(path: Path) -> WorkTree | None:
     """The work tree holding ``path`` and its repository, found from ``path`` as git finds
-    them (None outside git): for a root in a terminal, in its own folder, before its
-    commands run (never for a folder a command could have written since)."""
+    them (None outside git): for a root in a terminal or a job, in its own folder, before
+    its commands run (:meth:`swarm.runtime.seed.Seeds.pinned` keeps what it found)."""
     if not path.is_dir() or not inside_git(path):
         return None
     try:
@@ -160,6 +160,9 @@ def discover(path: Path) -> WorkTree | None:
     except (WorkspaceError, ValueError):
         return None
     common_path, own_path = Path(common), Path(own)
+    dot = Path(top) / ".git"
+    if dot.is_dir() and not dot.is_symlink():  # a repository's own: a commondir is planted
+        return WorkTree(Path(top), dot)
     name = "" if own_path == common_path else own_path.name
     return WorkTree(Path(top), common_path, name)
 

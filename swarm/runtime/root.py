@@ -83,7 +83,7 @@ class RootSwarm:
         self.swarm_id = self.swarm_id or new_swarm_id()
         workspace = Path(session.workspace)
         # Its repository is found now, before its commands run, and kept.
-        self.tree = g.discover(workspace)
+        self.tree = self.seeds.pinned(f"root:{session.id}", workspace)
         return RedisSpawner(self.ledger, self.swarm_id, self.swarm_id,
                             ensure_swarm=self.ensure,
                             seeder=lambda: self.seeds.take(workspace, self.swarm_id,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -232,6 +233,27 @@ class Seeds:
         return Workspace(path / meta.subdir if meta.subdir else path, branch, root=path,
                          seed=seed, repo=repo, home_branch=home_branch, view=view,
                          worktree=_worktree(repo, path, view))
+
+    def pinned(self, key: str, folder: Path) -> g.WorkTree | None:
+        """The git work tree of a root's or a job's own ``folder``, found the first time
+        (before its commands ran) and kept under ``SWARM_HOME`` as ``key``: a ``.git`` a
+        command plants in it later is never taken for its repository."""
+        pin = self.home / "seeds" / "pins" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+        try:
+            kept = json.loads(pin.read_text())
+            if kept.get("folder") == str(folder):
+                if not kept.get("repo"):
+                    return None
+                return g.WorkTree(Path(kept["top"]), Path(kept["repo"]), kept["name"])
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass
+        found = g.discover(folder)
+        pin.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pin.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"folder": str(folder)} | ({} if found is None else {
+            "top": str(found.top), "repo": str(found.repo), "name": found.name})))
+        os.replace(tmp, pin)
+        return found
 
     # -- checkouts and views ----------------------------------------------------------------
 

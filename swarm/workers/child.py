@@ -46,7 +46,6 @@ from swarm.errors import (
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
-from swarm.runtime import gitstate as g
 from swarm.runtime import homecoming, parked, sweep
 from swarm.runtime.build import build_agent, new_session
 from swarm.runtime.seed import Seeds, upper
@@ -210,8 +209,9 @@ class ChildRunner:
                 self.ledger.stay_parked(run, swarm_id, watched.token)
                 return {"run": run.id, "state": "parked"}
         # Its git work tree as this host made it; a job's folder (named by its submitter)
-        # is found as a root's is, before this run's commands.
-        tree = workspace.tree or (g.discover(workspace.path) if record.kind == "job" else None)
+        # is found as a root's is, before its first run's commands, and kept.
+        tree = workspace.tree or (seeds.pinned(f"job:{run.agent}", workspace.path)
+                                  if record.kind == "job" else None)
         if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id, tree):
             self.sessions.save(session)  # its children's work is here before it goes on
         # A view tells what changed from its upper folder; other workspaces are compared
