@@ -259,9 +259,10 @@ def test_what_a_roots_command_plants_in_its_repository_never_runs(
                        f"{evil_repo('.git')} && echo planted", 30)
     assert "config=1" in done.output and done.output.endswith("planted\n"), done.output
     try:
-        assert laptop.pinned("root:s1", repo) == tree  # as it resumes, attached elsewhere
-        laptop.take(repo / "pkg", SWARM, tree_of=tree)
-        laptop.take(repo, SWARM, tree_of=tree)
+        again = laptop.pinned("root:s1", repo)  # as it resumes, attached elsewhere
+        laptop.take(repo / "pkg", SWARM, tree_of=again)
+        laptop.take(repo, SWARM, tree_of=again)
+        assert again == tree
     finally:
         assert sorted(os.listdir(marks)) == []
 
