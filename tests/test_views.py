@@ -126,3 +126,38 @@ def test_a_child_on_the_parents_host_gets_a_view_of_the_users_repository(
     git(near.path, "commit", "-qm", "child")
     assert git(repo, "show", "swarm/a1:child.txt") == "child\n"
     assert not (repo / "child.txt").exists()
+
+
+def test_a_run_isolated_in_its_view_starts_boxes_that_copy_no_other_view(
+        redis: redis_lib.Redis, home: Path) -> None:
+    """A worker's thread working in one view moves to a mount namespace of its own where
+    no other child's view is mounted (a box copies every mount of its starter); the
+    process's namespace keeps them all, and the thread gets them back as it rejoins."""
+    import threading
+
+    from swarm.agent import sandbox
+    from swarm.agent.shell import LocalEnvironment
+
+    repo = make_repo(home / "repo")
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
+    host = seeds(redis, home / "host-b", "hostb")
+    mine, other = host.child(SWARM, "a1", sid), host.child(SWARM, "a2", sid)
+    seen: dict[str, object] = {}
+
+    def run() -> None:
+        seen["isolated"] = views.isolate(home / "host-b" / "workspaces", mine.top)
+        seen["during"] = (views.mounted(mine.path), views.mounted(other.path))
+        if sandbox.probe().ok:
+            box = LocalEnvironment(mine.path, sandbox="bwrap", hide=(home / "host-b",))
+            seen["box"] = box.execute(f"cat d0/f0.txt; grep -c ' {other.path.resolve()} ' "
+                                      "/proc/self/mountinfo", 10).output
+        views.rejoin()
+        seen["after"] = (views.mounted(mine.path), views.mounted(other.path))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert views.mounted(other.path)  # the process's namespace keeps both meanwhile
+    thread.join()
+    assert seen["isolated"] is True
+    assert seen["during"] == (True, False) and seen["after"] == (True, True)
+    assert seen.get("box", "file 0\n0\n") == "file 0\n0\n"  # its view, not the other

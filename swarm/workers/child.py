@@ -46,7 +46,7 @@ from swarm.errors import (
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
-from swarm.runtime import homecoming, parked, sweep
+from swarm.runtime import homecoming, parked, sweep, views
 from swarm.runtime.build import build_agent, new_session
 from swarm.runtime.seed import Seeds, upper
 from swarm.runtime.spawner import RedisSpawner
@@ -186,9 +186,14 @@ class ChildRunner:
         seeds = Seeds(self.snapshots, self.settings.home, self.host, settings.snapshot_max,
                       settings.snapshot_swarm_max, view=self.settings.seed_view)
         workspace = self._workspace(record, swarm_id, seeds)
+        # Its boxes copy its thread's mounts: there, no other child's view.
+        isolated = workspace.view is not None and self.sandbox.box is not None and \
+            views.isolate(self.settings.home / "workspaces", workspace.top)
         try:
             return self._work_in(workspace, seeds, settings, run, start, resume, send, watched)
         finally:
+            if isolated:
+                views.rejoin()
             seeds.release(workspace)  # a view is mounted while a run works in it
 
     def _work_in(self, workspace: ws.Workspace, seeds: Seeds, settings: Settings,
