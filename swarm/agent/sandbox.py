@@ -3,7 +3,8 @@
 A sandboxed command runs (docs/deploy.md has the table of what is and is not confined):
 
 - as uid/gid 65534 in its own user namespace, with no capabilities and ``no_new_privs``, in
-  its own session and pid/ipc/uts namespaces with a private ``/proc``, killed with its runner;
+  its own session and pid/ipc namespaces with a private ``/proc``, killed with its runner
+  (the host's UTS namespace, which it cannot change);
   on the host, as the runner's uid, or, when the runner is root, as ``SWARM_SANDBOX_UID``
   (:data:`UID`; never 0, whose files the box could otherwise read wherever the owner may),
   given the workspace and its git folders by ACL entries (:mod:`swarm.agent.grants`);
@@ -257,7 +258,9 @@ class Box:
             "setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups",
             "--"]
         box += [self.binary, "--unshare-user", "--uid", str(UID), "--gid", str(UID),
-               "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+               # No UTS namespace of its own: the host's belongs to the host's user namespace,
+               # where the box has no capability, so it cannot set the host's name either way.
+               "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try",
                "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                "--size", str(TMP_SIZE), "--tmpfs", "/tmp", "--remount-ro", "/dev",
@@ -302,9 +305,9 @@ class Box:
         box += ["--chdir", ws, "--seccomp", str(seccomp_fd)]
         if not self.network:
             box.append("--unshare-net")
-        # The limit is set inside the box, where the count is of the box's namespace only.
-        box += ["--", "bash", "-c", f'ulimit -u {PIDS} || exit 126; exec bash -c "$1"',
-                "bash", command]
+        # The limit is set inside the box, where the count is of the box's namespace only,
+        # by a line of the command's own shell (no second shell to start).
+        box += ["--", "bash", "-c", f"ulimit -u {PIDS} || exit 126\n{command}"]
         return box
 
 
