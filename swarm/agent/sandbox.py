@@ -215,6 +215,18 @@ def own_repository(workspace: Path) -> list[tuple[str, str]]:
     return out
 
 
+#: Repository folders granted to a uid by this process: (device, inode, uid).
+_GRANTED: set[tuple[int, int, int]] = set()
+
+
+def _folder_key(path: Path, uid: int) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, uid) if stat.S_ISDIR(st.st_mode) else None
+
+
 @dataclass(frozen=True)
 class Box:
     """How to wrap a command in bubblewrap."""
@@ -244,8 +256,16 @@ class Box:
         if self.run_as is None:
             return
         writable = [ws, *(git.writable if git is not None else [])]
+        shared = {str(git.repo / n) for n in REPO_WRITABLE} if git is not None else set()
         for path in writable:
-            grant_tree(path, self.run_as)
+            # A repository's objects, refs and logs are shared by its worktrees' boxes:
+            # walked once per process (thousands of objects at width), as what root adds
+            # in them later takes their folders' default entries.
+            key = _folder_key(path, self.run_as) if str(path) in shared else None
+            if key is None or key not in _GRANTED:
+                grant_tree(path, self.run_as)
+                if key is not None:
+                    _GRANTED.add(key)
         bound = [Path(p) for p in (*self.hide, *self.read_only, *([self.home] if self.home
                                                                    else []))]
         grant_search([*writable, *bound, *([git.top] if git is not None else [])], self.run_as)
