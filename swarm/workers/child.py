@@ -192,9 +192,11 @@ class ChildRunner:
         try:
             return self._work_in(workspace, seeds, settings, run, start, resume, send, watched)
         finally:
-            if isolated:
-                views.rejoin()
-            seeds.release(workspace)  # a view is mounted while a run works in it
+            try:
+                if isolated:
+                    views.rejoin()
+            finally:
+                seeds.release(workspace)  # a view is mounted while a run works in it
 
     def _work_in(self, workspace: ws.Workspace, seeds: Seeds, settings: Settings,
                  run: RunRecord, start: Start, resume: bool,
