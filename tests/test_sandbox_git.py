@@ -269,7 +269,8 @@ def test_what_a_roots_command_plants_in_its_repository_never_runs(
 
 # -- end to end: real workers --------------------------------------------------------------
 
-E2E_PLANT = " && ".join([PLANTS["worktree-config"], PLANTS["git-dir"]])  # in pkg/
+#: In pkg/, each whether or not the other could be planted.
+E2E_PLANT = "; ".join(f"( {PLANTS[name]} )" for name in ("worktree-config", "git-dir"))
 
 
 @needs_sandbox
@@ -296,7 +297,7 @@ def test_a_childs_planted_git_never_runs_on_a_real_worker(
         "ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "PLANT then call"})]),
                  lambda r: Reply(content=tool_results(r)[0])],
         "PLANT": [Reply(tool_calls=[ToolCall("run_cli", {
-                      "command": f"{arm(marks)} && {E2E_PLANT} && echo planted"})]),
+                      "command": f"{arm(marks)} && {{ {E2E_PLANT}; }}; echo planted"})]),
                   Reply(tool_calls=[ToolCall("agent", {"message": "LEAF write a file"})]),
                   lambda r: Reply(content="planted and called: " + tool_results(r)[0])],
         "LEAF": [Reply(tool_calls=[ToolCall("run_cli", {"command": "echo leaf > leaf.txt"})]),
