@@ -13,6 +13,7 @@ import pytest
 import redis as redis_lib
 
 from swarm.domain.session import Session
+from swarm.runtime import gitstate as g
 from swarm.runtime import homecoming, parked, views
 from swarm.runtime.seed import Seeds, Workspace
 from swarm.store.snapshots import SnapshotStore
@@ -85,14 +86,14 @@ def seeds(redis: redis_lib.Redis, home: Path, host: str, view: str) -> Seeds:
 def earlier_child(redis: redis_lib.Redis, tmp_path: Path, host: Seeds, parent: Workspace,
                   view: str) -> Session:
     """A child of the parent (run on a third host) whose branch came home to it."""
-    seed = host.take(parent.path, SWARM, base=parent.seed)
+    seed = host.take(parent.path, SWARM, base=parent.seed, tree_of=parent.tree)
     third = seeds(redis, tmp_path / "home-x", "hostx", view)
     child = third.child(SWARM, "c1", seed)
     (child.path / "from-c1.txt").write_text("c1\n")
     session = result_session({"agent_id": "c1", "state": "done",
                               "delta": third.capture(child, SWARM), "seed": seed})
     third.release(child)
-    homecoming.bring_home(host, session, parent.path, SWARM)
+    homecoming.bring_home(host, session, parent.path, SWARM, parent.tree)
     assert json.loads(session.messages[-1]["content"])["git_branch"] == "swarm/c1"
     return session
 
@@ -100,7 +101,8 @@ def earlier_child(redis: redis_lib.Redis, tmp_path: Path, host: Seeds, parent: W
 def test_a_parked_parent_comes_back_exactly_on_another_host(
         redis: redis_lib.Redis, tmp_path: Path, view: str) -> None:
     repo = make_repo(tmp_path / "repo")
-    sid = seeds(redis, tmp_path / "home-a", "laptop", view).take(repo, SWARM)
+    sid = seeds(redis, tmp_path / "home-a", "laptop", view).take(repo, SWARM,
+                                                                  tree_of=g.discover(repo))
     b = seeds(redis, tmp_path / "home-b", "hostb", view)
     parent = b.child(SWARM, "p1", sid)
     work_in(parent)
@@ -109,7 +111,7 @@ def test_a_parked_parent_comes_back_exactly_on_another_host(
     log = git(parent.path, "log", "--format=%s%n%T")
     c1 = git(parent.path, "show", "--format=%T", "--no-patch", "swarm/c1")
     # It parks: the snapshot for its new children, then its exact state over it.
-    new_seed = b.take(parent.path, SWARM, base=parent.seed)
+    new_seed = b.take(parent.path, SWARM, base=parent.seed, tree_of=parent.tree)
     state = parked.state(b, parent, new_seed, SWARM, parked.branches_in(session))
     assert SnapshotStore(redis).meta(state).base == new_seed  # type: ignore[union-attr]
     c = seeds(redis, tmp_path / "home-c", "hostc", view)
@@ -123,12 +125,12 @@ def test_a_parked_parent_comes_back_exactly_on_another_host(
     assert git(back.path, "show", "--format=%T", "--no-patch", "swarm/c1") == c1
     # A child still out (seeded from new_seed) brings its branch home over the restored
     # parent's HEAD: the parent merges it.
-    g = seeds(redis, tmp_path / "home-g", "hostg", view)
-    grandchild = g.child(SWARM, "g1", new_seed)
+    host_g = seeds(redis, tmp_path / "home-g", "hostg", view)
+    grandchild = host_g.child(SWARM, "g1", new_seed)
     (grandchild.path / "from-g1.txt").write_text("g1\n")
     late = result_session({"agent_id": "g1", "state": "done",
-                           "delta": g.capture(grandchild, SWARM), "seed": new_seed})
-    homecoming.bring_home(c, late, back.path, SWARM)
+                           "delta": host_g.capture(grandchild, SWARM), "seed": new_seed})
+    homecoming.bring_home(c, late, back.path, SWARM, back.tree)
     git(back.path, "add", "-A")
     git(back.path, "commit", "-qm", "the parent's work")
     git(back.path, "merge", "-q", "--no-edit", "swarm/g1")
@@ -142,13 +144,14 @@ def test_a_parent_in_the_users_repository_ships_none_of_its_history(
         redis: redis_lib.Redis, tmp_path: Path, view: str) -> None:
     repo = make_repo(tmp_path / "repo")
     first = git(repo, "rev-parse", "HEAD").strip()
-    sid = seeds(redis, tmp_path / "home-a", "laptop", view).take(repo, SWARM)
+    sid = seeds(redis, tmp_path / "home-a", "laptop", view).take(repo, SWARM,
+                                                                  tree_of=g.discover(repo))
     near = seeds(redis, tmp_path / "home-w", "laptop", view)  # a worker on the laptop
     parent = near.child(SWARM, "p1", sid)
     assert parent.home_branch
     work_in(parent)
     status = git(parent.path, "status", "--porcelain")
-    new_seed = near.take(parent.path, SWARM, base=parent.seed)
+    new_seed = near.take(parent.path, SWARM, base=parent.seed, tree_of=parent.tree)
     state = parked.state(near, parent, new_seed, SWARM, [])
     c = seeds(redis, tmp_path / "home-c", "hostc", view)
     back = parked.restore(c, SWARM, "p1", sid, state)

@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -332,3 +333,29 @@ def test_choices(monkeypatch: pytest.MonkeyPatch, outside_tmp: Path) -> None:
         assert "apt-get install bubblewrap" in sandbox.choose("auto").notice
     finally:
         sandbox.probe.cache_clear()  # the next test tries again, with the whole PATH
+
+
+@needs_sandbox
+@as_root
+def test_what_root_adds_to_a_repository_after_its_grant_is_the_next_boxs_too(
+        outside_tmp: Path) -> None:
+    """A repository's objects, refs and logs are granted to the box's uid once per process
+    (its worktrees' boxes share them): what the runner's git adds there later (new object
+    folders, reflogs) is writable by the next worktree's box all the same."""
+    repo = outside_tmp / "repo"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "seed"],
+                   check=True)
+    commit = ("for i in 1 2 3 4 5 6 7 8; do echo $i$RANDOM > f$i; done; git add -A && "
+              "git -c user.name=c -c user.email=c@c commit -qm box && echo ok")
+    for name in ("w1", "w2"):
+        # The runner's git first: new object folders and reflogs, root's, after the grant.
+        for i in range(8):
+            (repo / f"r{i}").write_text(f"{name} {i} {uuid.uuid4()}\n")
+        subprocess.run([*git, "-C", str(repo), "add", "-A"], check=True)
+        subprocess.run([*git, "-C", str(repo), "commit", "-qm", f"runner {name}"], check=True)
+        subprocess.run([*git, "-C", str(repo), "worktree", "add", "-q", "-b", name,
+                        str(outside_tmp / name)], check=True)
+        result = LocalEnvironment(outside_tmp / name, sandbox="bwrap").execute(commit, 10)
+        assert result.output == "ok\n", result.output

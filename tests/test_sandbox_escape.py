@@ -263,6 +263,13 @@ def test_new_namespaces_fail(box: Box) -> None:
         assert re.search(rf"^{name}=[1-9]", out, re.M), out
 
 
+def test_the_hosts_name_cannot_be_changed(box: Box) -> None:
+    before = socket.gethostname()
+    out = box.run("hostname swarm-escaped; echo set=$?; hostname")["output"]
+    assert re.search(r"^set=[1-9]", out, re.M) and out.endswith(f"{before}\n"), out
+    assert socket.gethostname() == before
+
+
 @pytest.fixture
 def docker_socket() -> Iterator[Path]:
     """A listening socket where docker's would be, reachable by anyone on the host."""

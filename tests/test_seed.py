@@ -16,6 +16,7 @@ import redis as redis_lib
 from swarm.domain.records import AgentRecord
 from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
+from swarm.runtime import gitstate as g
 from swarm.runtime import homecoming, parked
 from swarm.runtime.seed import Seeds
 from swarm.store import keys
@@ -68,7 +69,7 @@ def test_a_child_elsewhere_starts_with_uncommitted_and_untracked_files(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     status = sh(repo, "status", "--porcelain")
-    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     assert sh(repo, "status", "--porcelain") == status  # the user's index is untouched
     child = seeds(redis, tmp_path / "home-b", "hostb").child(SWARM, "a1", sid)
     got = files_of(child.path)
@@ -85,7 +86,7 @@ def test_ignored_files_and_secrets_stay_home(redis: redis_lib.Redis, tmp_path: P
     (repo / ".swarmignore").write_text("!.env.example\nnotes/\n")
     (repo / "notes").mkdir()
     (repo / "notes" / "private.md").write_text("mine\n")
-    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     child = seeds(redis, tmp_path / "home-b", "hostb").child(SWARM, "a1", sid)
     got = files_of(child.path)
     for name in ("secret.txt", "build/out.bin", ".env", ".env.local", "id_rsa", "server.pem",
@@ -115,7 +116,7 @@ def test_the_same_host_moves_no_bytes_and_another_host_fetches_once(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     laptop = seeds(redis, tmp_path / "home-a", "laptop")
-    sid = laptop.take(repo, SWARM)
+    sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
     store = SnapshotStore(redis)
     size = store.meta(sid).size  # type: ignore[union-attr]
     near = seeds(redis, tmp_path / "home-w", "laptop").child(SWARM, "a1", sid)
@@ -127,7 +128,7 @@ def test_the_same_host_moves_no_bytes_and_another_host_fetches_once(
         far.child(SWARM, f"b{i}", sid)
     assert store.hosts(sid) == {"laptop": 0, "hostb": size}
     # The same workspace snapshotted again is the same snapshot, stored once.
-    assert laptop.take(repo, SWARM) == sid
+    assert laptop.take(repo, SWARM, tree_of=g.discover(repo)) == sid
     assert int(redis.hget(keys.swarm_counters(SWARM), "snapshot_bytes")) == size
 
 
@@ -178,7 +179,7 @@ def test_a_childs_work_comes_home_as_a_branch_the_parent_can_merge(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
     laptop = seeds(redis, tmp_path / "home-a", "laptop")
-    sid = laptop.take(repo, SWARM)
+    sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
     far = seeds(redis, tmp_path / "home-b", "hostb")
     child = far.child(SWARM, "a1", sid)
     (child.path / "new.txt").write_text("from the child\n")
@@ -187,7 +188,7 @@ def test_a_childs_work_comes_home_as_a_branch_the_parent_can_merge(
     assert SnapshotStore(redis).meta(delta).base == sid  # type: ignore[union-attr]
     session = result_session(repo, {"agent_id": "a1", "state": "done", "delta": delta,
                                     "seed": sid})
-    assert homecoming.bring_home(laptop, session, repo, SWARM)
+    assert homecoming.bring_home(laptop, session, repo, SWARM, g.discover(repo))
     body = json.loads(session.messages[-1]["content"])
     assert body["git_branch"] == "swarm/a1" and "delta" not in body
     assert "new.txt" in body["diffstat"] and "git merge swarm/a1" in body["merge"]
@@ -223,12 +224,12 @@ def test_a_plain_folder_parent_gets_the_changed_files_at_a_path(
 def test_a_workspace_is_restored_on_another_host(redis: redis_lib.Redis,
                                                  tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
-    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     b = seeds(redis, tmp_path / "home-b", "hostb")
     parent = b.child(SWARM, "p1", sid)
     (parent.path / "mine.txt").write_text("parent's file\n")
     (parent.path / "untracked.txt").unlink()
-    state = b.take(parent.path, SWARM)  # as it parks
+    state = b.take(parent.path, SWARM, tree_of=parent.tree)  # as it parks
     c = seeds(redis, tmp_path / "home-c", "hostc")
     back = parked.restore(c, SWARM, "p1", sid, state)
     assert files_of(back.path) == files_of(parent.path)
@@ -240,7 +241,7 @@ def test_a_workspace_is_restored_on_another_host(redis: redis_lib.Redis,
 def test_a_workspace_that_cannot_be_restored_fails_loudly(redis: redis_lib.Redis,
                                                           tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
-    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     for key in redis.scan_iter("swarm:snapshot:*"):
         redis.delete(key)
     with pytest.raises(WorkspaceLost, match="could not be restored on hostc"):
@@ -271,7 +272,7 @@ def test_a_child_on_the_parents_host_hands_over_its_folder_without_a_transfer(
 def test_a_checkout_as_it_was_seeded_has_nothing_to_send_home(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
-    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM)
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     far = seeds(redis, tmp_path / "home-b", "hostb")
     child = far.child(SWARM, "a1", sid)
     before = ws.snapshot(child.path)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import redis as redis_lib
 
+from swarm.runtime import gitstate as g
 from swarm.runtime import sweep, views
 from swarm.runtime.seed import Seeds
 from swarm.store import keys
@@ -40,7 +41,7 @@ def test_a_forgotten_swarm_leaves_nothing_behind(redis: redis_lib.Redis,
     (repo / "b.txt").write_text("uncommitted\n")
     Ledger(redis).create_swarm(SWARM, SWARM, str(repo), "task", {}, "laptop", "s")
     laptop = Seeds(SnapshotStore(redis), tmp_path / "home-a", "laptop", view="checkout")
-    sid = laptop.take(repo, SWARM)
+    sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
     git(repo, "branch", "swarm/a-user-merge-candidate")
     far = Seeds(SnapshotStore(redis), tmp_path / "home-b", "hostb", view="checkout")
     child = far.child(SWARM, "a1", sid)

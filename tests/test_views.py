@@ -15,6 +15,7 @@ import redis as redis_lib
 from swarm.agent import sandbox
 from swarm.agent.sandbox import UID
 from swarm.agent.shell import LocalEnvironment
+from swarm.runtime import gitstate as g
 from swarm.runtime import views
 from swarm.runtime.seed import Seeds, upper
 from swarm.store.snapshots import SnapshotStore
@@ -66,7 +67,7 @@ def seeds(redis: redis_lib.Redis, home: Path, host: str) -> Seeds:
 def test_children_share_one_checkout_and_never_see_each_others_writes(
         redis: redis_lib.Redis, home: Path) -> None:
     repo = make_repo(home / "repo")
-    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM)
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     host = seeds(redis, home / "host-b", "hostb")
     one, two = host.child(SWARM, "a1", sid), host.child(SWARM, "a2", sid)
     assert one.view is not None and two.view is not None
@@ -102,7 +103,7 @@ def test_children_share_one_checkout_and_never_see_each_others_writes(
 def test_a_released_view_is_mounted_again_with_its_changes(
         redis: redis_lib.Redis, home: Path) -> None:
     repo = make_repo(home / "repo")
-    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM)
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     host = seeds(redis, home / "host-b", "hostb")
     child = host.child(SWARM, "a1", sid)
     (child.path / "mine.txt").write_text("kept\n")
@@ -119,7 +120,7 @@ def test_a_child_on_the_parents_host_gets_a_view_of_the_users_repository(
         redis: redis_lib.Redis, home: Path) -> None:
     repo = make_repo(home / "repo")
     laptop = seeds(redis, home / "laptop", "laptop")
-    sid = laptop.take(repo, SWARM)
+    sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
     near = seeds(redis, home / "worker", "laptop").child(SWARM, "a1", sid)
     assert near.view is not None and near.home_branch
     assert SnapshotStore(redis).hosts(sid) == {"laptop": 0}  # no transfer
@@ -138,7 +139,7 @@ def test_a_root_workers_box_writes_a_view_without_copying_its_files_up(
     is refreshed: granting them through each view copied every file into each child's
     upper folder (2.4 s a child for 50 MB; each command turn of 50 children 73 s)."""
     repo = make_repo(home / "repo")
-    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM)
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     host = Seeds(SnapshotStore(redis), home / "host-b", "hostb", view="auto", box_uid=UID)
     child = host.child(SWARM, "a1", sid)
     assert child.view is not None
@@ -154,3 +155,38 @@ def test_a_root_workers_box_writes_a_view_without_copying_its_files_up(
     assert copied == [".git", "d0/f0.txt", "d1/new.txt"]
     lower = Path((child.view / "lower").read_text())
     assert (lower / "d0" / "f0.txt").read_text() == "file 0\n"
+
+
+def test_a_run_isolated_in_its_view_starts_boxes_that_copy_no_other_view(
+        redis: redis_lib.Redis, home: Path) -> None:
+    """A worker's thread working in one view moves to a mount namespace of its own where
+    no other child's view is mounted (a box copies every mount of its starter); the
+    process's namespace keeps them all, and the thread gets them back as it rejoins."""
+    import threading
+
+    from swarm.agent import sandbox
+    from swarm.agent.shell import LocalEnvironment
+
+    repo = make_repo(home / "repo")
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
+    host = seeds(redis, home / "host-b", "hostb")
+    mine, other = host.child(SWARM, "a1", sid), host.child(SWARM, "a2", sid)
+    seen: dict[str, object] = {}
+
+    def run() -> None:
+        seen["isolated"] = views.isolate(home / "host-b" / "workspaces", mine.top)
+        seen["during"] = (views.mounted(mine.path), views.mounted(other.path))
+        if sandbox.probe().ok:
+            box = LocalEnvironment(mine.path, sandbox="bwrap", hide=(home / "host-b",))
+            seen["box"] = box.execute(f"cat d0/f0.txt; grep -c ' {other.path.resolve()} ' "
+                                      "/proc/self/mountinfo", 10).output
+        views.rejoin()
+        seen["after"] = (views.mounted(mine.path), views.mounted(other.path))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert views.mounted(other.path)  # the process's namespace keeps both meanwhile
+    thread.join()
+    assert seen["isolated"] is True
+    assert seen["during"] == (True, False) and seen["after"] == (True, True)
+    assert seen.get("box", "file 0\n0\n") == "file 0\n0\n"  # its view, not the other

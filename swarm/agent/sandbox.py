@@ -3,7 +3,8 @@
 A sandboxed command runs (docs/deploy.md has the table of what is and is not confined):
 
 - as uid/gid 65534 in its own user namespace, with no capabilities and ``no_new_privs``, in
-  its own session and pid/ipc/uts namespaces with a private ``/proc``, killed with its runner;
+  its own session and pid/ipc namespaces with a private ``/proc``, killed with its runner
+  (the host's UTS namespace, which it cannot change);
   on the host, as the runner's uid, or, when the runner is root, as ``SWARM_SANDBOX_UID``
   (:data:`UID`; never 0, whose files the box could otherwise read wherever the owner may),
   given the workspace and its git folders by ACL entries (:mod:`swarm.agent.grants`);
@@ -31,6 +32,7 @@ import fnmatch
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -143,10 +145,12 @@ POINTERS = ("commondir", "gitdir")
 
 @dataclass(frozen=True)
 class GitDirs:
-    """The git folders of a worktree: its own, ``REPO/worktrees/NAME``, and ``REPO``."""
+    """The git folders of a worktree: its own, ``REPO/worktrees/NAME``, and ``REPO``; and
+    its top folder (the workspace, or a folder above it)."""
 
     own: Path
     repo: Path
+    top: Path
 
     @property
     def writable(self) -> list[Path]:
@@ -154,18 +158,22 @@ class GitDirs:
 
 
 def git_dirs(workspace: Path, linked: Path | None = None) -> GitDirs | None:
-    """The git folders of a worktree at ``workspace``: its own (named by its ``.git`` file,
-    and naming that file back) and its repository's; None for anything else. A command in
-    the box may have written that ``.git`` file: a folder it names that is not such a pair
+    """The git folders of the worktree holding ``workspace``: its own (named by its
+    ``.git`` file, and naming that file back) and its repository's; None for anything
+    else. A command in the box may have written that ``.git`` file: a folder it names that
+    is not such a pair
     is never bound writable nor granted. A workspace that is a copy-on-write view has its
     worktree registered on the view's upper folder, ``linked`` (the one the view shows its
     ``.git`` from): its folder may name that one's ``.git`` back instead."""
-    dot = workspace / ".git"
+    # Its own .git, or its worktree's above it (a child seeded from a subfolder of its
+    # parent's repository works in that subfolder of its worktree).
+    dot = next((p / ".git" for p in (workspace, *workspace.parents)
+                if os.path.lexists(p / ".git")), workspace / ".git")
     try:
         text = dot.read_text(errors="replace").strip() if dot.is_file() else ""
         if not text.startswith("gitdir:"):
             return None
-        own = (workspace / text.removeprefix("gitdir:").strip()).resolve()
+        own = (dot.parent / text.removeprefix("gitdir:").strip()).resolve()
         back = (own / (own / "gitdir").read_text(errors="replace").strip()).resolve()
     except (OSError, ValueError):
         return None
@@ -174,7 +182,49 @@ def git_dirs(workspace: Path, linked: Path | None = None) -> GitDirs | None:
     if own.parent.name != "worktrees" or back not in named \
             or not (repo / "objects").is_dir():
         return None
-    return GitDirs(own, repo)
+    return GitDirs(own, repo, dot.parent)
+
+
+#: What git obeys in a repository's own ``.git`` folder: read-only in the box when the
+#: workspace is the repository's top (a root's folder, a job's), as the swarm's git and
+#: the user's read it there.
+OBEYED = ("config", "config.worktree", "commondir", "hooks", "info")
+
+
+def own_repository(workspace: Path) -> list[tuple[str, str]]:
+    """Binds that keep the workspace's own ``.git`` (a folder or a worktree's ``.git``
+    file) where it is: its ``.git`` cannot be moved or replaced, and what git obeys in it
+    (:data:`OBEYED`) cannot be changed. Links are never bound."""
+    dot = workspace / ".git"
+    try:
+        mode = os.lstat(dot).st_mode
+    except OSError:
+        return []
+    if stat.S_ISREG(mode):
+        return [(str(dot), "~file")]
+    if not stat.S_ISDIR(mode):
+        return []
+    out = [(str(dot), "~bind")]
+    for name in OBEYED:
+        try:
+            kind = stat.S_IFMT(os.lstat(dot / name).st_mode)
+        except OSError:
+            continue
+        if kind in (stat.S_IFREG, stat.S_IFDIR):
+            out.append((str(dot / name), "~file"))
+    return out
+
+
+#: Repository folders granted to a uid by this process: (device, inode, uid).
+_GRANTED: set[tuple[int, int, int]] = set()
+
+
+def _folder_key(path: Path, uid: int) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, uid) if stat.S_ISDIR(st.st_mode) else None
 
 
 @dataclass(frozen=True)
@@ -210,10 +260,19 @@ class Box:
         # swarm.runtime.views) until written: an ACL set through the view would copy every
         # file up. What the view itself holds is its upper folder.
         writable = [ws, *(git.writable if git is not None else [])]
+        shared = {str(git.repo / n) for n in REPO_WRITABLE} if git is not None else set()
         for path in [linked if linked is not None else ws, *writable[1:]]:
-            grant_tree(path, self.run_as)
-        bound = (*self.hide, *self.read_only, *([self.home] if self.home else []))
-        grant_search([*writable, *(Path(p) for p in bound)], self.run_as)
+            # A repository's objects, refs and logs are shared by its worktrees' boxes:
+            # walked once per process (thousands of objects at width), as what root adds
+            # in them later takes their folders' default entries.
+            key = _folder_key(path, self.run_as) if str(path) in shared else None
+            if key is None or key not in _GRANTED:
+                grant_tree(path, self.run_as)
+                if key is not None:
+                    _GRANTED.add(key)
+        bound = [Path(p) for p in (*self.hide, *self.read_only, *([self.home] if self.home
+                                                                   else []))]
+        grant_search([*writable, *bound, *([git.top] if git is not None else [])], self.run_as)
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,
              linked: Path | None = None) -> list[str]:
@@ -223,7 +282,9 @@ class Box:
             "setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups",
             "--"]
         box += [self.binary, "--unshare-user", "--uid", str(UID), "--gid", str(UID),
-               "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+               # No UTS namespace of its own: the host's belongs to the host's user namespace,
+               # where the box has no capability, so it cannot set the host's name either way.
+               "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try",
                "--die-with-parent", "--new-session", "--cap-drop", "ALL",
                "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
                "--size", str(TMP_SIZE), "--tmpfs", "/tmp", "--remount-ro", "/dev",
@@ -243,9 +304,13 @@ class Box:
         # git in the workspace reads them, and writes objects, refs and its own folder.
         git = git_dirs(Path(ws), linked)
         if git is not None:
-            mounts += [(str(git.repo), "ro")]
+            # A workspace below its worktree's top sees the rest of the worktree read-only
+            # (git in it reads the whole work tree).
+            mounts += [(str(git.repo), "ro")] + ([(str(git.top), "ro")] if str(git.top) != ws
+                                                   else [])
             mounts += [(str(p), "~bind") for p in git.writable if p.is_dir()]
             mounts += [(str(git.own / n), "~file") for n in POINTERS if (git.own / n).is_file()]
+        mounts += own_repository(Path(ws))
         mounts += [(str(Path(p).resolve()), "ro") for p in self.read_only if os.path.isdir(p)]
         if self.home and os.path.isdir(self.home) and Path(self.home).resolve() != Path("/"):
             mounts.append((str(Path(self.home).resolve()), "home"))
@@ -264,9 +329,9 @@ class Box:
         box += ["--chdir", ws, "--seccomp", str(seccomp_fd)]
         if not self.network:
             box.append("--unshare-net")
-        # The limit is set inside the box, where the count is of the box's namespace only.
-        box += ["--", "bash", "-c", f'ulimit -u {PIDS} || exit 126; exec bash -c "$1"',
-                "bash", command]
+        # The limit is set inside the box, where the count is of the box's namespace only,
+        # by a line of the command's own shell (no second shell to start).
+        box += ["--", "bash", "-c", f"ulimit -u {PIDS} || exit 126\n{command}"]
         return box
 
 

@@ -9,6 +9,16 @@ files that no ignore rule excludes; in a plain folder, its files minus what
 usual secret files (:data:`SECRET_PATTERNS`) are left out unless a ``.swarmignore``
 negation (``!.env.example``) lets one through. Files git already tracks are kept (they
 are in the repository's history already).
+
+Which git runs here: the worker's own, unconfined (as root on a root worker), on folders
+sandboxed commands write. So no git process here finds its repository from a work tree:
+each is given its git directory (``GIT_DIR``: a :class:`WorkTree`'s repository, chosen by
+the worker and never read from the work tree's ``.git``, or a bare cache), its work tree
+and its index, and :data:`SAFE` overrides whatever config would run a program (hooks,
+fsmonitor, signing, remote helpers). The repositories' own config, hooks and ``info``
+stay read-only in the box (:mod:`swarm.agent.sandbox`), so the filter and diff drivers a
+``.gitattributes`` may select are the ones their owner configured. Only a root in a
+terminal finds its repository from its folder (:func:`discover`), before its commands run.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.errors import WorkspaceError
@@ -39,18 +50,39 @@ IDENT = {"GIT_AUTHOR_NAME": "swarm", "GIT_AUTHOR_EMAIL": "swarm@localhost",
 #: The id of git's empty tree.
 EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
-_CLEAN = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
-          "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR")
+#: Config every git process here runs with (over any file's): nothing it reads from a
+#: repository or a work tree makes it start a program.
+SAFE = (("core.hooksPath", "/dev/null"), ("core.fsmonitor", "false"),
+        ("commit.gpgSign", "false"), ("tag.gpgSign", "false"),
+        ("protocol.allow", "never"), ("protocol.file.allow", "always"),
+        ("core.alternateRefsCommand", "true"), ("credential.helper", ""),
+        ("submodule.recurse", "false"), ("fetch.recurseSubmodules", "false"),
+        ("safe.bareRepository", "explicit"), ("gc.auto", "0"), ("maintenance.auto", "false"))
+
+#: The worker's own variables git still gets (identity, which config files it reads).
+_KEPT = ("GIT_AUTHOR_", "GIT_COMMITTER_", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
+         "GIT_CONFIG_NOSYSTEM")
 
 
-def git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-        timeout: float = 300) -> str:
-    """``git ARGS`` (output stripped); :class:`WorkspaceError` with git's message."""
-    base = {k: v for k, v in os.environ.items() if k not in _CLEAN}
+def _environ(extra: dict[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GIT_") or k.startswith(_KEPT)}
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_CONFIG_COUNT=str(len(SAFE)))
+    for n, (key, value) in enumerate(SAFE):
+        env[f"GIT_CONFIG_KEY_{n}"], env[f"GIT_CONFIG_VALUE_{n}"] = key, value
+    return {**env, **(extra or {})}
+
+
+def git(*args: str, repo: Path | None = None, cwd: Path | None = None,
+        env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    """``git ARGS`` (output stripped) in the repository ``repo`` (its git directory), or as
+    ``env`` says (``GIT_DIR`` and the rest); :class:`WorkspaceError` with git's message."""
+    if repo is not None:  # its config is its own (never a commondir file's)
+        env = {"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo), **(env or {})}
+        cwd = cwd or repo
     try:
         out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL,
-                             env={**base, "GIT_TERMINAL_PROMPT": "0", **(env or {})})
+                             timeout=timeout, stdin=subprocess.DEVNULL, env=_environ(env))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise WorkspaceError(f"git {args[0]} failed: {exc}") from None
     if out.returncode != 0:
@@ -58,13 +90,81 @@ def git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
     return out.stdout.strip()
 
 
-def ok(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> bool:
+def ok(*args: str, repo: Path | None = None, cwd: Path | None = None,
+       env: dict[str, str] | None = None) -> bool:
     """Whether ``git ARGS`` succeeds."""
     try:
-        git(*args, cwd=cwd, env=env)
+        git(*args, repo=repo, cwd=cwd, env=env)
     except WorkspaceError:
         return False
     return True
+
+
+@dataclass(frozen=True)
+class WorkTree:
+    """A work tree and the git folders the worker chose for it: the repository ``repo``
+    (its git directory) and ``name``, its worktree's folder under ``repo/worktrees`` (""
+    for the repository's main work tree). Git reads its index and ``HEAD`` from there,
+    never from the work tree's ``.git``, which a command may have rewritten."""
+
+    top: Path
+    repo: Path
+    name: str = ""
+
+    @property
+    def admin(self) -> Path:
+        """The worktree's own git folder (its index, ``HEAD``)."""
+        return self.repo / "worktrees" / self.name if self.name else self.repo
+
+    @property
+    def head(self) -> str:
+        """Its ``HEAD`` as a ref name of the repository."""
+        return f"worktrees/{self.name}/HEAD" if self.name else "HEAD"
+
+    def env(self, index: Path | None = None) -> dict[str, str]:
+        """Git on this work tree with ``index`` (default: its own)."""
+        return {"GIT_DIR": str(self.repo), "GIT_COMMON_DIR": str(self.repo),
+                "GIT_WORK_TREE": str(self.top),
+                "GIT_INDEX_FILE": str(index or self.admin / "index")}
+
+
+def registered(repo: Path, top: Path) -> WorkTree | None:
+    """The worktree of ``repo`` registered on the folder ``top`` (read from the
+    repository's side: its ``worktrees/*/gitdir`` naming ``top/.git``), or None."""
+    want = os.path.join(os.path.realpath(top), ".git")
+    folder = repo / "worktrees"
+    likely = folder / top.name
+    try:
+        names = [likely, *sorted(p for p in folder.iterdir() if p != likely)]
+    except OSError:
+        return None
+    for admin in names:
+        try:
+            named = (admin / "gitdir").read_text(errors="replace").strip()
+        except OSError:
+            continue
+        if os.path.normpath(named) == want:
+            return WorkTree(top, repo, admin.name)
+    return None
+
+
+def discover(path: Path) -> WorkTree | None:
+    """The work tree holding ``path`` and its repository, found from ``path`` as git finds
+    them (None outside git): for a root in a terminal or a job, in its own folder, before
+    its commands run (:meth:`swarm.runtime.seed.Seeds.pinned` keeps what it found)."""
+    if not path.is_dir() or not inside_git(path):
+        return None
+    try:
+        top, common, own = git("rev-parse", "--path-format=absolute", "--show-toplevel",
+                               "--git-common-dir", "--git-dir", cwd=path).splitlines()
+    except (WorkspaceError, ValueError):
+        return None
+    common_path, own_path = Path(common), Path(own)
+    dot = Path(top) / ".git"
+    if dot.is_dir() and not dot.is_symlink():  # a repository's own: a commondir is planted
+        return WorkTree(Path(top), dot)
+    name = "" if own_path == common_path else own_path.name
+    return WorkTree(Path(top), common_path, name)
 
 
 def inside_git(path: Path) -> bool:
@@ -73,27 +173,12 @@ def inside_git(path: Path) -> bool:
     return any((p / ".git").exists() for p in (path, *path.parents))
 
 
-def git_root(path: Path) -> Path | None:
-    """The top of the git work tree holding ``path``, or None."""
-    if not path.is_dir() or not inside_git(path):
-        return None
-    try:
-        return Path(git("rev-parse", "--show-toplevel", cwd=path))
-    except WorkspaceError:
-        return None
-
-
-def common_dir(top: Path) -> Path:
-    """The repository's git directory shared by its worktrees (objects, refs)."""
-    return Path(git("rev-parse", "--path-format=absolute", "--git-common-dir", cwd=top))
-
-
 def ensure_bare(path: Path) -> Path:
     """A bare repository at ``path`` (created if missing): a host's cache of snapshots."""
     if not (path / "objects").is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
         git("init", "-q", "--bare", str(path))
-        git("config", "gc.auto", "0", cwd=path)
+        git("config", "gc.auto", "0", repo=path)
     return path
 
 
@@ -110,19 +195,6 @@ def _user_excludes() -> tuple[str, ...]:
     return ()
 
 
-def _index_of(top: Path) -> Path:
-    """The index file of the work tree ``top`` (its own one, for a linked worktree)."""
-    dotgit = top / ".git"
-    if dotgit.is_file():
-        text = dotgit.read_text().strip()
-        if text.startswith("gitdir:"):
-            gitdir = Path(text[len("gitdir:"):].strip())
-            return (gitdir if gitdir.is_absolute() else top / gitdir) / "index"
-    if dotgit.is_dir():
-        return dotgit / "index"
-    return Path(git("rev-parse", "--path-format=absolute", "--git-path", "index", cwd=top))
-
-
 def _excludes(top: Path, into: Path) -> Path:
     """An excludes file: the user's global one, the secret patterns, then ``.swarmignore``
     (later lines win, so a negation there lets a secret pattern's file through)."""
@@ -135,46 +207,46 @@ def _excludes(top: Path, into: Path) -> Path:
     return path
 
 
-def write_tree(top: Path, *, odb: Path | None = None, index: Path | None = None) -> str:
-    """The tree of the folder ``top`` as its agent sees it. In a git work tree (``odb``
-    None) its index is copied so unchanged files are not hashed again; a plain folder
-    is read into the bare repository ``odb`` with ``index`` (kept between snapshots of
-    the same folder, for the same reason)."""
+def write_tree(top: Path | WorkTree, *, odb: Path | None = None,
+               index: Path | None = None) -> str:
+    """The tree of a folder as its agent sees it. A git :class:`WorkTree` is read through
+    a copy of its index (unchanged files are not hashed again); a plain folder ``top`` is
+    read into the bare repository ``odb`` with ``index`` (kept between snapshots of the
+    same folder, for the same reason)."""
     with tempfile.TemporaryDirectory(prefix="swarm-tree-") as tmp:
-        excludes = _excludes(top, Path(tmp))
-        if odb is None:
-            real = _index_of(top)
+        if isinstance(top, WorkTree):
             temp = Path(tmp) / "index"
-            if real.is_file():
-                shutil.copyfile(real, temp)
-            env = {"GIT_INDEX_FILE": str(temp)}
+            with contextlib.suppress(FileNotFoundError):
+                shutil.copyfile(top.admin / "index", temp)
+            folder, env = top.top, top.env(temp)
         else:
-            assert index is not None
+            assert odb is not None and index is not None
             index.parent.mkdir(parents=True, exist_ok=True)
-            env = {"GIT_DIR": str(odb), "GIT_WORK_TREE": str(top),
-                   "GIT_INDEX_FILE": str(index)}
+            folder = top
+            env = {"GIT_DIR": str(odb), "GIT_WORK_TREE": str(top), "GIT_INDEX_FILE": str(index)}
+        excludes = _excludes(folder, Path(tmp))
         git("-c", f"core.excludesFile={excludes}", "-c", "core.autocrlf=false",
-            "add", "-A", "--ignore-errors", "--", ".", cwd=top, env=env)
-        return git("write-tree", cwd=top, env=env)
+            "add", "-A", "--ignore-errors", "--", ".", cwd=folder, env=env)
+        return git("write-tree", cwd=folder, env=env)
 
 
 def commit(repo: Path, tree: str, parents: list[str], message: str,
            deterministic: bool = True) -> str:
-    """A commit of ``tree`` in the repository ``repo`` (a git dir or a work tree)."""
+    """A commit of ``tree`` in the repository ``repo`` (its git directory)."""
     args = ["commit-tree", tree, "-m", message]
     for parent in parents:
         args += ["-p", parent]
-    return git(*args, cwd=repo, env=IDENT if deterministic else None)
+    return git(*args, repo=repo, env=IDENT if deterministic else None)
 
 
 def has(repo: Path, sha: str) -> bool:
-    return bool(sha) and ok("cat-file", "-e", f"{sha}^{{commit}}", cwd=repo)
+    return bool(sha) and ok("cat-file", "-e", f"{sha}^{{commit}}", repo=repo)
 
 
 def tree_stats(repo: Path, tree: str) -> tuple[int, int]:
     """(files, bytes) of a tree."""
     files = size = 0
-    for line in git("ls-tree", "-r", "-l", tree, cwd=repo).splitlines():
+    for line in git("ls-tree", "-r", "-l", tree, repo=repo).splitlines():
         meta = line.split("\t", 1)[0].split()
         if len(meta) == 4 and meta[1] == "blob":
             files += 1
@@ -186,12 +258,12 @@ def bundle(repo: Path, sha: str, base: str = "") -> bytes:
     """A bundle of commit ``sha`` (ref ``refs/swarm/snap/<sha>``) with only the objects
     ``base`` lacks."""
     ref = f"refs/swarm/snap/{sha}"
-    git("update-ref", ref, sha, cwd=repo)
+    git("update-ref", ref, sha, repo=repo)
     with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
         path = Path(tmp) / "b.bundle"
         git("-c", "pack.compression=1", "-c", "pack.window=0", "bundle", "create", "-q",
             str(path), ref,
-            *([f"^{base}"] if base else []), cwd=repo)
+            *([f"^{base}"] if base else []), repo=repo)
         return path.read_bytes()
 
 
@@ -202,12 +274,12 @@ def unbundle(repo: Path, sha: str, data: bytes) -> None:
         path = Path(tmp) / "b.bundle"
         path.write_bytes(data)
         git("-c", "gc.auto=0", "-c", "maintenance.auto=false", "fetch", "-q",
-            "--no-write-fetch-head", str(path), f"{ref}:{ref}", cwd=repo)
+            "--no-write-fetch-head", str(path), f"{ref}:{ref}", repo=repo)
 
 
 def keep(repo: Path, sha: str) -> None:
     """A ref on ``sha`` so no ``git gc`` drops it while the swarm may need it."""
-    git("update-ref", f"refs/swarm/snap/{sha}", sha, cwd=repo)
+    git("update-ref", f"refs/swarm/snap/{sha}", sha, repo=repo)
 
 
 def worktree(repo: Path, path: Path, branch: str, start: str, checkout: bool = True) -> None:
@@ -218,8 +290,7 @@ def worktree(repo: Path, path: Path, branch: str, start: str, checkout: bool = T
     for _ in range(5):  # concurrent worktree adds on one repository can trip on locks
         try:
             git("worktree", "add", "-q", "-f", *(() if checkout else ("--no-checkout",)),
-                "-B", branch, str(path), start,
-                cwd=repo.parent if repo.name == ".git" else repo)
+                "-B", branch, str(path), start, repo=repo)
             return
         except WorkspaceError as exc:
             last = exc
@@ -234,8 +305,8 @@ def checkout_files(repo: Path, sha: str, into: Path, files: list[str] | None = N
     a temporary index (no ``.git`` there)."""
     into.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="swarm-index-") as tmp:
-        env = {"GIT_DIR": str(common_dir(repo) if (repo / ".git").exists() else repo),
-               "GIT_WORK_TREE": str(into), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        env = {"GIT_DIR": str(repo), "GIT_WORK_TREE": str(into),
+               "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if files is None:
             git("read-tree", "-u", "--reset", sha, cwd=into, env=env)
         elif files:
@@ -247,31 +318,36 @@ def changes(repo: Path, old: str, new: str) -> tuple[list[str], list[str]]:
     """(changed or added, deleted) paths between two commits."""
     changed: list[str] = []
     deleted: list[str] = []
-    parts = git("diff", "--no-renames", "--name-status", "-z", old, new,
-                cwd=repo).split("\0")
+    parts = git("diff", "--no-renames", "--no-ext-diff", "--no-textconv", "--name-status",
+                "-z", old, new, repo=repo).split("\0")
     for status, name in zip(parts[::2], parts[1::2], strict=False):
         (deleted if status.startswith("D") else changed).append(name)
     return changed, deleted
 
 
+def diffstat(repo: Path, old: str, new: str) -> str:
+    """``git diff --stat`` between two commits (its last 2000 characters)."""
+    return git("diff", "--stat", "--no-ext-diff", "--no-textconv", old, new,
+               repo=repo)[-2000:]
+
+
 def rev(repo: Path, name: str) -> str:
     """The commit ``name`` is, or ""."""
     try:
-        return git("rev-parse", "--verify", "-q", f"{name}^{{commit}}", cwd=repo)
+        return git("rev-parse", "--verify", "-q", f"{name}^{{commit}}", repo=repo)
     except WorkspaceError:
         return ""
 
 
-def index_tree(top: Path) -> str:
+def index_tree(tree: WorkTree) -> str:
     """The tree of the work tree's index as it is (what is staged), written from a copy
     (the index itself is not touched); "" when it cannot be (a merge conflict)."""
-    real = _index_of(top)
     with tempfile.TemporaryDirectory(prefix="swarm-index-") as tmp:
         temp = Path(tmp) / "index"
-        if real.is_file():
-            shutil.copyfile(real, temp)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copyfile(tree.admin / "index", temp)
         try:
-            return git("write-tree", cwd=top, env={"GIT_INDEX_FILE": str(temp)})
+            return git("write-tree", cwd=tree.top, env=tree.env(temp))
         except WorkspaceError:
             return ""
 
@@ -287,10 +363,10 @@ def transplant(repo: Path, tip: str, start: str, onto: str, memo: dict[str, str]
     memo.setdefault(start, onto)
     if tip in memo:
         return memo[tip]
-    if not ok("merge-base", "--is-ancestor", start, tip, cwd=repo):
+    if not ok("merge-base", "--is-ancestor", start, tip, repo=repo):
         return ""
     lines = git("rev-list", "--reverse", "--topo-order", "--parents", tip, f"^{start}",
-                cwd=repo).splitlines()
+                repo=repo).splitlines()
     if len(lines) > TRANSPLANT_MAX:
         return ""
     for line in lines:
@@ -298,13 +374,13 @@ def transplant(repo: Path, tip: str, start: str, onto: str, memo: dict[str, str]
         if sha in memo:
             continue
         fields = git("log", "-1", "--date=raw", "--format=%T%x00%an%x00%ae%x00%ad%x00%cn%x00"
-                     "%ce%x00%cd%x00%B", sha, cwd=repo).split("\0", 7)
+                     "%ce%x00%cd%x00%B", sha, repo=repo).split("\0", 7)
         tree, an, ae, ad, cn, ce, cd, message = fields
         args = ["commit-tree", tree, "-m", message or "-"]
         for parent in parents:
             if parent in memo:
                 args += ["-p", memo[parent]]
-        memo[sha] = git(*args, cwd=repo, env={
+        memo[sha] = git(*args, repo=repo, env={
             "GIT_AUTHOR_NAME": an, "GIT_AUTHOR_EMAIL": ae, "GIT_AUTHOR_DATE": ad,
             "GIT_COMMITTER_NAME": cn, "GIT_COMMITTER_EMAIL": ce, "GIT_COMMITTER_DATE": cd})
     return memo.get(tip, "")

@@ -24,7 +24,7 @@ from swarm.domain.messages import tool_body
 from swarm.domain.session import Session
 from swarm.errors import WorkspaceError, WorkspaceLost
 from swarm.runtime import gitstate as g
-from swarm.runtime.seed import EMPTY, Seeds, Workspace
+from swarm.runtime.seed import EMPTY, Seeds, Workspace, upper
 from swarm.store.snapshots import SnapshotMeta
 
 #: The first line of a parked workspace's commit message.
@@ -46,9 +46,10 @@ def state(seeds: Seeds, ws: Workspace, sid: str, swarm_id: str,
     """Store the workspace ``ws`` as it parks (``sid``: the snapshot just taken of it for
     its new children); the id to restore it from. A workspace that is not a seeded
     worktree is its snapshot ``sid`` (its files only)."""
-    if sid == EMPTY or not ws.seed or ws.repo is None or g.git_root(ws.path) is None:
+    work = ws.tree
+    if sid == EMPTY or not ws.seed or work is None:
         return sid
-    repo, top = ws.repo, ws.top
+    repo = work.repo
     meta = seeds.store.meta(ws.seed)
     start = meta.local if ws.home_branch and meta is not None and meta.local else ws.seed
     memo: dict[str, str] = {}
@@ -58,9 +59,9 @@ def state(seeds: Seeds, ws: Workspace, sid: str, swarm_id: str,
             return commit
         return g.transplant(repo, commit, start, ws.seed, memo)
 
-    head = portable(g.rev(top, "HEAD")) or ws.seed
-    tree = g.git("rev-parse", f"{sid}^{{tree}}", cwd=repo)
-    index = g.commit(repo, g.index_tree(top) or tree, [head], "swarm: the index as it was")
+    head = portable(g.rev(repo, work.head)) or ws.seed
+    tree = g.git("rev-parse", f"{sid}^{{tree}}", repo=repo)
+    index = g.commit(repo, g.index_tree(work) or tree, [head], "swarm: the index as it was")
     names, heads = [], []
     for name in sorted(set(branches)):
         commit = portable(g.rev(repo, f"refs/heads/{name}"))
@@ -97,32 +98,36 @@ def restore(seeds: Seeds, swarm_id: str, agent_id: str, seed: str, sealed: str) 
         seeds.fetch(seed, repo)
         meta = seeds.store.meta(seed)
         parents, message = g.git("log", "-1", "--format=%P%x00%B", sealed,
-                                 cwd=repo).split("\0", 1)
+                                 repo=repo).split("\0", 1)
         exact = message.startswith(PARKED) and bool(parents)
         ids = parents.split()
-        head = g.git("rev-parse", f"{ids[0]}^", cwd=repo) if exact else seed
+        head = g.git("rev-parse", f"{ids[0]}^", repo=repo) if exact else seed
         branch = f"swarm/{agent_id}"
-        g.git("worktree", "prune", cwd=repo)
+        g.git("worktree", "prune", repo=repo)
         view = seeds.checkout(repo, path, branch, head, seed)
-        g.git("read-tree", "-u", "--reset", sealed, cwd=path)
-        if exact:
-            g.git("read-tree", f"{ids[0]}^{{tree}}", cwd=path)  # the index as it was
-            g.ok("update-index", "-q", "--refresh", cwd=path)
+        found = g.registered(repo, upper(view) if view is not None else path)
+        if found is None:
+            raise WorkspaceError(f"no worktree of {repo} is registered at {path}")
+        work = g.WorkTree(path, repo, found.name)
+        g.git("read-tree", "-u", "--reset", sealed, cwd=path, env=work.env())
+        if exact:  # the index as it was
+            g.git("read-tree", f"{ids[0]}^{{tree}}", cwd=path, env=work.env())
+            g.ok("update-index", "-q", "--refresh", cwd=path, env=work.env())
             names = [line.removeprefix("branch ").strip() for line in message.splitlines()
                      if line.startswith("branch swarm/")]
             for name, commit in zip(names, ids[1:], strict=False):
-                g.git("update-ref", f"refs/heads/{name}", commit, cwd=repo)
+                g.git("update-ref", f"refs/heads/{name}", commit, repo=repo)
             snapshot = seeds.store.meta(sealed)
             if snapshot is not None and snapshot.base:
                 # Children still out started from this: their branches go over it.
-                tree = g.git("rev-parse", f"{sealed}^{{tree}}", cwd=repo)
+                tree = g.git("rev-parse", f"{sealed}^{{tree}}", repo=repo)
                 local = g.commit(repo, tree, [head], "swarm: the workspace as the parent saw it")
-                g.git("update-ref", f"refs/swarm/local/{snapshot.base}", local, cwd=repo)
-        else:
-            g.git("reset", "-q", cwd=path)  # its changes uncommitted over its seed
+                g.git("update-ref", f"refs/swarm/local/{snapshot.base}", local, repo=repo)
+        else:  # its changes uncommitted over its seed: the index is its HEAD's
+            g.git("read-tree", head, cwd=path, env=work.env())
     except WorkspaceError as exc:
         raise WorkspaceLost(f"the workspace of {agent_id} could not be restored on "
                             f"{seeds.host}: {exc}") from None
     subdir = meta.subdir if meta is not None else ""
     return Workspace(path / subdir if subdir else path, branch, root=path, seed=seed,
-                     repo=repo, view=view)
+                     repo=repo, view=view, worktree=work.name)

@@ -23,6 +23,7 @@ from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.session import Session
 from swarm.errors import Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
+from swarm.runtime import gitstate as g
 from swarm.runtime import homecoming, sweep
 from swarm.runtime.local import LocalCluster, alive, shared, wait_for
 from swarm.runtime.seed import Seeds
@@ -68,6 +69,8 @@ class RootSwarm:
     """The root's MCP servers, recorded with the swarm for its children (as configured:
     ``${VAR}`` references, never their values)."""
     _last_event: str = field(default="0-0", init=False)
+    tree: g.WorkTree | None = field(default=None, init=False)
+    """The git work tree of the root's folder, found before its commands ran."""
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.store.redis)
@@ -79,9 +82,12 @@ class RootSwarm:
         self.session = session
         self.swarm_id = self.swarm_id or new_swarm_id()
         workspace = Path(session.workspace)
+        # Its repository is found now, before its commands run, and kept.
+        self.tree = self.seeds.pinned(f"root:{session.id}", workspace)
         return RedisSpawner(self.ledger, self.swarm_id, self.swarm_id,
                             ensure_swarm=self.ensure,
-                            seeder=lambda: self.seeds.take(workspace, self.swarm_id),
+                            seeder=lambda: self.seeds.take(workspace, self.swarm_id,
+                                                          tree_of=self.tree),
                             host=self.seeds.host)
 
     def ensure(self) -> None:
@@ -167,7 +173,8 @@ class RootSwarm:
             loaded = sessions.load(agent.session.id)
             assert loaded is not None, "the root session vanished while it was parked"
             # The children's work comes home (branches, files) before the root goes on.
-            if homecoming.bring_home(self.seeds, loaded, Path(loaded.workspace), self.swarm_id):
+            if homecoming.bring_home(self.seeds, loaded, Path(loaded.workspace), self.swarm_id,
+                                     self.tree):
                 sessions.save(loaded)
             agent.session = loaded
             try:

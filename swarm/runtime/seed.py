@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -55,10 +56,27 @@ class Workspace:
     """The folder of its copy-on-write view (its upper folder, named for the agent,
     ``work`` and the file ``lower``), or None: a full checkout or a plain folder
     (:mod:`swarm.runtime.views`)."""
+    worktree: str = ""
+    """Its worktree's folder under ``repo/worktrees`` (found from the repository's side)."""
 
     @property
     def top(self) -> Path:
         return self.root or self.path
+
+    @property
+    def tree(self) -> g.WorkTree | None:
+        """Its git work tree as the worker made it (None: a plain folder)."""
+        if self.repo is None or not self.worktree:
+            return None
+        return g.WorkTree(self.top, self.repo, self.worktree)
+
+
+def _worktree(repo: Path, top: Path, view: Path | None) -> str:
+    """The name of the worktree of ``repo`` made at ``top`` (on its view's upper folder)."""
+    found = g.registered(repo, upper(view) if view is not None else top)
+    if found is None:
+        raise WorkspaceError(f"no worktree of {repo} is registered at {top}")
+    return found.name
 
 
 @contextlib.contextmanager
@@ -121,18 +139,19 @@ class Seeds:
 
     # -- seed -------------------------------------------------------------------------------
 
-    def take(self, workspace: Path, swarm_id: str, base: str = "") -> str:
-        """Snapshot ``workspace`` as its agent sees it and store it (once); its id. With
-        ``base`` (the snapshot the workspace was seeded from), it is stored as a delta
-        over it. :class:`SnapshotTooLarge` names the size, the cap and what to do."""
-        top = g.git_root(workspace)
+    def take(self, workspace: Path, swarm_id: str, base: str = "",
+             tree_of: g.WorkTree | None = None) -> str:
+        """Snapshot ``workspace`` as its agent sees it and store it (once); its id. It is a
+        git work tree when ``tree_of`` (chosen by the caller, never found from the folder,
+        which commands write) is given, else a plain folder. With ``base`` (the snapshot
+        the workspace was seeded from), it is stored as a delta over it.
+        :class:`SnapshotTooLarge` names the size, the cap and what to do."""
         head = ""
-        if top is not None:
-            odb = g.common_dir(top)
-            tree = g.write_tree(top)
+        if tree_of is not None:
+            top, odb = tree_of.top, tree_of.repo
+            tree = g.write_tree(tree_of)
             subdir = str(workspace.resolve().relative_to(top.resolve()))
-            with contextlib.suppress(WorkspaceError):
-                head = g.git("rev-parse", "--verify", "-q", "HEAD^{commit}", cwd=top)
+            head = g.rev(odb, tree_of.head)
         else:
             top, odb, subdir = workspace, self.cache, "."
             key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
@@ -152,7 +171,7 @@ class Seeds:
             if head else sid
         g.keep(odb, sid)
         if local != sid:
-            g.git("update-ref", f"refs/swarm/local/{sid}", local, cwd=odb)
+            g.git("update-ref", f"refs/swarm/local/{sid}", local, repo=odb)
         base = base if base not in ("", EMPTY, sid) and g.has(odb, base) else ""
         self.publish(odb, SnapshotMeta(sid, 0, 0, "", base, files, self.host, str(odb), local,
                                         "" if subdir == "." else subdir), swarm_id)
@@ -214,7 +233,29 @@ class Seeds:
         if meta.subdir:
             (path / meta.subdir).mkdir(parents=True, exist_ok=True)
         return Workspace(path / meta.subdir if meta.subdir else path, branch, root=path,
-                         seed=seed, repo=repo, home_branch=home_branch, view=view)
+                         seed=seed, repo=repo, home_branch=home_branch, view=view,
+                         worktree=_worktree(repo, path, view))
+
+    def pinned(self, key: str, folder: Path) -> g.WorkTree | None:
+        """The git work tree of a root's or a job's own ``folder``, found the first time
+        (before its commands ran) and kept under ``SWARM_HOME`` as ``key``: a ``.git`` a
+        command plants in it later is never taken for its repository."""
+        pin = self.home / "seeds" / "pins" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+        try:
+            kept = json.loads(pin.read_text())
+            if kept.get("folder") == str(folder):
+                if not kept.get("repo"):
+                    return None
+                return g.WorkTree(Path(kept["top"]), Path(kept["repo"]), kept["name"])
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass
+        found = g.discover(folder)
+        pin.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pin.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"folder": str(folder)} | ({} if found is None else {
+            "top": str(found.top), "repo": str(found.repo), "name": found.name})))
+        os.replace(tmp, pin)
+        return found
 
     # -- checkouts and views ----------------------------------------------------------------
 
@@ -270,14 +311,18 @@ class Seeds:
         view = self.view_of(top)
         if view is not None:
             self.attach(Workspace(path, root=top, view=view))
-        if not (top / ".git").is_file():
-            return Workspace(path, root=top, view=view)
-        repo = g.common_dir(top)
+        # Its repository is one this host made its worktree in (its parent's, or the
+        # host's cache), found from the repository's side, never from its .git file.
         meta = self.store.meta(seed) if seed and seed != EMPTY else None
-        home_branch = meta is not None and meta.local != meta.id and \
-            Path(meta.odb).resolve() == repo.resolve()
-        return Workspace(path, f"swarm/{agent_id}", root=top, seed=seed, repo=repo,
-                         home_branch=home_branch, view=view)
+        repos = [Path(meta.odb)] if meta is not None and meta.origin == self.host else []
+        for repo in [*repos, self.home / "seeds" / "cache.git"]:
+            tree = g.registered(repo, upper(view) if view is not None else top)
+            if tree is not None:
+                home_branch = meta is not None and meta.local != meta.id and \
+                    Path(meta.odb).resolve() == repo.resolve()
+                return Workspace(path, f"swarm/{agent_id}", root=top, seed=seed, repo=repo,
+                                 home_branch=home_branch, view=view, worktree=tree.name)
+        return Workspace(path, root=top, view=view)
 
     def view_of(self, top: Path) -> Path | None:
         """The view folder of the workspace whose top folder is ``top``, or None."""
@@ -323,9 +368,12 @@ class Seeds:
                 return ""
         else:
             repo = ws.repo
-            tree = g.write_tree(ws.top)
+            work = ws.tree
+            if work is None:
+                raise WorkspaceError(f"the worktree of {ws.top} is not registered in {repo}")
+            tree = g.write_tree(work)
             parents = [ws.seed]
-            if g.git("rev-parse", f"{ws.seed}^{{tree}}", cwd=repo) == tree:
+            if g.git("rev-parse", f"{ws.seed}^{{tree}}", repo=repo) == tree:
                 return ""
         sid = g.commit(repo, tree, parents, "swarm: a child's work")
         self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),

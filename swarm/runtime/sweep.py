@@ -92,9 +92,8 @@ def sweep(home: Path, client: redis.Redis, folders: tuple[Path, ...] = ()) -> Sw
                 out.trees.append(sid)
     repos = [(home / "seeds" / "cache.git", True)]
     for folder in folders:
-        top = g.git_root(folder)
-        with contextlib.suppress(WorkspaceError):
-            repos += [(g.common_dir(top), False)] if top is not None else []
+        found = g.discover(folder)
+        repos += [(found.repo, False)] if found is not None else []
     for repo, agents in repos:
         if (repo / "objects").is_dir():
             with contextlib.suppress(WorkspaceError):
@@ -106,22 +105,22 @@ def _sweep_refs(repo: Path, client: redis.Redis, agents: bool) -> int:
     """Delete swarm refs of ``repo`` whose snapshot (or, with ``agents``, whose agent's
     record) is gone; then let git drop what nothing refers to any more."""
     if agents:  # a user's repository keeps its worktrees (a missing one may be unmounted)
-        g.git("worktree", "prune", cwd=repo)
+        g.git("worktree", "prune", repo=repo)
     patterns = ["refs/swarm/snap/", "refs/swarm/local/"] + (["refs/heads/swarm/"] if agents
                                                             else [])
-    refs = g.git("for-each-ref", "--format=%(refname)", *patterns, cwd=repo).split()
+    refs = g.git("for-each-ref", "--format=%(refname)", *patterns, repo=repo).split()
     owners = [keys.agent(r.rsplit("/", 1)[1]) if r.startswith("refs/heads/")
               else keys.snapshot(r.rsplit("/", 1)[1]) for r in refs]
     checked_out = {line.removeprefix("branch ").strip() for line in g.git(
-        "worktree", "list", "--porcelain", cwd=repo).splitlines() if line.startswith("branch ")}
+        "worktree", "list", "--porcelain", repo=repo).splitlines() if line.startswith("branch ")}
     gone = [r for r, known in zip(refs, _exists(client, owners), strict=True)
             if not known and r not in checked_out]
     if not gone:
         return 0
     for ref in gone:
-        g.git("update-ref", "-d", ref, cwd=repo)
+        g.git("update-ref", "-d", ref, repo=repo)
     if agents:  # the host's own cache: its unreferenced objects go too
-        g.git("-c", "gc.auto=0", "gc", "--quiet", "--prune=2.hours.ago", cwd=repo)
+        g.git("-c", "gc.auto=0", "gc", "--quiet", "--prune=2.hours.ago", repo=repo)
     return len(gone)
 
 

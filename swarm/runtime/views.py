@@ -25,9 +25,11 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 from swarm.agent.grants import grant_tree
@@ -58,6 +60,59 @@ def private_mounts() -> bool:
     with contextlib.suppress(OSError):
         _check(libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
     return True
+
+
+_CLONE_FS = 0x200
+_own = threading.local()
+
+
+def isolate(views_under: Path, keep: Path) -> bool:
+    """Move the calling thread (a run working in the view ``keep``) into a mount namespace
+    of its own, where of the views under ``views_under`` only ``keep`` is mounted; until
+    :func:`rejoin`. The sandbox's boxes it starts copy that namespace's mounts, and each
+    mount a box copies costs every bind it makes (bubblewrap reads the mount table for
+    each): with 500 views mounted, ~1.6 ms a bind, a command's box ~90 ms instead of ~20.
+    The process's own namespace keeps every view (its other threads, MCP servers). False
+    (nothing changed) where this thread may not."""
+    if getattr(_own, "fd", None) is not None:
+        return False
+    libc = _libc()
+    try:
+        home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/mnt", os.O_RDONLY)
+    except OSError:
+        return False
+    if libc.unshare(_CLONE_FS | _CLONE_NEWNS) != 0:
+        os.close(home)
+        return False
+    _own.fd = home
+    with contextlib.suppress(OSError):
+        _check(libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
+    under, kept = f"{views_under.resolve()}/", str(keep.resolve())
+    with open(f"/proc/self/task/{threading.get_native_id()}/mountinfo", "rb") as table:
+        points = [_unescape(line.split()[4]) for line in table]
+    for point in sorted(points, key=len, reverse=True):
+        if point.startswith(under) and point != kept and not point.startswith(f"{kept}/"):
+            libc.umount2(point.encode(), _MNT_DETACH)
+    return True
+
+
+def rejoin() -> None:
+    """Back to the process's mount namespace after :func:`isolate`."""
+    fd = getattr(_own, "fd", None)
+    if fd is None:
+        return
+    _own.fd = None
+    try:
+        _check(_libc().setns(fd, _CLONE_NEWNS), "setns to the worker's mount namespace")
+    finally:
+        os.close(fd)
+
+
+def _unescape(field: bytes) -> str:
+    """A mount point as /proc/*/mountinfo writes it (space, tab, newline, backslash
+    escaped in octal)."""
+    return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]),
+                  field).decode(errors="surrogateescape")
 
 
 def mount(lower: Path, upper: Path, work: Path, target: Path) -> None:
@@ -125,8 +180,8 @@ def shared_checkout(repo: Path, sid: str, trees: Path,
         granted = trees / f"{sid}.uid-{box_uid}"
         if box_uid is not None and not granted.exists():  # made before a box needed it
             grant_tree(files, box_uid)
-            g.git("update-index", "-q", "--refresh", cwd=files, env={
-                "GIT_DIR": str(repo), "GIT_WORK_TREE": str(files), "GIT_INDEX_FILE": str(index)})
+            g.git("update-index", "-q", "--refresh", repo=repo, cwd=files,
+                  env={"GIT_WORK_TREE": str(files), "GIT_INDEX_FILE": str(index)})
             granted.touch()
         return files, index
     trees.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ from swarm.errors import (
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
-from swarm.runtime import homecoming, parked, sweep
+from swarm.runtime import homecoming, parked, sweep, views
 from swarm.runtime.build import build_agent, new_session
 from swarm.runtime.seed import Seeds, upper
 from swarm.runtime.spawner import RedisSpawner
@@ -187,10 +187,17 @@ class ChildRunner:
                       settings.snapshot_swarm_max, view=self.settings.seed_view,
                       box_uid=self.sandbox.box.run_as if self.sandbox.box else None)
         workspace = self._workspace(record, swarm_id, seeds)
+        # Its boxes copy its thread's mounts: there, no other child's view.
+        isolated = workspace.view is not None and self.sandbox.box is not None and \
+            views.isolate(self.settings.home / "workspaces", workspace.top)
         try:
             return self._work_in(workspace, seeds, settings, run, start, resume, send, watched)
         finally:
-            seeds.release(workspace)  # a view is mounted while a run works in it
+            try:
+                if isolated:
+                    views.rejoin()
+            finally:
+                seeds.release(workspace)  # a view is mounted while a run works in it
 
     def _work_in(self, workspace: ws.Workspace, seeds: Seeds, settings: Settings,
                  run: RunRecord, start: Start, resume: bool,
@@ -209,7 +216,11 @@ class ChildRunner:
             elif request:  # still out: the join resumes it
                 self.ledger.stay_parked(run, swarm_id, watched.token)
                 return {"run": run.id, "state": "parked"}
-        if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id):
+        # Its git work tree as this host made it; a job's folder (named by its submitter)
+        # is found as a root's is, before its first run's commands, and kept.
+        tree = workspace.tree or (seeds.pinned(f"job:{run.agent}", workspace.path)
+                                  if record.kind == "job" else None)
+        if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id, tree):
             self.sessions.save(session)  # its children's work is here before it goes on
         # A view tells what changed from its upper folder; other workspaces are compared
         # with a listing taken as the run began.
@@ -231,7 +242,8 @@ class ChildRunner:
                 spawner=RedisSpawner(self.ledger, run.agent, swarm_id, run.id,
                                      token=watched.token,
                                      seeder=lambda: seeds.take(workspace.path, swarm_id,
-                                                               base=workspace.seed),
+                                                               base=workspace.seed,
+                                                               tree_of=tree),
                                      keeper=lambda sid: parked.state(
                                          seeds, workspace, sid, swarm_id,
                                          parked.branches_in(session)),

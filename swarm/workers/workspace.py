@@ -10,22 +10,15 @@ when it settles, so the parent can ``git merge swarm/<agent_id>``.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
-from swarm.runtime.gitstate import SECRET_PATTERNS
+from swarm.runtime import gitstate as g
 from swarm.runtime.seed import Workspace
 
 __all__ = ["Snapshot", "Workspace", "changed_files", "commit_changes", "snapshot"]
 
 Snapshot = dict[str, tuple[int, int]]
 SNAPSHOT_LIMIT = 20_000
-
-
-def _git(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
 
 
 def snapshot(path: Path) -> Snapshot:
@@ -52,25 +45,28 @@ def changed_files(before: Snapshot, after: Snapshot) -> list[str]:
 
 
 def commit_changes(ws: Workspace, message: str) -> str:
-    """Commit everything the child changed to its branch (in its parent's repository);
-    return a ``--stat`` summary."""
-    if not ws.git_branch:
+    """Commit everything the child changed over its worktree's ``HEAD`` (its branch, in
+    its parent's repository) as ``git add -A && git commit`` would, without their hooks,
+    through the git folders the worker made (:attr:`Workspace.tree`, never the
+    workspace's ``.git``); return a ``--stat`` summary ("" when nothing changed). What the
+    seed left out (secrets, ``.swarmignore``), the branch leaves out too."""
+    work = ws.tree
+    if not ws.git_branch or work is None:
         return ""
-    _git(ws.path, "-c", f"core.excludesFile={_excludes(ws)}", "add", "-A")
-    if _git(ws.path, "diff", "--cached", "--quiet").returncode == 0:
+    parent = g.rev(work.repo, work.head)
+    tree = g.write_tree(work)
+    if parent and g.git("rev-parse", f"{parent}^{{tree}}", repo=work.repo) == tree:
         return ""
-    _git(ws.path, "-c", "user.name=swarm", "-c", "user.email=swarm@localhost", "commit",
-         "-q", "--no-verify", "-m", message)
-    return _git(ws.path, "show", "--stat", "--format=", "HEAD").stdout.strip()[-2000:]
+    head = g.git("commit-tree", tree, *(["-p", parent] if parent else []), "-m", message,
+                 repo=work.repo, env=AUTHOR)
+    g.git("update-ref", "-m", "commit: swarm", work.head, head, *([parent] if parent else []),
+          repo=work.repo)
+    # Its index as the commit leaves it (git writes it by a lock file and a rename).
+    g.git("read-tree", head, cwd=work.top, env=work.env())
+    g.ok("update-index", "-q", "--refresh", cwd=work.top, env=work.env())
+    return g.diffstat(work.repo, parent, head) if parent else ""
 
 
-def _excludes(ws: Workspace) -> str:
-    """The secret patterns (and ``.swarmignore``) as an excludes file beside the
-    worktree's git files: what the seed left out, the branch leaves out too."""
-    path = ws.top.parent / f".{ws.top.name}.excludes"
-    lines = [*SECRET_PATTERNS]
-    ignore = ws.top / ".swarmignore"
-    if ignore.is_file():
-        lines += ignore.read_text(errors="replace").splitlines()
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+#: Who the commit of a child's changes is by.
+AUTHOR = {"GIT_AUTHOR_NAME": "swarm", "GIT_AUTHOR_EMAIL": "swarm@localhost",
+          "GIT_COMMITTER_NAME": "swarm", "GIT_COMMITTER_EMAIL": "swarm@localhost"}
