@@ -35,6 +35,7 @@ from jsonschema.exceptions import SchemaError
 from kombu.exceptions import OperationalError
 
 from swarm import faults
+from swarm.broker.app import host_queue
 from swarm.broker.events import BufferedEvents, SentEvents
 from swarm.cache import TTLCache
 from swarm.config import Settings
@@ -274,13 +275,18 @@ class Coordinator:
         same names (and its task events), so Flower links the task to its parent and root."""
         run = new.run
         shadow = f"agent {run.agent} depth {new.depth}: {new.label}"[:200]
+        # A child whose folder is on a host with a live worker goes to that host's queue:
+        # any other worker would hand it back. A host gone for good: anyone's (to fail it
+        # with "workspace lost").
+        queue = host_queue(new.host) if new.host and self.redis.exists(
+            keys.worker_host(new.host)) else None
         if sent is not None:
             sent.name(run.id, shadow)
         self.app.send_task(
             "swarm.agent.run", args=[run.id], task_id=run.id, shadow=shadow,
             argsrepr=repr((run.id,)), kwargsrepr="{}",
             headers={"traceparent": new.traceparent} if new.traceparent else None,
-            parent_id=parent_id, root_id=root_id,
+            parent_id=parent_id, root_id=root_id, queue=queue,
             producer=producer, event_dispatcher=sent, ignore_result=True)
 
     # -- settle and fan-in ---------------------------------------------------------------------

@@ -344,6 +344,9 @@ class NewRun:
     """The Celery task of the parent's run ("" for a root in a terminal)."""
     seed: str = ""
     """The snapshot a new child's workspace starts from ("": an empty folder)."""
+    host: str = ""
+    """The host whose workers must take it ("": any): its agent's folder is there, with no
+    snapshot to restore it from elsewhere (a child taken over mid-run)."""
 
     @classmethod
     def of(cls, run: RunRecord, record: AgentRecord | None) -> NewRun:
@@ -766,6 +769,8 @@ class Ledger:
                 run.swarm = record.swarm  # a record from before runs carried their swarm
             new = NewRun.of(run, record)
             new.parent_run = str(parent_runs.get(record.parent) or "") if record else ""
+            if record is not None and record.workspace and not record.ws_state:
+                new.host = record.ws_host
             out.append(new)
         return out
 
