@@ -22,6 +22,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,14 +75,15 @@ def faketime_library() -> str:
 
 def faketime_reason(offset: float = 30.0) -> str:
     """Why a Python process with threads cannot run under libfaketime here, or "": it must
-    sleep and wait on a condition with a timeout (libfaketime 0.9.10 makes ``time.sleep``
-    fail with EINVAL when it leaves the monotonic clock alone, and hangs a timed
-    ``threading.Event.wait`` when it fakes it)."""
+    sleep and wait on a condition with a timeout, with its wall clock ``offset`` seconds
+    ahead (libfaketime 0.9.10 makes ``time.sleep`` fail with EINVAL when it leaves the
+    monotonic clock alone, and hangs a timed ``threading.Event.wait`` when it fakes it:
+    :func:`host_env` leaves it alone and turns ``time.sleep`` into a timed wait)."""
     library = faketime_library()
     if not library:
         return "libfaketime is not installed (apt-get install faketime)"
     probe = ("import threading, time; threading.Event().wait(0.05); time.sleep(0.05); "
-             "print(round(time.time()))")
+             "print(time.time())")
     env = host_env(HostSpec("probe", clock_ahead=offset), os.environ)
     try:
         done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
@@ -90,6 +92,9 @@ def faketime_reason(offset: float = 30.0) -> str:
         return "a timed wait hangs under libfaketime"
     if done.returncode != 0:
         return f"Python fails under libfaketime: {done.stderr.strip().splitlines()[-1:]}"
+    ahead = float(done.stdout) - time.time()
+    if abs(ahead - offset) > 5:
+        return f"libfaketime set the clock {ahead:+.0f} s off, not {offset:+g} s"
     return ""
 
 
@@ -136,8 +141,12 @@ def host_env(spec: HostSpec, env: Mapping[str, str]) -> dict[str, str]:
         library = faketime_library()
         if not library:
             raise RuntimeError("libfaketime is not installed (apt-get install faketime)")
+        # time.sleep becomes a timed wait (bench/faketime/sitecustomize.py: 0.9.10 fails
+        # clock_nanosleep on the monotonic clock it leaves alone).
+        site = str(Path(__file__).resolve().parent / "faketime")
+        path = [p for p in (site, out.get("PYTHONPATH", "")) if p]
         out.update(LD_PRELOAD=library, FAKETIME=f"+{spec.clock_ahead:g}s",
-                   FAKETIME_DONT_FAKE_MONOTONIC="1")
+                   FAKETIME_DONT_FAKE_MONOTONIC="1", PYTHONPATH=os.pathsep.join(path))
     return out
 
 

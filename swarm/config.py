@@ -97,6 +97,9 @@ KNOBS: dict[str, Knob] = {
                   "seconds a worker's claim on a child lives without renewal; then taken over"),
     "reclaim_idle": Knob(("SWARM_RECLAIM_IDLE",),
                          "seconds before a dead coordinator's pending requests are taken over"),
+    "takeover_grace": Knob(("SWARM_TAKEOVER_GRACE",),
+                           "seconds a child's task (or a parent's resume) has to be claimed by "
+                           "a worker before a coordinator sends it again"),
     "snapshot_max": Knob(("SWARM_SNAPSHOT_MAX",),
                          "bytes of files in one workspace snapshot a child is seeded from "
                          "(over it the agent call is refused, saying so); 0 = no cap"),
@@ -193,6 +196,7 @@ class Settings:
     approval_timeout: int = 300
     lease: int = 30
     reclaim_idle: int = 15
+    takeover_grace: int = 60
     snapshot_max: int = 100_000_000
     snapshot_swarm_max: int = 1_000_000_000
     seed_view: str = "auto"
@@ -265,7 +269,8 @@ class Settings:
         for name in ("command_timeout", "command_timeout_max", "output_cap", "context_length",
                      "retries", "lock_ttl", "session_ttl", "connect_timeout", "read_timeout",
                      "max_depth", "max_children", "max_parallel", "child_timeout",
-                     "approval_timeout", "lease", "reclaim_idle", "mcp_start_timeout"):
+                     "approval_timeout", "lease", "reclaim_idle", "takeover_grace",
+                     "mcp_start_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be a positive number")
         for name in ("max_turns", "backoff_max", "token_budget", "snapshot_max",

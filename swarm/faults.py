@@ -3,7 +3,7 @@
 ``SWARM_FAULT=<point>`` makes the process that reaches ``point`` exit at once with
 ``os._exit(137)`` (as if SIGKILLed: no cleanup, no acknowledgement). Unset, a fault
 point costs one dictionary lookup. Points: ``coordinator-after-first-dispatch``,
-``worker-after-first-command``.
+``worker-after-first-command``, ``worker-before-resume-claim``.
 """
 
 from __future__ import annotations

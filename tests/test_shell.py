@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -273,3 +274,31 @@ def test_clamp_timeout() -> None:
     assert clamp_timeout(10, 300, 3600) == 10
     assert clamp_timeout(99_999, 300, 3600) == 3600
     assert clamp_timeout(None, 300, 60) == 60
+
+
+@pytest.mark.skipif(not shell_mod._setpriv(), reason="setpriv with --pdeathsig is not here")
+def test_an_unconfined_command_whose_runner_died_before_it_started_does_not_run(
+        tmp_path: Path) -> None:
+    """A worker SIGKILLed between the fork of a command and ``setpriv``'s parent-death
+    signal sends no signal: the command must not run on, orphaned, after its lease can have
+    been handed over (the chaos campaign saw two such journal lines, written 1.5 and 6.4 s
+    after their worker's SIGKILL). Here the runner exits before the command's process
+    execs ``setpriv`` at all."""
+    marker = tmp_path / "ran"
+    runner = (
+        "import os, sys, time\n"
+        "from swarm.agent.shell import unconfined_argv\n"
+        f"argv = unconfined_argv('echo ran > {marker}')\n"
+        "parent = os.getpid()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    while os.getppid() == parent:\n"
+        "        time.sleep(0.01)\n"  # until the runner is gone
+        "    os.execv(argv[0], argv)\n"
+        "print(pid, flush=True)\n"
+        "os._exit(0)\n")
+    started = subprocess.run([sys.executable, "-c", runner], check=True, timeout=30,
+                             capture_output=True, text=True)
+    orphan = Path(f"/proc/{int(started.stdout)}")
+    wait_until(lambda: not orphan.exists(), "the orphaned command's shell to end", timeout=30)
+    assert not marker.exists(), "the command ran after its runner had died"

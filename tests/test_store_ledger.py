@@ -374,6 +374,35 @@ def test_join_of_a_worker_parent_waits_for_its_resume(redis: redis_py.Redis) -> 
     assert ledger.join("q1") is None
 
 
+def test_a_joined_parent_whose_resume_task_is_lost_is_reaped_to_resume_again(
+        redis: redis_py.Redis) -> None:
+    """The join covers a worker parent's run with a grace lease until its resume is
+    claimed: a resume task lost with its worker (or never sent) is sent again by the reap;
+    a claim of the resume takes the run out of it as a lease of its own."""
+    ledger = Ledger(redis, grace=30.0)
+    parked_parent(ledger, redis, "child")
+    redis.hset(keys.agent("aparent"), "run", "rparent")
+    redis.hset(keys.run("rparent"), mapping={"id": "rparent", "agent": "aparent",
+                                             "swarm": "s1", "state": "parked"})
+    run = ledger.run("r1")
+    assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
+    joined = ledger.join("q1")
+    assert joined is not None and joined.resume
+    ledger.resumed("q1")  # its resume task went out, and was lost with its worker
+    until = redis.zscore(keys.leases(), "rparent")
+    assert until is not None and abs(until - (server_now(redis) + 30.0)) < 5
+    assert ledger.reap() == []  # not before the grace is over
+    redis.zadd(keys.leases(), {"rparent": server_now(redis) - 1})  # the grace ran out
+    reaped = ledger.reap()
+    assert [(n.run.id, n.run.state) for n in reaped] == [("rparent", "parked")]
+    assert ledger.reap() == []  # once per grace period
+    parent = ledger.run("rparent")
+    assert parent is not None
+    start = ledger.start(parent, "s1", "tok", 10.0, "host-a", from_state="parked")
+    assert start is not None and start.claimed
+    assert abs(redis.zscore(keys.leases(), "rparent") - (server_now(redis) + 10.0)) < 5
+
+
 # -- cancel -------------------------------------------------------------------------------------
 
 

@@ -37,14 +37,18 @@ _CHUNK = 65536
 _TICK = 0.05
 _CONTINUATION = bytes(range(0x80, 0xC0))
 
-DIE_WITH_RUNNER = ('trap "kill -KILL 0" USR1; trap : TERM; bash -c "$1" & p=$!; '
+DIE_WITH_RUNNER = ('trap "kill -KILL 0" USR1; trap : TERM; [ "$PPID" = "$2" ] || exit 137; '
+                   'bash -c "$1" & p=$!; '
                    'while :; do wait $p; s=$?; kill -0 $p 2>/dev/null || exit $s; done')
 """The shell an unconfined command runs in: when its runner dies (``setpriv --pdeathsig
 USR1``: the thread that started it is gone, say the worker was SIGKILLed), it kills the
 command's whole process group, so a command never goes on after its worker's lease can
-have been handed over. (A sandboxed command dies with its runner by bubblewrap's
-``--die-with-parent``.) A SIGTERM to the group (cancel, timeout) stops the command; this
-shell outlives it to reap it and exit with its status (no zombie left to init)."""
+have been handed over. A runner that died before ``setpriv`` set the signal (between the
+fork and the ``prctl``) sends none: the shell, whose parent is then no longer the runner
+(``$2``, its pid), does not start the command. (A sandboxed command dies with its runner
+by bubblewrap's ``--die-with-parent``.) A SIGTERM to the group (cancel, timeout) stops the
+command; this shell outlives it to reap it and exit with its status (no zombie left to
+init)."""
 
 BACKGROUND_NOTE = "[bash exited; background processes still hold the output open: not waited for]"
 CANCEL_NOTE = "[cancelled: the command and its children were killed]"
@@ -74,14 +78,14 @@ def _setpriv() -> str:
 
 
 def unconfined_argv(command: str) -> list[str]:
-    """How an unconfined command runs: in a shell that dies with its runner, taking the
-    command's process group along (:data:`DIE_WITH_RUNNER`); plain ``bash -c`` where
+    """How this process runs an unconfined command: in a shell that dies with it, taking
+    the command's process group along (:data:`DIE_WITH_RUNNER`); plain ``bash -c`` where
     ``setpriv`` is missing."""
     setpriv = _setpriv()
     if not setpriv:
         return ["bash", "-c", command]
     return [setpriv, "--pdeathsig", "USR1", "--", "bash", "-c", DIE_WITH_RUNNER, "bash",
-            command]
+            command, str(os.getpid())]
 
 
 def clamp_timeout(requested: int | None, default: int, ceiling: int) -> int:

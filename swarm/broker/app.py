@@ -25,6 +25,15 @@ from swarm.store.sentinel import is_sentinel, require_master
 patches.install_redis_transport()
 
 QUEUE = "swarm"
+
+
+def host_queue(host: str) -> str:
+    """The queue only the workers of ``host`` take tasks from (besides their others): a
+    child taken over while its folder is on that host, with no snapshot to restore it
+    elsewhere, is sent there."""
+    return f"{QUEUE}.host.{host}"
+
+
 #: Longer than any healthy run: a shorter one makes Redis redeliver a live task.
 VISIBILITY_TIMEOUT = 12 * 3600
 

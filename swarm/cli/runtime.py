@@ -24,7 +24,8 @@ CTX = {"help_option_names": ["-h", "--help"]}
               help="Children run at once by this process (threads: agents mostly wait on the "
                    "model). [env: SWARM_WORKER_CONCURRENCY]")
 @click.option("-Q", "--queues", default="swarm", show_default=True, envvar="SWARM_QUEUES",
-              help="Comma-separated queues to take tasks from. [env: SWARM_QUEUES]")
+              help="Comma-separated queues to take tasks from (and always this host's own, "
+                   "swarm.host.HOSTNAME: children whose folder is here). [env: SWARM_QUEUES]")
 @click.option("-n", "--hostname", default=None,
               help="Worker name shown in Flower (default: swarm@HOST).")
 @click.option("-P", "--pool", type=click.Choice(["threads", "prefork", "solo"]),
@@ -73,7 +74,7 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
                      name="probe").start()
     from celery.signals import worker_ready
 
-    from swarm.broker.app import configure
+    from swarm.broker.app import configure, host_queue
 
     worker_ready.connect(lambda **_: tools.prewarm(), weak=False)
 
@@ -84,7 +85,8 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     with open_store(settings, adopt=started_for_a_run()) as store:
         app = configure(store.url, store.master)
         app.worker_main([
-            "worker", f"--concurrency={concurrency}", f"--pool={pool}", f"--queues={queues}",
+            "worker", f"--concurrency={concurrency}", f"--pool={pool}",
+            f"--queues={queues},{host_queue(socket.gethostname())}",
             f"--hostname={hostname or 'swarm@' + socket.gethostname()}",
             f"--loglevel={loglevel}", "--task-events", "--without-mingle",
         ])

@@ -12,8 +12,9 @@ tasks:
 - ``settle``: a run finished. Held runs are released, and when every run of the request
   has settled the ledger answers the parent's calls in its session; the parent is woken
   (a root in a terminal) or resumed (``swarm.agent.resume``).
-- every :data:`REAP_EVERY` seconds: entries of dead coordinators are taken over, and runs
-  of dead workers (their lease ran out) are re-sent.
+- every :data:`REAP_EVERY` seconds: entries of dead coordinators are taken over, runs
+  of dead workers (their lease ran out) are re-sent, and parents whose resume task was not
+  claimed within ``SWARM_TAKEOVER_GRACE`` (it was lost with its worker) are resumed again.
 
 Every step is idempotent, so an entry handled twice (after a crash) changes nothing.
 """
@@ -34,6 +35,7 @@ from jsonschema.exceptions import SchemaError
 from kombu.exceptions import OperationalError
 
 from swarm import faults
+from swarm.broker.app import host_queue
 from swarm.broker.events import BufferedEvents, SentEvents
 from swarm.cache import TTLCache
 from swarm.config import Settings
@@ -41,7 +43,6 @@ from swarm.runtime.jobs import job_run_id
 from swarm.store import keys
 from swarm.store.ledger import (
     SETTLED,
-    TAKEOVER_GRACE,
     AgentRecord,
     Joined,
     Ledger,
@@ -94,7 +95,7 @@ class Coordinator:
         self.app = app
         self.settings = settings
         self.name = name or f"{socket.gethostname()}-{id(self):x}"
-        self.ledger = Ledger(redis_)
+        self.ledger = Ledger(redis_, grace=settings.takeover_grace)
         self.stop = threading.Event()
         self._limits: TTLCache[str, Settings] = TTLCache(LIMITS_TTL)
         self.events = BufferedEvents(app)
@@ -135,9 +136,16 @@ class Coordinator:
 
     def reap(self) -> int:
         """Re-send runs whose lease ran out: their worker died (or froze) mid-run. The
-        next worker to claim one resumes it from its last saved step."""
-        runs = self.ledger.reap(TAKEOVER_GRACE)
+        next worker to claim one resumes it from its last saved step. A parked parent
+        among them had its request joined but its resume task was never claimed: it is
+        sent again."""
+        runs = self.ledger.reap()
         for new in runs:
+            if new.run.state == "parked":
+                log.warning("run %s: its resume was not claimed; sending it again", new.run.id)
+                self.send_resume(new.run.id, new.run.agent, new.depth, new.run.swarm,
+                                 parent_id=new.run.id)
+                continue
             log.warning("run %s: lease expired; handing it to another worker", new.run.id)
             self.send_runs([new], new.run.swarm)
         return len(runs)
@@ -267,13 +275,18 @@ class Coordinator:
         same names (and its task events), so Flower links the task to its parent and root."""
         run = new.run
         shadow = f"agent {run.agent} depth {new.depth}: {new.label}"[:200]
+        # A child whose folder is on a host with a live worker goes to that host's queue:
+        # any other worker would hand it back. A host gone for good: anyone's (to fail it
+        # with "workspace lost").
+        queue = host_queue(new.host) if new.host and self.redis.exists(
+            keys.worker_host(new.host)) else None
         if sent is not None:
             sent.name(run.id, shadow)
         self.app.send_task(
             "swarm.agent.run", args=[run.id], task_id=run.id, shadow=shadow,
             argsrepr=repr((run.id,)), kwargsrepr="{}",
             headers={"traceparent": new.traceparent} if new.traceparent else None,
-            parent_id=parent_id, root_id=root_id,
+            parent_id=parent_id, root_id=root_id, queue=queue,
             producer=producer, event_dispatcher=sent, ignore_result=True)
 
     # -- settle and fan-in ---------------------------------------------------------------------
@@ -301,9 +314,17 @@ class Coordinator:
         then mark the request joined."""
         parent = joined.parent
         # In Flower the resume is a child of the run it carries on.
-        self.app.send_task(
-            "swarm.agent.resume", args=[parent.run], task_id=derive_id("m", joined.request_id),
-            shadow=f"resume agent {parent.id} depth {parent.depth}",
-            argsrepr=repr((parent.run,)), kwargsrepr="{}", ignore_result=True,
-            parent_id=parent.run or None, root_id=root_task_id(joined.swarm_id))
+        self.send_resume(parent.run, parent.id, parent.depth, joined.swarm_id,
+                         task_id=derive_id("m", joined.request_id),
+                         parent_id=parent.run or None)
         self.ledger.resumed(joined.request_id)
+
+    def send_resume(self, run_id: str, agent_id: str, depth: int | str, swarm_id: str,
+                    task_id: str | None = None, parent_id: str | None = None) -> None:
+        """Send ``swarm.agent.resume`` for the parked run ``run_id`` (a second one is a
+        no-op: one claim from parked wins)."""
+        self.app.send_task(
+            "swarm.agent.resume", args=[run_id], task_id=task_id,
+            shadow=f"resume agent {agent_id} depth {depth}",
+            argsrepr=repr((run_id,)), kwargsrepr="{}", ignore_result=True,
+            parent_id=parent_id, root_id=root_task_id(swarm_id))

@@ -73,11 +73,13 @@ log = logging.getLogger(__name__)
 __all__ = ["ACTIVE", "SETTLED", "AgentRecord", "Joined", "Ledger", "NewRun", "RunRecord",
            "Spawned", "Start", "derive_id", "label_of", "new_swarm_id", "result_text"]
 
-#: Seconds a run sent (or re-sent) has to be claimed before a coordinator sends it again:
-#: a run in flight is covered by a lease from the moment it is put in flight until a worker
-#: claims it, so nothing is lost when a coordinator dies before its task went out, or the
-#: task is lost or fails before its claim (a worker died holding it). A task that waits in
-#: the queue longer is sent again: the second delivery of a run is a no-op.
+#: Seconds a run sent (or re-sent) has to be claimed before a coordinator sends it again
+#: (``SWARM_TAKEOVER_GRACE``): a run in flight is covered by a lease from the moment it is
+#: put in flight until a worker claims it, so nothing is lost when a coordinator dies before
+#: its task went out, or the task is lost or fails before its claim (a worker died holding
+#: it). A task that waits in the queue longer is sent again: the second delivery of a run is
+#: a no-op. A parked parent whose request was joined is covered the same way until its
+#: resume task is claimed.
 TAKEOVER_GRACE = 60.0
 
 _SETTLED_LUA = "{" + ", ".join(f"'{s}'" for s in SETTLED) + "}"
@@ -256,14 +258,16 @@ return 1
 """
 
 # Runs whose lease ran out: pushed forward by the grace period (so a run is not re-sent
-# on every pass while its task waits in the queue), returned if still running, or still
-# queued (its task never went out, was lost, or failed before its claim).
+# on every pass while its task waits in the queue), returned if still running, still
+# queued (its task never went out, was lost, or failed before its claim), or still parked
+# (a parked run is in the leases only once its request was joined: its resume task was
+# lost, or never went out).
 _REAP = _NOW + """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[3])
 local out = {}
 for _, id in ipairs(ids) do
   local state = redis.call('HGET', ARGV[4] .. id, 'state')
-  if state == 'running' or state == 'queued' then
+  if state == 'running' or state == 'queued' or state == 'parked' then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), id)
     table.insert(out, id)
   else
@@ -340,6 +344,9 @@ class NewRun:
     """The Celery task of the parent's run ("" for a root in a terminal)."""
     seed: str = ""
     """The snapshot a new child's workspace starts from ("": an empty folder)."""
+    host: str = ""
+    """The host whose workers must take it ("": any): its agent's folder is there, with no
+    snapshot to restore it from elsewhere (a child taken over mid-run)."""
 
     @classmethod
     def of(cls, run: RunRecord, record: AgentRecord | None) -> NewRun:
@@ -399,9 +406,12 @@ def _fields(run: RunRecord, now: float, **more: str) -> dict[FieldT, EncodableT]
 class Ledger:
     """The swarm's state in Redis; every method is one or a few round trips."""
 
-    def __init__(self, redis_: redis.Redis, ttl: int = keys.LEDGER_TTL) -> None:
+    def __init__(self, redis_: redis.Redis, ttl: int = keys.LEDGER_TTL,
+                 grace: float = TAKEOVER_GRACE) -> None:
         self.redis = redis_
         self.ttl = ttl
+        self.grace = grace
+        """Seconds a run put in flight, or a parent to resume, has to be claimed."""
         self._settle = redis_.register_script(_SETTLE)
         self._start = redis_.register_script(_START)
         self._renew = redis_.register_script(_RENEW)
@@ -667,7 +677,7 @@ class Ledger:
                 pipe.sadd(inflight, *(n.run.id for n in send))
                 pipe.expire(inflight, self.ttl)
                 self._grace(keys=[keys.leases()],
-                            args=[TAKEOVER_GRACE, "", *(n.run.id for n in send)], client=pipe)
+                            args=[self.grace, "", *(n.run.id for n in send)], client=pipe)
             if held:
                 pipe.rpush(keys.swarm_waiting(swarm_id), *(n.run.id for n in held))
                 pipe.expire(keys.swarm_waiting(swarm_id), self.ttl)
@@ -730,7 +740,7 @@ class Ledger:
         with self.redis.pipeline() as pipe:
             pipe.sadd(keys.swarm_inflight(swarm_id), run_id)
             pipe.expire(keys.swarm_inflight(swarm_id), self.ttl)
-            self._grace(keys=[keys.leases()], args=[TAKEOVER_GRACE, "nx", run_id], client=pipe)
+            self._grace(keys=[keys.leases()], args=[self.grace, "nx", run_id], client=pipe)
             pipe.execute()
         return self._new_runs([run_id])[0]
 
@@ -739,7 +749,7 @@ class Ledger:
         them to send (one script)."""
         ids = cast("list[str]", self._release(
             keys=[keys.swarm_waiting(swarm_id), keys.swarm_inflight(swarm_id), keys.leases()],
-            args=[max_parallel, self.ttl, keys.run(""), keys.agent(""), TAKEOVER_GRACE]))
+            args=[max_parallel, self.ttl, keys.run(""), keys.agent(""), self.grace]))
         return self._new_runs(ids)
 
     def _new_runs(self, run_ids: list[str]) -> list[NewRun]:
@@ -759,6 +769,8 @@ class Ledger:
                 run.swarm = record.swarm  # a record from before runs carried their swarm
             new = NewRun.of(run, record)
             new.parent_run = str(parent_runs.get(record.parent) or "") if record else ""
+            if record is not None and record.workspace and not record.ws_state:
+                new.host = record.ws_host
             out.append(new)
         return out
 
@@ -858,10 +870,13 @@ class Ledger:
 
     # -- the coordinator: reap, join, wake --------------------------------------------------
 
-    def reap(self, grace: float, limit: int = 100) -> list[NewRun]:
-        """Runs whose worker stopped renewing their lease (it died or hangs), to re-send;
-        their lease is pushed ``grace`` seconds on, so they are re-sent once per grace
-        period until a worker claims them. A ``takeover`` event each."""
+    def reap(self, grace: float | None = None, limit: int = 100) -> list[NewRun]:
+        """Runs whose worker stopped renewing their lease (it died or hangs), or whose
+        task (a parked parent's resume: its run is ``parked``) was not claimed in time, to
+        re-send; their lease is pushed ``grace`` seconds on (default :attr:`grace`), so they
+        are re-sent once per grace period until a worker claims them. A ``takeover`` event
+        each."""
+        grace = self.grace if grace is None else grace
         ids = cast("list[str]", self._reap(keys=[keys.leases()],
                                            args=["", grace, limit, keys.run("")]))
         runs = self._new_runs(ids)
@@ -876,7 +891,9 @@ class Ledger:
              session_ttl: int = keys.SESSION_TTL) -> Joined | None:
         """When every run of the request has settled, append their results to the parent's
         session in call order and unpark it, in one transaction; a root is woken in the
-        same transaction. Returns what to wake, or None while runs are out.
+        same transaction. Returns what to wake, or None while runs are out. A worker
+        parent's run is put in the leases with a grace period in the same transaction: if
+        its resume task is lost (or never sent), :meth:`reap` returns it to resume again.
 
         ``head`` (state, settled and count of the request) spares reading the whole request
         on every settlement but the last. A request answered but whose worker parent was not
@@ -912,6 +929,9 @@ class Ledger:
                 pipe.hset(rkey, "state", "answered" if joined.resume else "joined")
                 if not joined.resume:
                     pipe.rpush(keys.wake(parent.id), request_id)
+                elif parent.run:
+                    self._grace(keys=[keys.leases()], args=[self.grace, "nx", parent.run],
+                                client=pipe)
                 return joined
             if state != "dispatched" or session is None or session.parked != request_id:
                 log.warning("request %s: parent %s is not parked on it; not joined",
@@ -923,6 +943,9 @@ class Ledger:
             self._event(pipe, joined.swarm_id, "joined", parent.id, children=len(runs))
             if joined.resume:
                 pipe.hset(rkey, "state", "answered")  # joined once the resume is sent
+                if parent.run:  # covered until a worker claims its resume
+                    self._grace(keys=[keys.leases()], args=[self.grace, "", parent.run],
+                                client=pipe)
             else:
                 pipe.rpush(keys.wake(parent.id), request_id)
                 pipe.expire(keys.wake(parent.id), self.ttl)

@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from swarm import telemetry
+from swarm import faults, telemetry
 from swarm.agent import sandbox
 from swarm.agent.loop import Agent
 from swarm.agent.output import ask_for, check_output, retry_message
@@ -114,6 +114,8 @@ class ChildRunner:
         if run.agent and not swarm_id:  # a record from before runs carried their swarm
             swarm_id = (self.ledger.agent(run.agent) or AgentRecord("", "")).swarm
         claimed_at = time.monotonic()
+        if resume:
+            faults.point("worker-before-resume-claim")
         start = self.ledger.start(run, swarm_id, token, self.settings.lease, self.host,
                                   "parked" if resume else "queued") \
             if run.agent and swarm_id else None

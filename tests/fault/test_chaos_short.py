@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 
 from bench import chaos_evidence as ev
 from bench.chaos_deploy import unavailable
+from bench.hosts import HostSpec, faketime_library, faketime_reason, host_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,6 +104,28 @@ def test_a_session_with_an_unanswered_or_stray_tool_call_is_a_violation() -> Non
     assert len(ev.paired("a", json.dumps(good[:3] + good[4:]))) == 1
     assert len(ev.paired("a", json.dumps([*good, {"role": "tool", "tool_call_id": "9"}]))) == 1
     assert len(ev.paired("a", None)) == 1
+
+
+@pytest.mark.skipif(not faketime_library(), reason="libfaketime is not installed "
+                    "(apt-get install faketime)")
+def test_a_host_with_its_clock_ahead_runs_python_that_sleeps_and_waits() -> None:
+    """The skewed host of the campaign: its Python processes sleep, wait with timeouts and
+    run commands, with the wall clock (theirs and their commands') 30 s ahead and the
+    monotonic clock left alone (libfaketime 0.9.10 failed ``time.sleep`` with EINVAL)."""
+    probe = ("import queue, subprocess, threading, time; t = time.monotonic(); "
+             "time.sleep(0.2); threading.Event().wait(0.05); q = queue.Queue()\n"
+             "try: q.get(timeout=0.05)\nexcept queue.Empty: pass\n"
+             "date = subprocess.run(['date', '+%s'], capture_output=True, text=True).stdout\n"
+             "print(time.time(), date.strip(), time.monotonic() - t)")
+    env = host_env(HostSpec("probe", clock_ahead=30.0), os.environ)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    wall, date, slept = (float(x) for x in done.stdout.split())
+    now = time.time()
+    assert 25 < wall - now < 35 and 25 < date - now < 35
+    assert 0.29 < slept < 5
+    assert faketime_reason(30.0) == ""
 
 
 REASON = unavailable()

@@ -287,6 +287,35 @@ def test_coordinator_killed_mid_request_loses_nothing_and_runs_nothing_twice(
     print(f"\ncoordinator killed: request finished {time.monotonic() - died:.1f} s after")
 
 
+def test_a_parents_resume_task_lost_with_its_worker_is_sent_again(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """A worker dies holding a parked parent's resume task before it claims it (the task
+    stays unacknowledged with the dead worker): the coordinator sends the resume again
+    once its grace is over, and the parent carries on (before, it stayed parked forever)."""
+    model.responder = ByTask({
+        "ROOT": [agent_calls("PARENT part"), report],
+        "PARENT": [agent_calls("KID piece"), report],
+        "KID": [Reply(content="kid ok")],
+    })
+    swarm.start("coordinator", "coord", SWARM_TAKEOVER_GRACE="2")
+    doomed = swarm.start("worker", "doomed", SWARM_FAULT="worker-before-resume-claim")
+    swarm.ready()
+    thread, out = swarm.run_in_thread("ROOT resume", tmp_path)
+    assert doomed.wait(timeout=60) == 137  # died holding the parent's resume task
+    died = time.monotonic()
+    swarm.start("worker", "rescuer")
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the parent was never resumed"
+    (result,) = out
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "done:done:kid ok"
+    parent = next(a for a in swarm.agents() if "PARENT" in a.label)
+    assert parent.state == "done"
+    assert len([r for r in model.requests if task_of(r).startswith("KID")]) == 1
+    print(f"\nresume lost: the parent resumed and answered {time.monotonic() - died:.1f} s "
+          "after its worker died")
+
+
 def test_embedded_server_restart_mid_swarm(swarm: Swarm, model: ScriptedModelServer,
                                            tmp_path: Path) -> None:
     started = tmp_path / "started"
