@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,87 @@ lock.acquire()
 print("held", flush=True)
 time.sleep(60)
 """
+
+
+# A holder that says, each time it changes, whether it still holds its lock.
+WATCHER = """
+import sys, time
+from swarm.store.connection import connect
+from swarm.store.locks import RedisLock
+lock = RedisLock(connect(sys.argv[1]), sys.argv[2], ttl=float(sys.argv[3]))
+lock.acquire()
+said = None
+while True:
+    held = lock.check()
+    if held != said:
+        print("held" if held else "lost", flush=True)
+        said = held
+    time.sleep(0.02)
+"""
+
+
+def _wait(condition: Callable[[], object], what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def stopped_holder(redis_server: str, redis: redis_py.Redis
+                   ) -> Iterator[subprocess.Popen[str]]:
+    """A process that held the lock ``w`` (ttl 1 s), stopped (SIGSTOP) until its lock
+    expired; the test sends SIGCONT."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", WATCHER, redis_server, "w", "1"],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        proc.send_signal(signal.SIGSTOP)
+        _wait(lambda: not redis.exists(keys.lock("w")), "the stopped holder's lock to expire")
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_lock_that_expired_while_its_holder_was_stopped_is_taken_back(
+        redis: redis_py.Redis, stopped_holder: subprocess.Popen[str]) -> None:
+    stopped_holder.send_signal(signal.SIGCONT)
+    _wait(lambda: redis.exists(keys.lock("w")), "the holder to take its lock back")
+    assert RedisLock(redis, "w").holder()["pid"] == stopped_holder.pid  # type: ignore[index]
+    with pytest.raises(LockError):
+        RedisLock(redis, "w").acquire()
+    assert stopped_holder.poll() is None
+
+
+def test_a_lock_another_process_took_meanwhile_is_lost_to_its_holder(
+        redis: redis_py.Redis, stopped_holder: subprocess.Popen[str]) -> None:
+    other = RedisLock(redis, "w")
+    other.acquire()
+    other.release()  # free again, but written by another holder since
+    assert not redis.exists(keys.lock("w"))
+    stopped_holder.send_signal(signal.SIGCONT)
+    assert stopped_holder.stdout is not None
+    ready, _, _ = select.select([stopped_holder.stdout], [], [], 10)
+    assert ready, "the holder never said it lost its lock"
+    assert stopped_holder.stdout.readline().strip() == "lost"
+    assert not redis.exists(keys.lock("w"))  # it did not take the lock again
+    late = RedisLock(redis, "w")
+    late.acquire()  # free for anyone
+    late.release()
+
+
+def test_a_holder_takes_back_a_lock_that_expired_without_a_taker(
+        redis: redis_py.Redis) -> None:
+    lock = RedisLock(redis, "w", ttl=0.6)
+    lock.acquire()
+    redis.delete(keys.lock("w"))  # as if it expired during a pause: nobody took it
+    _wait(lambda: redis.exists(keys.lock("w")), "the renewal to take the lock back")
+    assert lock.held and lock.check()
+    assert redis.pttl(keys.lock("w")) <= 600
+    assert lock.release() is True
+    assert not redis.exists(keys.lock_fence("w"))  # released: nobody can take it back
 
 
 @pytest.fixture

@@ -204,11 +204,12 @@ def local_agent(
                          owner_info=owner_info(workspace))
 
         def guard() -> None:
-            if lock.lost:
+            if not lock.check():
                 raise LockError(
-                    "this process lost the lock on its session (Redis was unreachable for "
-                    f"longer than {settings.lock_ttl} s, or the process was suspended); "
-                    "stopping so as not to overwrite another process's work. Run again.")
+                    "another swarm process took the lock on this folder's session while this "
+                    "one was suspended or could not reach Redis for longer than "
+                    f"{settings.lock_ttl} s (SWARM_LOCK_TTL); stopping so as not to "
+                    "overwrite its work. Run again once it is done.")
 
         with lock:
             loaded = None if new else sessions.load(session_id)

@@ -43,6 +43,18 @@ def lock(name: str) -> str:
     return f"{PREFIX}lock:{name}"
 
 
+def lock_fence(name: str) -> str:
+    """String holding the value of the last holder of lock ``name``: a holder whose lock
+    expired while nobody else took it (a suspended process, Redis away) may take it back
+    (see :class:`swarm.store.locks.RedisLock`). Lives :data:`LOCK_FENCE_TTL`."""
+    return f"{PREFIX}lockfence:{name}"
+
+
+#: Seconds a lock's fence outlives its last renewal: a laptop asleep overnight still
+#: takes its lock back.
+LOCK_FENCE_TTL = 7 * 24 * 3600
+
+
 def hints(scope: str = "global") -> str:
     """String: the latest memory hints text of ``scope`` (the same text as ``hints.md``)."""
     return f"{PREFIX}hints:{scope}"

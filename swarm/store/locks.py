@@ -4,6 +4,12 @@ The lock's value is a JSON object: a random token plus the holder's info (host, 
 started, and whatever ``owner_info`` adds), set atomically with ``SET NX PX``. Renewal
 and release compare the whole value in a Lua script, so a holder whose lock expired
 (and was taken by another) can neither extend nor delete the new holder's lock.
+
+A second key, the lock's *fence* (:func:`~swarm.store.keys.lock_fence`), holds the value of
+its last holder. A holder whose lock expired while nobody else took it (its process was
+stopped or its laptop asleep past the ttl; Redis was away that long) takes it back at its
+next renewal: the fence still holds its value only if no other process acquired the lock
+meanwhile, so what it guards was not written by anyone else.
 """
 
 from __future__ import annotations
@@ -28,14 +34,37 @@ from swarm.store.connection import store_errors
 
 log = logging.getLogger(__name__)
 
+_FENCE_MS = keys.LOCK_FENCE_TTL * 1000
+
+# KEYS: the lock, its fence. ARGV: the holder's value, the lock's ttl and the fence's (ms).
+_ACQUIRE = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('set', KEYS[2], ARGV[1], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+# 1: renewed; 2: it had expired and nobody took it since, so it is taken back; 0: lost.
 _RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
+local held = redis.call('get', KEYS[1])
+if held == ARGV[1] then
+  redis.call('pexpire', KEYS[1], ARGV[2])
+  redis.call('pexpire', KEYS[2], ARGV[3])
+  return 1
+end
+if held == false and redis.call('get', KEYS[2]) == ARGV[1] then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('pexpire', KEYS[2], ARGV[3])
+  return 2
 end
 return 0
 """
 
 _RELEASE = """
+if redis.call('get', KEYS[2]) == ARGV[1] then
+  redis.call('del', KEYS[2])
+end
 if redis.call('get', KEYS[1]) == ARGV[1] then
   return redis.call('del', KEYS[1])
 end
@@ -46,8 +75,9 @@ return 0
 class RedisLock:
     """A lock named ``name`` (key ``keys.lock(name)``) living ``ttl`` seconds unless renewed.
 
-    While held, a daemon thread renews it every ``ttl/3``; if a renewal finds the lock gone
-    or taken, :attr:`lost` becomes True (check it between steps). ``subject`` names what the
+    While held, a daemon thread renews it every ``ttl/3``, taking it back if it expired
+    and nobody took it since; if a renewal finds it taken by another, :attr:`lost` becomes
+    True. Call :meth:`check` before writing what it guards. ``subject`` names what the
     lock guards in the :class:`LockError` message.
     """
 
@@ -64,6 +94,7 @@ class RedisLock:
         self.redis = redis
         self.name = name
         self.key = keys.lock(name)
+        self.fence = keys.lock_fence(name)
         self.ttl = ttl
         self.owner_info = dict(owner_info or {})
         self.blocking_timeout = blocking_timeout
@@ -73,6 +104,8 @@ class RedisLock:
         self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewed = (0.0, 0.0)  # monotonic and wall time of the last renewal
+        self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
 
@@ -102,13 +135,15 @@ class RedisLock:
         })
         while True:
             with store_errors(f"taking the lock {self.name}"):
-                if self.redis.set(self.key, value, nx=True, px=self._ttl_ms):
+                if self._acquire(keys=[self.key, self.fence],
+                                 args=[value, self._ttl_ms, _FENCE_MS]):
                     break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise LockError(self._held_message())
             time.sleep(min(0.05, remaining))
         self._value = value
+        self._renewed = (time.monotonic(), time.time())
         self._lost.clear()
         self._stop.clear()
         self._thread = threading.Thread(
@@ -126,7 +161,7 @@ class RedisLock:
         if value is None:
             return False
         with store_errors(f"releasing the lock {self.name}"):
-            return bool(self._release(keys=[self.key], args=[value]))
+            return bool(self._release(keys=[self.key, self.fence], args=[value]))
 
     def holder(self) -> dict[str, Any] | None:
         """The current holder's info (without its token), or None when the lock is free."""
@@ -164,19 +199,44 @@ class RedisLock:
             f"a crashed holder's lock expires within {expires} s"
         )
 
+    def check(self) -> bool:
+        """True while the lock is held. When its last renewal is older than a third of its
+        ttl (this process was stopped, or its machine asleep, since), renew it now, taking
+        it back if nobody took it meanwhile: the renewal thread may not have run yet."""
+        value = self._value
+        if value is None or self._lost.is_set():
+            return False
+        mono, wall = self._renewed
+        stale = self._ttl_ms / 3000
+        if time.monotonic() - mono < stale and abs(time.time() - wall) < stale:
+            return True
+        try:
+            return self._renew_once(value)
+        except redis.RedisError:
+            return True  # unknown until Redis answers: what writes next meets the outage
+
+    def _renew_once(self, value: str) -> bool:
+        renewed = self._renew(keys=[self.key, self.fence], args=[value, self._ttl_ms, _FENCE_MS])
+        if renewed == 2:
+            log.warning("lock %s: it expired while this process was stopped or Redis was "
+                        "away, and nobody took it since: taken back", self.name)
+        if renewed:
+            self._renewed = (time.monotonic(), time.time())
+            return True
+        self._lost.set()
+        log.warning("lock %s: lost (taken by another process after it expired)", self.name)
+        return False
+
     def _renew_loop(self, value: str) -> None:
         interval = self._ttl_ms / 3000
         while not self._stop.wait(interval):
             try:
-                renewed = self._renew(keys=[self.key], args=[value, self._ttl_ms])
+                if not self._renew_once(value):
+                    return
             except redis.RedisError as exc:
-                # Keep trying: if Redis is back before the TTL runs out, nothing was lost.
+                # Keep trying: unless another process takes the lock meanwhile, it is
+                # taken back when Redis answers again.
                 log.warning("lock %s: renewal failed (%s); retrying", self.name, exc)
-                continue
-            if not renewed:
-                self._lost.set()
-                log.warning("lock %s: lost (expired or taken by another process)", self.name)
-                return
 
     def __enter__(self) -> RedisLock:
         self.acquire()

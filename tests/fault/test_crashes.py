@@ -347,13 +347,14 @@ def test_redis_killed_mid_swarm_is_ridden_out_by_the_root(
     """Redis SIGKILLed while the root waits for its child, and restarted from its
     append-only file only once the root said it waits for it: the root collects the answer
     (before, it exited 1 at once with a raw ConnectionError), and the worker survives the
-    lost broker connection. The worker could not renew the child's lease meanwhile, so it
-    stopped the command; another claim finishes the child."""
-    pidfile, stderr = tmp_path / "pid", tmp_path / "root.err"
+    lost broker connection."""
+    pidfile, stderr, release = tmp_path / "pid", tmp_path / "root.err", tmp_path / "release"
     model.responder = ByTask({
         "ROOT": [agent_calls("SLOW child"), report],
+        # It works until Redis is back (a run after a lost lease would not wait again).
         "SLOW": [Reply(tool_calls=[ToolCall("run_cli", {
-                     "command": f"echo $$ > {pidfile}; exec sleep 60"})]),
+                     "command": f"[ -e {pidfile} ] || {{ echo $$ > {pidfile}; "
+                                f"while [ ! -e {release} ]; do sleep 0.05; done; }}"})]),
                  Reply(content="slow done")],
     })
     swarm.start("coordinator", "coord")
@@ -376,6 +377,7 @@ def test_redis_killed_mid_swarm_is_ridden_out_by_the_root(
                    "the root to say Redis stopped answering")
         assert root.poll() is None, stderr.read_text()
         assert swarm.server.ensure() == f"redis://127.0.0.1:{status.port}/0"
+        release.touch()
         answer, _ = root.communicate(timeout=90)
     finally:
         kill_group_of(pidfile)
@@ -386,6 +388,49 @@ def test_redis_killed_mid_swarm_is_ridden_out_by_the_root(
     assert "is back after" in stderr.read_text()
     assert worker.poll() is None  # the lost broker connection did not kill the worker
     assert {a.state for a in swarm.agents()} == {"done"}
+
+
+def test_a_root_stopped_past_its_lock_ttl_takes_its_lock_back_and_answers(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """A root in a terminal stopped (SIGSTOP, as a laptop asleep) for longer than its
+    session lock's ttl while its child works, and the child done meanwhile: nobody took
+    the lock, so the root takes it back and answers (before, it exited 1, "Run again")."""
+    started, release, stderr = tmp_path / "started", tmp_path / "release", tmp_path / "err"
+    model.responder = ByTask({
+        "ROOT": [agent_calls("SLOW child"), report],
+        "SLOW": [Reply(tool_calls=[ToolCall("run_cli", {
+                     "command": f"touch {started}; "
+                                f"while [ ! -e {release} ]; do sleep 0.05; done"})]),
+                 Reply(content="slow done")],
+    })
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    lock = keys.lock(keys.session_lock(keys.session_id_for(str(workspace.resolve()))))
+    with stderr.open("wb") as err:
+        root = subprocess.Popen(
+            [sys.executable, "-m", "swarm", "run", "--yes", "--workers", "0", "-C",
+             str(workspace), "ROOT asleep"],
+            env=swarm.env(SWARM_BASE_URL=model.base_url, SWARM_LOCK_TTL="1"),
+            stdout=subprocess.PIPE, stderr=err)
+    try:
+        wait_until(started.exists, "the child's command")
+        root.send_signal(signal.SIGSTOP)
+        wait_until(lambda: not swarm.redis.exists(lock), "the stopped root's lock to expire")
+        release.touch()
+        wait_until(lambda: {a.state for a in swarm.agents() if "SLOW" in a.label} == {"done"},
+                   "the child to finish while the root is stopped")
+        root.send_signal(signal.SIGCONT)
+        answer, _ = root.communicate(timeout=60)
+    finally:
+        if root.poll() is None:
+            root.kill()
+            root.wait()
+    assert root.returncode == 0, stderr.read_text()
+    assert answer.decode().strip() == "done:slow done"
+    assert not swarm.redis.exists(lock)  # released as it exited
 
 
 def test_cancel_a_child_kills_its_command_and_the_parent_gets_cancelled(
