@@ -115,6 +115,9 @@ def parser() -> argparse.ArgumentParser:
                    help="megabytes of the synthetic repository (default 50)")
     g.add_argument("--seed-repeats", type=int, default=2,
                    help="seeded and empty jobs, alternated (default 2 of each)")
+    g.add_argument("--seed-command", default="ls | wc -l",
+                   help="each child's one command (default: ls | wc -l; a coding agent's "
+                        "would be like: git status --porcelain && date > mine.txt)")
     g.add_argument("--seed-view", choices=("auto", "checkout"), default="auto",
                    help="the workers' SWARM_SEED_VIEW (default auto: copy-on-write views "
                         "where they may mount)")
@@ -135,7 +138,8 @@ SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 
          "turns": 2, "workers": 1, "concurrency": 16, "processes_n": 3, "memory_sizes": [5],
          "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "mcp_n": 3,
          "cold_repeats": 1, "cold_sizes": [1, 3], "cold_workers": 1, "seed_n": 4,
-         "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1, "seed_view": "auto"}
+         "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1, "seed_view": "auto",
+         "seed_command": "ls | wc -l"}
 
 
 def display(path: Path) -> str:

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for k in range(args.seed_repeats):
             for seeded in (True, False):
                 (repo / "uncommitted.txt").write_text(f"job {k} {seeded}\n")
-                script = JobScript(new_tag(), n, 1, command="ls | wc -l", seed=seeded)
+                script = JobScript(new_tag(), n, 1, command=args.seed_command, seed=seeded)
                 with PeakMemory(cluster.url) as memory:
                     done = run_root(cluster, model, script, max_parallel=max(64, n),
                                     workspace=repo, timeout=900)
@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     empty_walls = [j["wall"] for j in jobs if not j["seeded"]]
     return {"benchmark": "seed",
             "config": {"n": n, "latency": latency, "files": files, "bytes": size, "view": view,
+                       "command": args.seed_command,
                        "repeats": args.seed_repeats, "hosts": 2, "threads_per_host": per},
             "jobs": jobs, "wall_seeded_median": median(seeded_walls),
             "wall_empty_median": median(empty_walls),
@@ -150,7 +151,8 @@ def _spread(values: list[float]) -> list[float]:
 def report(out: dict[str, Any]) -> list[str]:
     cfg = out["config"]
     lines = [f"7. seeding: N={cfg['n']} children over 2 hosts, a repository of {cfg['files']} "
-             f"files ({cfg['bytes'] / 1e6:.1f} MB), one command each, latency "
+             f"files ({cfg['bytes'] / 1e6:.1f} MB), one command each "
+             f"({cfg.get('command', 'ls | wc -l')}), latency "
              f"{cfg['latency']:g} s, SWARM_SEED_VIEW={cfg.get('view', 'auto')}",
              "  job     | wall s | snapshot MB | fetched MB per host      | Redis peak +MB | "
              "children per host"]

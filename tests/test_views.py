@@ -157,6 +157,26 @@ def test_a_root_workers_box_writes_a_view_without_copying_its_files_up(
     assert (lower / "d0" / "f0.txt").read_text() == "file 0\n"
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not sandbox.probe().ok,
+                    reason="a root worker's box (as its sandbox uid) is needed")
+def test_git_status_in_a_root_workers_box_leaves_the_index_clean_for_the_worker(
+        redis: redis_lib.Redis, home: Path) -> None:
+    """In the box the worker's files show another uid and inode: git's default stat check
+    there found every file changed and wrote the box's stat data into the index, and each
+    capture by the worker then hashed the whole checkout again."""
+    repo = make_repo(home / "repo")
+    sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
+    host = Seeds(SnapshotStore(redis), home / "host-b", "hostb", view="auto", box_uid=UID)
+    child = host.child(SWARM, "a1", sid)
+    assert child.view is not None
+    env = LocalEnvironment(child.path, sandbox="bwrap", linked=upper(child.view))
+    result = env.execute("git status --porcelain && echo more >> d0/f0.txt && "
+                         "git status --porcelain", 10)
+    assert result.output.strip() == "M d0/f0.txt", result.output
+    # The worker's stat data still matches every file it did not change: none is hashed.
+    assert git(child.path, "diff-files", "--name-only").strip() == "d0/f0.txt"
+
+
 def test_a_run_isolated_in_its_view_starts_boxes_that_copy_no_other_view(
         redis: redis_lib.Redis, home: Path) -> None:
     """A worker's thread working in one view moves to a mount namespace of its own where

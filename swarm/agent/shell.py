@@ -20,7 +20,7 @@ from pathlib import Path
 
 from swarm import procs
 from swarm.agent.protocols import CommandResult
-from swarm.agent.sandbox import UID, choose, environment, program_fd
+from swarm.agent.sandbox import GIT_ENV, UID, choose, environment, program_fd
 from swarm.errors import ToolError
 from swarm.secrets import SECRET_VARS
 
@@ -258,6 +258,7 @@ class LocalEnvironment:
             else:
                 self._env = environment(os.environ, self.pass_env)
                 self._env.update(QUIET_VARS)
+                self._env.update(GIT_ENV)
                 self._env.update(self.extra_env)
         return self._env
 
