@@ -9,6 +9,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -16,11 +17,14 @@ from pathlib import Path
 
 import pytest
 
+import swarm.agent.shell as shell_mod
 from swarm.agent import sandbox
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
 from swarm.errors import ConfigError
+from tests.helpers import wait_until
 
+ROOT = Path(__file__).resolve().parent.parent
 needs_sandbox = pytest.mark.skipif(not sandbox.probe().ok,
                                    reason=f"no sandbox here: {sandbox.probe().reason}")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a root runner's box needs root")
@@ -359,3 +363,38 @@ def test_what_root_adds_to_a_repository_after_its_grant_is_the_next_boxs_too(
                         str(outside_tmp / name)], check=True)
         result = LocalEnvironment(outside_tmp / name, sandbox="bwrap").execute(commit, 10)
         assert result.output == "ok\n", result.output
+
+
+@needs_sandbox
+@pytest.mark.skipif(not shell_mod._setpriv(), reason="setpriv with --pdeathsig is not here")
+def test_a_boxed_command_whose_runner_died_before_it_started_does_not_run(
+        outside_tmp: Path) -> None:
+    """A worker killed between the fork of a box and bubblewrap's own parent-death signal
+    (set inside it, later) left the box running its command, orphaned, after the lease
+    could have been handed over. Here the runner exits before the box's process execs at
+    all; the command must not run."""
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    runner = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from swarm.agent.sandbox import program_fd\n"
+        "from swarm.agent.shell import LocalEnvironment\n"
+        f"env = LocalEnvironment(Path({str(ws)!r}), sandbox='bwrap', die_with_runner=True)\n"
+        "assert env.execute('true', 30).exit_code == 0\n"  # its grants made, as a worker's
+        "fd = program_fd()\n"
+        "os.set_inheritable(fd, True)\n"
+        "argv, environ = env.argv('echo ran > ran', fd), env.env()\n"
+        "parent = os.getpid()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    while os.getppid() == parent:\n"
+        "        time.sleep(0.01)\n"  # until the runner is gone
+        "    os.execvpe(argv[0], argv, environ)\n"
+        "print(pid, flush=True)\n"
+        "os._exit(0)\n")
+    started = subprocess.run([sys.executable, "-c", runner], check=True, timeout=60,
+                             capture_output=True, text=True, cwd=ROOT)
+    orphan = Path(f"/proc/{int(started.stdout)}")
+    wait_until(lambda: not orphan.exists(), "the orphaned box to end", timeout=30)
+    assert not (ws / "ran").exists(), "the command ran after its runner had died"

@@ -146,6 +146,13 @@ def program_fd() -> int:
 GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.checkStat",
            "GIT_CONFIG_VALUE_0": "minimal"}
 
+#: A worker's box starts under ``setpriv --pdeathsig KILL``, then this shell runs
+#: bubblewrap (``$2...``) only if its parent is still the worker (``$1``). bubblewrap's own
+#: ``--die-with-parent`` is set later, inside it: a worker killed between the fork and that
+#: point left the box running its command, orphaned, after the child's lease could have
+#: been handed over; a worker killed before ``setpriv`` set the signal sends none.
+RUNNER_GUARD = '[ "$PPID" = "$1" ] || exit 137; shift; exec "$@"'
+
 #: What git in a worktree writes in its repository's folder. The rest of it (``config``,
 #: ``hooks``, ``info``) stays read-only in the box: the worker's own git reads it.
 REPO_WRITABLE = ("objects", "refs", "logs")
@@ -286,12 +293,19 @@ class Box:
         grant_search([*writable, *bound, *([git.top] if git is not None else [])], self.run_as)
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,
-             linked: Path | None = None) -> list[str]:
-        """bubblewrap's command line for ``command`` (``linked``: see :func:`git_dirs`)."""
+             linked: Path | None = None, runner: int | None = None) -> list[str]:
+        """bubblewrap's command line for ``command`` (``linked``: see :func:`git_dirs`).
+        With ``runner`` (this process's pid: a worker's), the box never runs once the
+        thread that starts it died (:data:`RUNNER_GUARD`)."""
         ws = str(workspace.resolve())
-        box = [] if self.run_as is None else [
-            "setpriv", f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups",
-            "--"]
+        drop = [] if self.run_as is None else [
+            f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups"]
+        guard = runner is not None and bool(shutil.which("setpriv"))
+        # The parent-death signal is set after the uid change, which would clear it.
+        box = ["setpriv", *drop, *(["--pdeathsig", "KILL"] if guard else []), "--"] \
+            if drop or guard else []
+        if guard:
+            box += ["/bin/sh", "-c", RUNNER_GUARD, "sh", str(runner)]
         box += [self.binary, "--unshare-user", "--uid", str(UID), "--gid", str(UID),
                # No UTS namespace of its own: the host's belongs to the host's user namespace,
                # where the box has no capability, so it cannot set the host's name either way.

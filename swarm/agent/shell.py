@@ -289,10 +289,7 @@ class LocalEnvironment:
                                 "run the worker as a user of its own") from exc
             self._prepared = True
         fd = program_fd() if box is not None else -1
-        if box is not None:
-            argv = box.argv(command, self.workspace, fd, self.linked)
-        else:
-            argv = unconfined_argv(command) if self.die_with_runner else ["bash", "-c", command]
+        argv = self.argv(command, fd)
         try:
             proc = subprocess.Popen(
                 argv,
@@ -312,6 +309,15 @@ class LocalEnvironment:
             if fd >= 0:
                 os.close(fd)
         return self._run(proc, timeout)
+
+    def argv(self, command: str, seccomp_fd: int = -1) -> list[str]:
+        """How ``command`` starts: in its box (``seccomp_fd``: the filter's pipe), in a
+        shell that dies with this process (:func:`unconfined_argv`), or in plain bash."""
+        box = self.choice.box
+        if box is None:
+            return unconfined_argv(command) if self.die_with_runner else ["bash", "-c", command]
+        return box.argv(command, self.workspace, seccomp_fd, self.linked,
+                        runner=os.getpid() if self.die_with_runner else None)
 
     def _run(self, proc: subprocess.Popen[bytes], timeout: int) -> CommandResult:
         """Collect the output of the started ``proc`` (see :meth:`execute`)."""
