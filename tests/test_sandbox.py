@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-import swarm.agent.shell as shell_mod
 from swarm.agent import sandbox
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
@@ -366,7 +365,7 @@ def test_what_root_adds_to_a_repository_after_its_grant_is_the_next_boxs_too(
 
 
 @needs_sandbox
-@pytest.mark.skipif(not shell_mod._setpriv(), reason="setpriv with --pdeathsig is not here")
+@pytest.mark.skipif(not sandbox.pdeathsig_setpriv(), reason="setpriv with --pdeathsig is not here")
 def test_a_boxed_command_whose_runner_died_before_it_started_does_not_run(
         outside_tmp: Path) -> None:
     """A worker killed between the fork of a box and bubblewrap's own parent-death signal
@@ -398,3 +397,18 @@ def test_a_boxed_command_whose_runner_died_before_it_started_does_not_run(
     orphan = Path(f"/proc/{int(started.stdout)}")
     wait_until(lambda: not orphan.exists(), "the orphaned box to end", timeout=30)
     assert not (ws / "ran").exists(), "the command ran after its runner had died"
+
+
+@needs_sandbox
+def test_the_boxs_git_keeps_the_git_config_a_command_was_given(
+        outside_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The box adds its stat check to git's config variables after the ones the operator
+    passes (SWARM_SANDBOX_ENV), instead of replacing them."""
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "user.name")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "the operator")
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    env = LocalEnvironment(ws, sandbox="bwrap", pass_env=("GIT_CONFIG_*",))
+    result = env.execute("git config --get user.name; git config --get core.checkStat", 30)
+    assert result.output.split("\n")[:2] == ["the operator", "minimal"], result.output

@@ -17,6 +17,7 @@ import pytest
 
 import swarm.agent.shell as shell_mod
 from swarm import procs
+from swarm.agent import sandbox
 from swarm.agent.shell import BACKGROUND_NOTE, LocalEnvironment, clamp_timeout
 from swarm.errors import ToolError
 from tests.helpers import wait_until
@@ -276,7 +277,7 @@ def test_clamp_timeout() -> None:
     assert clamp_timeout(None, 300, 60) == 60
 
 
-@pytest.mark.skipif(not shell_mod._setpriv(), reason="setpriv with --pdeathsig is not here")
+@pytest.mark.skipif(not sandbox.pdeathsig_setpriv(), reason="setpriv with --pdeathsig is not here")
 def test_an_unconfined_command_whose_runner_died_before_it_started_does_not_run(
         tmp_path: Path) -> None:
     """A worker SIGKILLed between the fork of a command and ``setpriv``'s parent-death

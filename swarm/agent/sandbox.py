@@ -143,8 +143,33 @@ def program_fd() -> int:
 #: ``git status`` and 0.25 s a capture of a 50 MB checkout, against 0.09 and 0.03). A
 #: change within the index's own second is still caught: git reads such "racily clean"
 #: entries' contents.
-GIT_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.checkStat",
-           "GIT_CONFIG_VALUE_0": "minimal"}
+GIT_STAT_CHECK = ("core.checkStat", "minimal")
+
+
+def add_git_stat_check(env: dict[str, str]) -> None:
+    """Give git :data:`GIT_STAT_CHECK` through ``env``'s ``GIT_CONFIG_COUNT`` entries, after
+    any the command's environment already has."""
+    try:
+        n = max(0, int(env.get("GIT_CONFIG_COUNT", "0")))
+    except ValueError:
+        n = 0
+    env["GIT_CONFIG_COUNT"] = str(n + 1)
+    env[f"GIT_CONFIG_KEY_{n}"], env[f"GIT_CONFIG_VALUE_{n}"] = GIT_STAT_CHECK
+
+
+@functools.cache
+def pdeathsig_setpriv() -> str:
+    """``setpriv`` (util-linux 2.33 or later) if it can set a parent-death signal here,
+    else ""."""
+    path = shutil.which("setpriv")
+    if path is None:
+        return ""
+    try:
+        done = subprocess.run([path, "--pdeathsig", "USR1", "--", "true"],
+                              capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return path if done.returncode == 0 else ""
 
 #: A worker's box starts under ``setpriv --pdeathsig KILL``, then this shell runs
 #: bubblewrap (``$2...``) only if its parent is still the worker (``$1``). bubblewrap's own
@@ -300,7 +325,7 @@ class Box:
         ws = str(workspace.resolve())
         drop = [] if self.run_as is None else [
             f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups"]
-        guard = runner is not None and bool(shutil.which("setpriv"))
+        guard = runner is not None and bool(pdeathsig_setpriv())
         # The parent-death signal is set after the uid change, which would clear it.
         box = ["setpriv", *drop, *(["--pdeathsig", "KILL"] if guard else []), "--"] \
             if drop or guard else []

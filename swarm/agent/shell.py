@@ -7,10 +7,8 @@ command gets ``cwd=`` instead.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import threading
@@ -20,7 +18,14 @@ from pathlib import Path
 
 from swarm import procs
 from swarm.agent.protocols import CommandResult
-from swarm.agent.sandbox import GIT_ENV, UID, choose, environment, program_fd
+from swarm.agent.sandbox import (
+    UID,
+    add_git_stat_check,
+    choose,
+    environment,
+    pdeathsig_setpriv,
+    program_fd,
+)
 from swarm.errors import ToolError
 from swarm.secrets import SECRET_VARS
 
@@ -63,25 +68,11 @@ def child_env(extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-@functools.cache
-def _setpriv() -> str:
-    """``setpriv`` (util-linux) if it can set a parent-death signal here, else ""."""
-    path = shutil.which("setpriv")
-    if path is None:
-        return ""
-    try:
-        done = subprocess.run([path, "--pdeathsig", "USR1", "--", "true"],
-                              capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return path if done.returncode == 0 else ""
-
-
 def unconfined_argv(command: str) -> list[str]:
     """How this process runs an unconfined command: in a shell that dies with it, taking
     the command's process group along (:data:`DIE_WITH_RUNNER`); plain ``bash -c`` where
     ``setpriv`` is missing."""
-    setpriv = _setpriv()
+    setpriv = pdeathsig_setpriv()
     if not setpriv:
         return ["bash", "-c", command]
     return [setpriv, "--pdeathsig", "USR1", "--", "bash", "-c", DIE_WITH_RUNNER, "bash",
@@ -258,8 +249,8 @@ class LocalEnvironment:
             else:
                 self._env = environment(os.environ, self.pass_env)
                 self._env.update(QUIET_VARS)
-                self._env.update(GIT_ENV)
                 self._env.update(self.extra_env)
+                add_git_stat_check(self._env)
         return self._env
 
     def execute(self, command: str, timeout: int) -> CommandResult:

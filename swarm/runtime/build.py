@@ -208,8 +208,9 @@ def local_agent(
                 raise LockError(
                     "another swarm process took the lock on this folder's session while this "
                     "one was suspended or could not reach Redis for longer than "
-                    f"{settings.lock_ttl} s (SWARM_LOCK_TTL); stopping so as not to "
-                    "overwrite its work. Run again once it is done.")
+                    f"{settings.lock_ttl} s (SWARM_LOCK_TTL), or Redis answered too late to "
+                    "tell; stopping so as not to overwrite its work. Run again once it is "
+                    "done.")
 
         with lock:
             loaded = None if new else sessions.load(session_id)

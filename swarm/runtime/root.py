@@ -170,6 +170,8 @@ class RootSwarm:
         """Wait for the request's children, resume, and repeat until an answer."""
         while True:
             self.wait(request_id)
+            if agent.guard is not None:
+                agent.guard()  # its lock is still its own before it writes anything
             loaded = sessions.load(agent.session.id)
             assert loaded is not None, "the root session vanished while it was parked"
             # The children's work comes home (branches, files) before the root goes on.

@@ -116,7 +116,7 @@ class RedisLock:
 
     @property
     def lost(self) -> bool:
-        """True once a renewal found the lock expired or taken by another holder."""
+        """True once a renewal found the lock taken by another holder since it expired."""
         return self._lost.is_set()
 
     def acquire(self, blocking_timeout: float | None = None) -> None:
@@ -134,6 +134,7 @@ class RedisLock:
             **self.owner_info,
         })
         while True:
+            sent = (time.monotonic(), time.time())
             with store_errors(f"taking the lock {self.name}"):
                 if self._acquire(keys=[self.key, self.fence],
                                  args=[value, self._ttl_ms, _FENCE_MS]):
@@ -143,7 +144,7 @@ class RedisLock:
                 raise LockError(self._held_message())
             time.sleep(min(0.05, remaining))
         self._value = value
-        self._renewed = (time.monotonic(), time.time())
+        self._renewed = sent
         self._lost.clear()
         self._stop.clear()
         self._thread = threading.Thread(
@@ -206,22 +207,37 @@ class RedisLock:
         value = self._value
         if value is None or self._lost.is_set():
             return False
-        mono, wall = self._renewed
-        stale = self._ttl_ms / 3000
-        if time.monotonic() - mono < stale and abs(time.time() - wall) < stale:
+        if self._younger_than(self._ttl_ms / 3000):
             return True
         try:
-            return self._renew_once(value)
-        except redis.RedisError:
-            return True  # unknown until Redis answers: what writes next meets the outage
+            # An answer that came late (the process stopped after Redis renewed) is asked
+            # again: the lock could have expired and been taken meanwhile.
+            for _ in range(3):
+                if not self._renew_once(value) or self._younger_than(self.ttl / 2):
+                    break
+            return not self._lost.is_set() and self._younger_than(self.ttl / 2)
+        except redis.RedisError as exc:
+            if self._younger_than(self.ttl):
+                return True  # it cannot have expired yet: what writes next meets the outage
+            with store_errors(f"renewing the lock {self.name}"):
+                raise exc  # unknown until Redis answers: nothing is written meanwhile
+
+    def _younger_than(self, seconds: float) -> bool:
+        """The last renewal was sent less than ``seconds`` ago, by both clocks (the
+        monotonic one stops while the machine sleeps)."""
+        mono, wall = self._renewed
+        return time.monotonic() - mono < seconds and abs(time.time() - wall) < seconds
 
     def _renew_once(self, value: str) -> bool:
+        # Timed from the request: a process stopped before it read the answer must not
+        # count the lock as renewed from when it woke.
+        sent = (time.monotonic(), time.time())
         renewed = self._renew(keys=[self.key, self.fence], args=[value, self._ttl_ms, _FENCE_MS])
         if renewed == 2:
             log.warning("lock %s: it expired while this process was stopped or Redis was "
                         "away, and nobody took it since: taken back", self.name)
         if renewed:
-            self._renewed = (time.monotonic(), time.time())
+            self._renewed = sent
             return True
         self._lost.set()
         log.warning("lock %s: lost (taken by another process after it expired)", self.name)

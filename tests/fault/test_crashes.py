@@ -417,6 +417,7 @@ def test_a_root_stopped_past_its_lock_ttl_takes_its_lock_back_and_answers(
             stdout=subprocess.PIPE, stderr=err)
     try:
         wait_until(started.exists, "the child's command")
+        assert swarm.redis.exists(lock)  # the root's, under the name the test watches
         root.send_signal(signal.SIGSTOP)
         wait_until(lambda: not swarm.redis.exists(lock), "the stopped root's lock to expire")
         release.touch()
