@@ -342,6 +342,29 @@ def test_embedded_server_restart_mid_swarm(swarm: Swarm, model: ScriptedModelSer
     assert {a.state for a in swarm.agents()} == {"done"}
 
 
+def waiting_child(model: ScriptedModelServer, started: Path, release: Path) -> None:
+    """The root calls one child whose command writes its pid to ``started`` and works until
+    ``release`` exists (its first run only: a run after a lost lease does not wait)."""
+    model.responder = ByTask({
+        "ROOT": [agent_calls("SLOW child"), report],
+        "SLOW": [Reply(tool_calls=[ToolCall("run_cli", {
+                     "command": f"[ -e {started} ] || {{ echo $$ > {started}; "
+                                f"while [ ! -e {release} ]; do sleep 0.05; done; }}"})]),
+                 Reply(content="slow done")],
+    })
+
+
+def root_process(swarm: Swarm, model: ScriptedModelServer, workspace: Path, stderr: Path,
+                 task: str, **env: str) -> subprocess.Popen[bytes]:
+    """The real ``swarm run`` of ``task`` in ``workspace`` (made), its stderr in a file."""
+    workspace.mkdir()
+    with stderr.open("wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "swarm", "run", "--yes", "--workers", "0", "-C",
+             str(workspace), task], env=swarm.env(SWARM_BASE_URL=model.base_url, **env),
+            stdout=subprocess.PIPE, stderr=err)
+
+
 def test_redis_killed_mid_swarm_is_ridden_out_by_the_root(
         swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
     """Redis SIGKILLed while the root waits for its child, and restarted from its
@@ -349,24 +372,11 @@ def test_redis_killed_mid_swarm_is_ridden_out_by_the_root(
     (before, it exited 1 at once with a raw ConnectionError), and the worker survives the
     lost broker connection."""
     pidfile, stderr, release = tmp_path / "pid", tmp_path / "root.err", tmp_path / "release"
-    model.responder = ByTask({
-        "ROOT": [agent_calls("SLOW child"), report],
-        # It works until Redis is back (a run after a lost lease would not wait again).
-        "SLOW": [Reply(tool_calls=[ToolCall("run_cli", {
-                     "command": f"[ -e {pidfile} ] || {{ echo $$ > {pidfile}; "
-                                f"while [ ! -e {release} ]; do sleep 0.05; done; }}"})]),
-                 Reply(content="slow done")],
-    })
+    waiting_child(model, pidfile, release)  # it works until Redis is back
     swarm.start("coordinator", "coord")
     worker = swarm.start("worker", "w1", SWARM_LEASE="2")
     swarm.ready()
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-    with stderr.open("wb") as err:
-        root = subprocess.Popen(
-            [sys.executable, "-m", "swarm", "run", "--yes", "--workers", "0", "-C",
-             str(workspace), "ROOT outage"], env=swarm.env(SWARM_BASE_URL=model.base_url),
-            stdout=subprocess.PIPE, stderr=err)
+    root = root_process(swarm, model, tmp_path / "ws", stderr, "ROOT outage")
     try:
         wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(),
                    "the child's command")
@@ -396,25 +406,13 @@ def test_a_root_stopped_past_its_lock_ttl_takes_its_lock_back_and_answers(
     session lock's ttl while its child works, and the child done meanwhile: nobody took
     the lock, so the root takes it back and answers (before, it exited 1, "Run again")."""
     started, release, stderr = tmp_path / "started", tmp_path / "release", tmp_path / "err"
-    model.responder = ByTask({
-        "ROOT": [agent_calls("SLOW child"), report],
-        "SLOW": [Reply(tool_calls=[ToolCall("run_cli", {
-                     "command": f"touch {started}; "
-                                f"while [ ! -e {release} ]; do sleep 0.05; done"})]),
-                 Reply(content="slow done")],
-    })
+    waiting_child(model, started, release)
     swarm.start("coordinator", "coord")
     swarm.start("worker", "w1")
     swarm.ready()
     workspace = tmp_path / "ws"
-    workspace.mkdir()
+    root = root_process(swarm, model, workspace, stderr, "ROOT asleep", SWARM_LOCK_TTL="1")
     lock = keys.lock(keys.session_lock(keys.session_id_for(str(workspace.resolve()))))
-    with stderr.open("wb") as err:
-        root = subprocess.Popen(
-            [sys.executable, "-m", "swarm", "run", "--yes", "--workers", "0", "-C",
-             str(workspace), "ROOT asleep"],
-            env=swarm.env(SWARM_BASE_URL=model.base_url, SWARM_LOCK_TTL="1"),
-            stdout=subprocess.PIPE, stderr=err)
     try:
         wait_until(started.exists, "the child's command")
         assert swarm.redis.exists(lock)  # the root's, under the name the test watches
