@@ -7,8 +7,17 @@ network namespace on a bridge, host name and ``SWARM_HOME`` disk; the third with
 file on the "laptop", which also runs the root ``swarm run`` and the scripted model (on the
 bridge's address). The job (:class:`Job`): the root calls P parents, each parent runs one
 command, calls its children and parks; each child runs T commands and answers. Every
-command sleeps a little, then appends ``J tag p c k time host pid`` to a journal in a
-folder every host writes (outside the workspaces): evidence of each real execution.
+command sleeps a little, then sends ``J tag p c k time host`` to the journal's collector
+in this process, which adds the pid of the worker that ran it and appends the line
+(:mod:`bench.chaos_journal`, which says why a Unix socket: a partition must not cut the
+evidence): evidence of each real execution.
+
+``--sandbox auto`` runs the workers as a deployment's run by default: every command in
+bubblewrap, as ``SWARM_SANDBOX_UID`` (65534) on these root workers, its own pid namespace
+and ``/tmp``; ``none`` (the default) runs them unconfined. A box gets an allowlisted
+environment, so libfaketime's preload stays out of it: on the host whose clock runs ahead
+the worker's clock is ahead, its boxed commands' is not, and their lines are read so
+(every line's own time is checked against when it arrived, :func:`chaos_evidence.clock_skewed`).
 
 Faults (:func:`schedule`, from ``--seed``; they overlap): SIGKILL of a worker process every
 few seconds (restarted 1-3 s later; its commands are not killed: a process crash, not a
@@ -64,7 +73,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.short:
         return Plan(seed=args.seed if args.seed is not None else SHORT_SEED, minutes=1.0,
                     parents=4, per_parent=5, turns=3, concurrency=8, max_parallel=8,
-                    worker_kill_every=8.0, long_sleep=0.3, short=True)
+                    worker_kill_every=8.0, long_sleep=0.3, short=True, sandbox=args.sandbox)
     children = max(args.children, 1)
     parents = max(1, round(math.sqrt(children / 2)))
     per = math.ceil(children / parents)
@@ -73,7 +82,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
     turns = max(2, math.ceil(args.minutes * 60 * parallel / (parents * per * 2.5)))
     return Plan(seed=args.seed if args.seed is not None else random.randrange(1 << 30),
                 minutes=args.minutes, parents=parents, per_parent=per, turns=turns,
-                concurrency=parallel, max_parallel=parallel)
+                concurrency=parallel, max_parallel=parallel, sandbox=args.sandbox)
 
 
 def schedule(plan: Plan) -> list[Event]:
@@ -192,13 +201,16 @@ def gather(dep: Deployment, faults: list[ev.Injected], code: int) -> dict[str, A
 
     aof = ev.aof_data(dep.redis_dir / "appendonlydir")
     timeline = ev.by_run(ev.fill_times(ev.marks(ev.resp_commands(aof), plan.lease)))
-    lines = ev.journal(dep.journal, {} if dep.skew_reason else {dep.names[SKEWED]: AHEAD})
+    # A box's environment has no libfaketime: only unconfined commands see host c's clock.
+    skewed = not dep.skew_reason and plan.sandbox == "none"
+    lines = ev.journal(dep.journal, {dep.names[SKEWED]: AHEAD} if skewed else {})
     requests = dep.model.requests
     violations: list[ev.Violation] = []
     expected_runs = [index.get((p, c), f"missing p{p} c{c}") for p in range(plan.parents)
                      for c in [-1, *range(plan.per_parent)]]
     violations += ev.settled_once(timeline, expected_runs, events, agent_of)
     violations += ev.zombies(lines, index, timeline, dep.lives)
+    violations += ev.clock_skewed(lines)
     for p in range(plan.parents):
         task = job.parent_task(p)
         after = [r for r in requests if task_of(r) == task and turn_of(r) == 2]
@@ -233,6 +245,8 @@ def gather(dep: Deployment, faults: list[ev.Injected], code: int) -> dict[str, A
         "invariants": dict(Counter(v.invariant for v in violations)),
         "children": plan.children, "parents": plan.parents,
         "journal_lines": len(lines),
+        "lines_without_worker": sum(1 for ln in lines if not ln.pid),
+        "sandbox": plan.sandbox,
         "commands_run_twice": sum(1 for n in executions.values() if n > 1),
         "claims": sum(1 for steps in timeline.values() for m in steps if m.kind == "claim"),
         "model_requests": len(job.log),
@@ -268,7 +282,8 @@ HEADER = ["fault", "injected", "children affected", "recovered", "recover median
 def report(out: dict[str, Any]) -> list[str]:
     rows = [HEADER, *out["rows"]]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(HEADER))]
-    lines = [f"chaos: seed {out['seed']}, {out['parents']} parents x "
+    lines = [f"chaos: seed {out['seed']}, sandbox {out.get('sandbox', 'none')}, "
+             f"{out['parents']} parents x "
              f"{out['children'] // max(out['parents'], 1)} children, faults for "
              f"{out['plan']['minutes']:g} min, wall {out['wall']:.0f} s, "
              f"{out['claims']} claims, {out['journal_lines']} journal lines "
@@ -276,6 +291,9 @@ def report(out: dict[str, Any]) -> list[str]:
              f"{out['model_requests']} model requests ({out['model_faults']} faults)"]
     for row in rows:
         lines.append("  " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    if out.get("lines_without_worker"):
+        lines.append(f"  journal lines whose sender was gone before its worker was found: "
+                     f"{out['lines_without_worker']}")
     if out.get("no_clock_ahead"):
         lines.append(f"  clock ahead: not injected: {out['no_clock_ahead']}")
     if out.get("revived"):
@@ -304,6 +322,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--children", type=int, default=200, help="children at depth 2 (default 200)")
     p.add_argument("--short", action="store_true",
                    help="the CI size: fixed seed, 20 children, each fault once, ~2 min")
+    p.add_argument("--sandbox", choices=("none", "auto"), default="none",
+                   help="the workers' SWARM_SANDBOX: none (commands unconfined, the default) "
+                        "or auto (bubblewrap, as a deployment's workers run them)")
     p.add_argument("--keep", action="store_true", help="keep the evidence folder")
     p.add_argument("--json", type=Path, default=None, help="write the result here as JSON")
     return p

@@ -1,7 +1,8 @@
 """The deployment of a chaos campaign (:mod:`bench.chaos`) and what acts on it.
 
 - :class:`Job`: the scripted model of the job (root -> P parents -> children, every command
-  appending a line to the journal), with bursts of 429/500 answers on request;
+  sending a line to the journal's collector, :mod:`bench.chaos_journal`), with bursts of
+  429/500 answers on request;
 - :class:`Deployment`: Valkey with its append-only file, two coordinators, three worker
   hosts (:mod:`bench.hosts`), the model and the root ``swarm run``: started, killed,
   restarted, cut off and healed, every worker process recorded with its life;
@@ -31,6 +32,7 @@ from typing import Any
 import redis as redis_lib
 
 from bench import chaos_evidence as ev
+from bench.chaos_journal import Collector, client_command, python3
 from bench.hosts import (
     HostSpec,
     Network,
@@ -94,6 +96,10 @@ class Plan:
     """Share of commands that sleep 4-9 s (longer than the time a lease needs to run out
     after its worker died), the rest 0.5-3 s."""
     short: bool = False
+    sandbox: str = "none"
+    """The workers' ``SWARM_SANDBOX``: ``none`` (commands unconfined) or ``auto`` (as a
+    deployment's workers run them: bubblewrap, as ``SWARM_SANDBOX_UID`` on these root
+    workers)."""
 
     @property
     def children(self) -> int:
@@ -117,7 +123,10 @@ class Job:
     ``log`` holds (time, task, status) of every chat answer: the model's request log."""
 
     def __init__(self, plan: Plan, tag: str, journal: Path) -> None:
-        self.plan, self.tag, self.journal = plan, tag, journal
+        self.plan, self.tag = plan, tag
+        self.journal = journal
+        """The collector's socket (:mod:`bench.chaos_journal`) commands send their lines to."""
+        self.python = python3()
         self.rng = random.Random(plan.seed + 1)
         self.lock = threading.Lock()
         self.burst_until = 0.0
@@ -147,11 +156,9 @@ class Job:
         rng = random.Random(f"{self.plan.seed}:{p}:{c}:{k}")  # the same on a rerun
         long = rng.random() < self.plan.long_sleep
         pause = rng.uniform(4, 9) if long else rng.uniform(0.5, 3)
-        # The worker's pid: the first ancestor that is not a shell (or setpriv) of swarm's.
-        worker = ("w=$PPID; while grep -qx 'bash\\|setpriv' /proc/$w/comm; "
-                  "do w=$(cut -d' ' -f4 /proc/$w/stat); done")
-        return (f'sleep {pause:.2f}; {worker}; echo "J {self.tag} p{p} c{c} k{k} '
-                f'$(date +%s.%N) $(hostname) $w" >> {self.journal}')
+        # The collector adds the pid of the worker that ran it (from the kernel).
+        return f"sleep {pause:.2f}; " + client_command(self.journal, f"{self.tag} p{p} c{c} k{k}",
+                                                       self.python)
 
     def __call__(self, request: dict[str, Any]) -> Item:
         task = task_of(request)
@@ -235,16 +242,21 @@ class Deployment:
         self.journal_dir.mkdir()
         self.journal = self.journal_dir / "journal.log"
         self.journal.touch()
-        os.chmod(self.journal_dir, 0o777)
+        self.collector = Collector(self.journal, f"{self.tag}-{os.getpid()}")
         self.laptop = base / "laptop"
         (self.laptop / "ws").mkdir(parents=True)
         self.home = base / "home"  # SWARM_HOME on every host; each binds its own disk here
         self.home.mkdir()
-        self.network = Network(self.tag)
+        try:
+            self.network = Network(self.tag)
+        except BaseException:
+            self.collector.close()
+            raise
         try:
             self.netns = {h: self.network.add(h) for h in HOSTS}
         except BaseException:
             self.network.close()
+            self.collector.close()
             raise
         self.names = {h: f"chaos-{h}-{self.tag}" for h in HOSTS}
         self.redis_dir = base / "redis"
@@ -256,7 +268,7 @@ class Deployment:
         self.coordinators: dict[str, subprocess.Popen[bytes]] = {}
         self.lives: list[ev.Life] = []
         self.lock = threading.Lock()
-        self.job = Job(plan, self.tag, self.journal)
+        self.job = Job(plan, self.tag, self.collector.socket)
         self.model = ModelServer(self.job, host=self.network.gateway, require_key=SECRET,
                                  responder=self.job)
         self.root: subprocess.Popen[bytes] | None = None
@@ -324,7 +336,7 @@ class Deployment:
         env = host_env(spec, self._env(
             SWARM_HOME=str(self.home), SWARM_BASE_URL=self.model.base_url,
             SWARM_API_KEY=SECRET, SWARM_RETRIES="10", SWARM_BACKOFF_MAX="2",
-            SWARM_SANDBOX="none"))
+            SWARM_SANDBOX=self.plan.sandbox))
         argv = host_argv(spec, [sys.executable, "-m", "swarm", "worker", "--concurrency",
                                 str(self.plan.concurrency), "--loglevel", "WARNING",
                                 "--hostname", f"w@{spec.name}"])
@@ -384,6 +396,7 @@ class Deployment:
             proc.wait()
 
     def start(self) -> None:
+        self.collector.start()
         self.start_redis()
         self.model.start()
         for index in ("0", "1"):
@@ -434,19 +447,20 @@ class Deployment:
             life.ended = min(life.ended, now)
         self.workers.clear()
         self.coordinators.clear()
-        for pid in orphans(self.journal):  # commands of killed workers (own sessions)
+        for pid in orphans(self.collector.socket):  # commands of killed workers (own sessions)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.model.stop()
         self.kill_redis()
 
     def close(self) -> None:
+        self.collector.close()
         self.network.close()
 
 
 def orphans(journal: Path) -> list[int]:
-    """Pids of the commands still running that write to ``journal`` (a path unique to this
-    campaign: only its own commands name it)."""
+    """Pids of the commands still running that send to ``journal`` (the collector's socket,
+    a path unique to this campaign: only its own commands name it)."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

@@ -1,5 +1,6 @@
 """What happened in a chaos campaign, read from the evidence it left, never from the swarm's
-reports of itself: the journal the children's commands appended to, the scripted model's
+reports of itself: the journal of the children's commands (:mod:`bench.chaos_journal`),
+the scripted model's
 request log, and Redis (its append-only file, which holds every write in order with the
 server's clock inside, and its keys).
 
@@ -167,7 +168,9 @@ def fill_times(found: list[Mark]) -> list[Mark]:
 
 @dataclass(frozen=True)
 class Line:
-    """One line a command appended: ``J tag p c k time host pid`` (c = -1: a parent)."""
+    """One line a command sent: ``J tag p c k time host pid`` (c = -1: a parent), the
+    command's own time and host name, and the pid of the worker that ran it (0: unknown),
+    then ``sender=PID at=TIME`` (when the collector received it, laptop's clock)."""
 
     parent: int
     child: int
@@ -176,6 +179,7 @@ class Line:
     """On the laptop's clock (a host's clock offset taken off)."""
     host: str
     pid: int
+    received: float = 0.0
 
 
 def journal(path: Path, offsets: dict[str, float]) -> list[Line]:
@@ -186,10 +190,12 @@ def journal(path: Path, offsets: dict[str, float]) -> list[Line]:
         words = raw.split()
         if len(words) < 8 or words[0] != "J":
             continue
+        extra = dict(w.split("=", 1) for w in words[8:] if "=" in w)
         try:
             host = words[6]
             out.append(Line(int(words[2][1:]), int(words[3][1:]), int(words[4][1:]),
-                            float(words[5]) - offsets.get(host, 0.0), host, int(words[7])))
+                            float(words[5]) - offsets.get(host, 0.0), host, int(words[7]),
+                            float(extra.get("at", 0.0))))
         except ValueError:
             continue
     return out
@@ -226,7 +232,8 @@ def holder_pid(lives: list[Life], host: str, at: float) -> int:
 def zombies(lines: list[Line], runs: dict[tuple[int, int], str], timeline: dict[str, list[Mark]],
             lives: list[Life]) -> list[Violation]:
     """Journal lines written when their attempt no longer held the run: after another
-    claim, a park or the settlement (an attempt is a worker process: host and pid)."""
+    claim, a park or the settlement (an attempt is a worker process: host and pid; a line
+    whose worker is unknown, pid 0, is checked against the claim's host only)."""
     out: list[Violation] = []
     for line in lines:
         run = runs.get((line.parent, line.child))
@@ -243,10 +250,19 @@ def zombies(lines: list[Line], runs: dict[tuple[int, int], str], timeline: dict[
                                            f"({last.time:.3f})", run))
             continue
         owner = (last.host, holder_pid(lives, last.host, last.time))
-        if owner != (line.host, line.pid):
+        if owner != (line.host, line.pid if line.pid else owner[1]):
             out.append(Violation("zombie", f"{line} while the run was held by {owner} "
                                            f"(claimed {last.time:.3f})", run))
     return out
+
+
+def clock_skewed(lines: list[Line], tolerance: float = 10.0) -> list[Violation]:
+    """Lines whose own time (its host's offset taken off) is more than ``tolerance``
+    seconds from when the collector got them: the offset assumed for their host is wrong
+    (say, a command ran under libfaketime where the campaign thought not), and the zombie
+    check would read their times wrong."""
+    return [Violation("journal clock", f"{line} received at {line.received:.3f}")
+            for line in lines if line.received and abs(line.time - line.received) > tolerance]
 
 
 def settled_once(timeline: dict[str, list[Mark]], run_ids: Iterable[str],

@@ -4,9 +4,11 @@ attempts are tests/test_sandbox_escape.py."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -397,6 +399,92 @@ def test_a_boxed_command_whose_runner_died_before_it_started_does_not_run(
     orphan = Path(f"/proc/{int(started.stdout)}")
     wait_until(lambda: not orphan.exists(), "the orphaned box to end", timeout=30)
     assert not (ws / "ran").exists(), "the command ran after its runner had died"
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        return [c for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _age(pid: int) -> float:
+    """Seconds since process ``pid`` started (inf: gone)."""
+    try:
+        start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return float("inf")
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime - start / os.sysconf("SC_CLK_TCK")
+
+
+def _box_processes(ws: Path) -> list[int]:
+    """Pids of the processes whose command line names ``ws`` (its boxes' bubblewrap)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(ws).encode() in (entry / "cmdline").read_bytes():
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+@needs_sandbox
+def test_boxes_being_set_up_when_their_runner_is_killed_never_run_their_command(
+        outside_tmp: Path) -> None:
+    """bubblewrap sets its box's parent-death signal once the box is set up: a worker
+    SIGKILLed meanwhile left boxes to start their commands orphaned (the sandboxed chaos
+    campaign saw 12 such commands in a 3-minute run). A runner starts 16 boxes at once and
+    is killed as soon as it started them; none of their commands may run."""
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    runner = (
+        "import sys, threading\n"
+        "from pathlib import Path\n"
+        "from swarm.agent.shell import LocalEnvironment\n"
+        f"ws = Path({str(ws)!r})\n"
+        "env = LocalEnvironment(ws, sandbox='bwrap', die_with_runner=True)\n"
+        "assert env.execute('true', 30).exit_code == 0\n"  # its grants made, as a worker's
+        "for i in range(16):\n"
+        "    threading.Thread(target=env.execute, args=(f'sleep 1; echo ran > ran{i}', 30),\n"
+        "                     daemon=True).start()\n"
+        "print('started', flush=True)\n"
+        "threading.Event().wait(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", runner], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "started"
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    try:
+        # A box whose outer bubblewrap died before it let the box go on stays stuck, for
+        # good, before it runs anything (bubblewrap's, with or without the runner's pipe):
+        # done when no box process has a child (a command) and none is new (setting up).
+        wait_until(lambda: all(not _children(p) and _age(p) > 3 for p in _box_processes(ws)),
+                   "the killed runner's boxes to end or stall", timeout=60)
+        assert sorted(p.name for p in ws.glob("ran*")) == [], \
+            "commands ran after their runner died"
+    finally:
+        for pid in _box_processes(ws):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@needs_sandbox
+def test_a_boxed_commands_background_jobs_and_output_are_its_own(outside_tmp: Path) -> None:
+    """The runner's watcher in a worker's box is no job of the command's shell (``wait``
+    returns) and holds none of its output open (the output ends with the command)."""
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    env = LocalEnvironment(ws, sandbox="bwrap", die_with_runner=True)
+    result = env.execute("sleep 0.2 & wait; jobs | wc -l; echo done", 30)
+    assert (result.exit_code, result.output) == (0, "0\ndone\n")
 
 
 @needs_sandbox

@@ -4,6 +4,7 @@ A sandboxed command runs (docs/deploy.md has the table of what is and is not con
 
 - as uid/gid 65534 in its own user namespace, with no capabilities and ``no_new_privs``, in
   its own session and pid/ipc namespaces with a private ``/proc``, killed with its runner
+  (a worker: even when it died while bubblewrap set the box up, :data:`RUNNER_ALIVE`)
   (the host's UTS namespace, which it cannot change);
   on the host, as the runner's uid, or, when the runner is root, as ``SWARM_SANDBOX_UID``
   (:data:`UID`; never 0, whose files the box could otherwise read wherever the owner may),
@@ -27,6 +28,7 @@ root in a terminal keeps the user's ``SWARM_SANDBOX`` (default ``none``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
 import functools
@@ -35,6 +37,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +181,48 @@ def pdeathsig_setpriv() -> str:
 #: been handed over; a worker killed before ``setpriv`` set the signal sends none.
 RUNNER_GUARD = '[ "$PPID" = "$1" ] || exit 137; shift; exec "$@"'
 
+#: The first lines of a worker's box command, given (as ``{fd}``) the read end of a pipe
+#: whose write end only the worker holds (:func:`runner_pipe`; nothing is ever written):
+#: at its end of file the worker is gone. bubblewrap sets the box's first process's
+#: parent-death signal only once the box is set up (tens of ms, more under load), and
+#: checks nothing after it: a worker killed meanwhile left the box to start its command
+#: orphaned (the sandboxed chaos campaign saw commands start 0.04-0.22 s after their
+#: worker was SIGKILLed). So the command does not start once the worker is gone, and a watcher
+#: kills every process of the box (``kill -1``: the box's own pid namespace, in which the
+#: command's shell is pid 2; outside one it kills nothing) when the worker goes later.
+#: Its output is closed, so a command's output ends when the command does.
+RUNNER_ALIVE = ("read -t 0 -u {fd} && exit 137\n"
+                "( (read -u {fd}; [ $$ = 2 ] && kill -KILL -1) </dev/null >/dev/null 2>&1 & )\n"
+                "exec {fd}<&-\n")
+
+_PIPES: dict[int, tuple[int, int]] = {}
+_PIPES_LOCK = threading.Lock()
+
+
+def runner_pipe() -> int:
+    """The read end of this process's pipe for :data:`RUNNER_ALIVE` (made once per
+    process; not inheritable: only the boxes it is passed to get the read end)."""
+    with _PIPES_LOCK:
+        pid = os.getpid()
+        if pid not in _PIPES:
+            _PIPES[pid] = os.pipe()
+        return _PIPES[pid][0]
+
+
+def _forget_pipes() -> None:
+    """In a forked child: close the pipes it inherited (its copy of a write end would keep
+    its parent's boxes alive after the parent died); it makes its own."""
+    global _PIPES_LOCK
+    _PIPES_LOCK = threading.Lock()  # another thread of the parent may have held it
+    for ends in _PIPES.values():
+        for end in ends:
+            with contextlib.suppress(OSError):
+                os.close(end)
+    _PIPES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_pipes)
+
 #: What git in a worktree writes in its repository's folder. The rest of it (``config``,
 #: ``hooks``, ``info``) stays read-only in the box: the worker's own git reads it.
 REPO_WRITABLE = ("objects", "refs", "logs")
@@ -318,10 +363,13 @@ class Box:
         grant_search([*writable, *bound, *([git.top] if git is not None else [])], self.run_as)
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,
-             linked: Path | None = None, runner: int | None = None) -> list[str]:
+             linked: Path | None = None, runner: int | None = None,
+             alive_fd: int | None = None) -> list[str]:
         """bubblewrap's command line for ``command`` (``linked``: see :func:`git_dirs`).
         With ``runner`` (this process's pid: a worker's), the box never runs once the
-        thread that starts it died (:data:`RUNNER_GUARD`)."""
+        thread that starts it died (:data:`RUNNER_GUARD`); with ``alive_fd`` too (the
+        runner's :func:`runner_pipe`, passed to the box), not once the runner died, and dies
+        with it (:data:`RUNNER_ALIVE`)."""
         ws = str(workspace.resolve())
         drop = [] if self.run_as is None else [
             f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups"]
@@ -381,7 +429,8 @@ class Box:
             box.append("--unshare-net")
         # The limit is set inside the box, where the count is of the box's namespace only,
         # by a line of the command's own shell (no second shell to start).
-        box += ["--", "bash", "-c", f"ulimit -u {PIDS} || exit 126\n{command}"]
+        alive = RUNNER_ALIVE.format(fd=alive_fd) if alive_fd is not None else ""
+        box += ["--", "bash", "-c", f"ulimit -u {PIDS} || exit 126\n{alive}{command}"]
         return box
 
 

@@ -25,6 +25,7 @@ from swarm.agent.sandbox import (
     environment,
     pdeathsig_setpriv,
     program_fd,
+    runner_pipe,
 )
 from swarm.errors import ToolError
 from swarm.secrets import SECRET_VARS
@@ -281,6 +282,7 @@ class LocalEnvironment:
             self._prepared = True
         fd = program_fd() if box is not None else -1
         argv = self.argv(command, fd)
+        alive = (runner_pipe(),) if box is not None and self.die_with_runner else ()
         try:
             proc = subprocess.Popen(
                 argv,
@@ -290,7 +292,7 @@ class LocalEnvironment:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=self.env(),
-                pass_fds=(fd,) if fd >= 0 else (),
+                pass_fds=((fd,) if fd >= 0 else ()) + alive,
             )
         except OSError as exc:
             raise ToolError(f"cannot start bash: {exc}; is bash installed and on PATH?") from exc
@@ -307,8 +309,10 @@ class LocalEnvironment:
         box = self.choice.box
         if box is None:
             return unconfined_argv(command) if self.die_with_runner else ["bash", "-c", command]
-        return box.argv(command, self.workspace, seccomp_fd, self.linked,
-                        runner=os.getpid() if self.die_with_runner else None)
+        if not self.die_with_runner:
+            return box.argv(command, self.workspace, seccomp_fd, self.linked)
+        return box.argv(command, self.workspace, seccomp_fd, self.linked, runner=os.getpid(),
+                        alive_fd=runner_pipe())
 
     def _run(self, proc: subprocess.Popen[bytes], timeout: int) -> CommandResult:
         """Collect the output of the started ``proc`` (see :meth:`execute`)."""

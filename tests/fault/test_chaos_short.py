@@ -3,7 +3,9 @@ checks on hand-made evidence.
 
 The campaign runs a real deployment over simulated machines (network namespaces, libfaketime)
 with every fault kind once and checks the invariants from the journal, the model's log and
-Redis; it skips, saying why, where namespaces are not allowed or faketime is missing. The
+Redis; it skips, saying why, where namespaces are not allowed or faketime is missing. Its
+workers sandbox commands as a deployment's do by default (``--sandbox auto``: bubblewrap)
+where the sandbox works here, else run them unconfined (``--sandbox none``). The
 other tests feed :mod:`bench.chaos_evidence` evidence with one known flaw each: a check that
 cannot see a flaw would let the campaign pass with it.
 """
@@ -23,6 +25,7 @@ import pytest
 from bench import chaos_evidence as ev
 from bench.chaos_deploy import unavailable
 from bench.hosts import HostSpec, faketime_library, faketime_reason, host_env
+from swarm.agent import sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,13 +141,16 @@ def test_short_chaos_campaign_holds_every_invariant(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
     out = tmp_path / "chaos.json"
-    done = subprocess.run([sys.executable, "-m", "bench.chaos", "--short", "--json", str(out)],
+    mode = "auto" if sandbox.choose("auto", worker=True).box is not None else "none"
+    done = subprocess.run([sys.executable, "-m", "bench.chaos", "--short", "--sandbox", mode,
+                           "--json", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=400,
                           check=False)
     print(done.stdout)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     result = json.loads(out.read_text())
     assert result["violations"] == []
+    assert result["sandbox"] == mode
     injected = {row[0]: int(row[1]) for row in result["rows"]}
     kinds = ["worker kill", "coordinator kill", "Redis kill", "partition", "model 429/500"]
     if not result["no_clock_ahead"]:  # libfaketime that Python's sleeps and waits survive
