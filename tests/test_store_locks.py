@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import swarm
 from swarm.errors import LockError
 from swarm.store import keys
 from swarm.store.locks import RedisLock
+from tests.helpers import wait_until
 
 ROOT = Path(swarm.__file__).resolve().parent.parent
 
@@ -51,13 +52,6 @@ while True:
 """
 
 
-def _wait(condition: Callable[[], object], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 @pytest.fixture
 def stopped_holder(redis_server: str, redis: redis_py.Redis
                    ) -> Iterator[subprocess.Popen[str]]:
@@ -69,7 +63,7 @@ def stopped_holder(redis_server: str, redis: redis_py.Redis
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
         proc.send_signal(signal.SIGSTOP)
-        _wait(lambda: not redis.exists(keys.lock("w")), "the stopped holder's lock to expire")
+        wait_until(lambda: not redis.exists(keys.lock("w")), "the stopped holder's lock to expire")
         yield proc
     finally:
         proc.kill()
@@ -79,7 +73,7 @@ def stopped_holder(redis_server: str, redis: redis_py.Redis
 def test_a_lock_that_expired_while_its_holder_was_stopped_is_taken_back(
         redis: redis_py.Redis, stopped_holder: subprocess.Popen[str]) -> None:
     stopped_holder.send_signal(signal.SIGCONT)
-    _wait(lambda: redis.exists(keys.lock("w")), "the holder to take its lock back")
+    wait_until(lambda: redis.exists(keys.lock("w")), "the holder to take its lock back")
     assert RedisLock(redis, "w").holder()["pid"] == stopped_holder.pid  # type: ignore[index]
     with pytest.raises(LockError):
         RedisLock(redis, "w").acquire()
@@ -108,7 +102,7 @@ def test_a_holder_takes_back_a_lock_that_expired_without_a_taker(
     lock = RedisLock(redis, "w", ttl=0.6)
     lock.acquire()
     redis.delete(keys.lock("w"))  # as if it expired during a pause: nobody took it
-    _wait(lambda: redis.exists(keys.lock("w")), "the renewal to take the lock back")
+    wait_until(lambda: redis.exists(keys.lock("w")), "the renewal to take the lock back")
     assert lock.held and lock.check()
     assert redis.pttl(keys.lock("w")) <= 600
     assert lock.release() is True
@@ -207,9 +201,7 @@ def test_release_never_deletes_another_holders_lock(redis: redis_py.Redis) -> No
     redis.delete(keys.lock("w"))  # as if a's lock expired during a long pause
     b = RedisLock(redis, "w")
     b.acquire()
-    deadline = time.monotonic() + 2
-    while not a.lost and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: a.lost, "a's renewal to find its lock taken", timeout=2)
     assert a.lost and not a.held
     assert redis.pttl(keys.lock("w")) > 20_000  # a's renewal did not touch b's lock
     assert a.release() is False

@@ -195,33 +195,32 @@ RUNNER_ALIVE = ("read -t 0 -u {fd} && exit 137\n"
                 "( (read -u {fd}; [ $$ = 2 ] && kill -KILL -1) </dev/null >/dev/null 2>&1 & )\n"
                 "exec {fd}<&-\n")
 
-_PIPES: dict[int, tuple[int, int]] = {}
-_PIPES_LOCK = threading.Lock()
+_PIPE: tuple[int, int] | None = None
+_PIPE_LOCK = threading.Lock()
 
 
 def runner_pipe() -> int:
     """The read end of this process's pipe for :data:`RUNNER_ALIVE` (made once per
     process; not inheritable: only the boxes it is passed to get the read end)."""
-    with _PIPES_LOCK:
-        pid = os.getpid()
-        if pid not in _PIPES:
-            _PIPES[pid] = os.pipe()
-        return _PIPES[pid][0]
+    global _PIPE
+    with _PIPE_LOCK:
+        if _PIPE is None:
+            _PIPE = os.pipe()
+        return _PIPE[0]
 
 
-def _forget_pipes() -> None:
-    """In a forked child: close the pipes it inherited (its copy of a write end would keep
-    its parent's boxes alive after the parent died); it makes its own."""
-    global _PIPES_LOCK
-    _PIPES_LOCK = threading.Lock()  # another thread of the parent may have held it
-    for ends in _PIPES.values():
-        for end in ends:
-            with contextlib.suppress(OSError):
-                os.close(end)
-    _PIPES.clear()
+def _forget_pipe() -> None:
+    """In a forked child: close the pipe it inherited (its copy of the write end would
+    keep its parent's boxes alive after the parent died); it makes its own."""
+    global _PIPE, _PIPE_LOCK
+    _PIPE_LOCK = threading.Lock()  # another thread of the parent may have held it
+    for end in _PIPE or ():
+        with contextlib.suppress(OSError):
+            os.close(end)
+    _PIPE = None
 
 
-os.register_at_fork(after_in_child=_forget_pipes)
+os.register_at_fork(after_in_child=_forget_pipe)
 
 #: What git in a worktree writes in its repository's folder. The rest of it (``config``,
 #: ``hooks``, ``info``) stays read-only in the box: the worker's own git reads it.
