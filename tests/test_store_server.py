@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -102,7 +103,7 @@ def test_proc_stat_is_read_by_the_shared_helper(tmp_path: Path,
 def test_start_use_release(home: Path) -> None:
     server = EmbeddedServer(home)
     url = server.ensure()
-    assert url.startswith("redis://127.0.0.1:") and url.endswith("/0")
+    assert url.startswith("redis://:") and "@127.0.0.1:" in url and url.endswith("/0")
     client = connect(url)
     assert client.set("k", "v") and client.get("k") == "v"
     client.close()
@@ -117,6 +118,29 @@ def test_start_use_release(home: Path) -> None:
     assert wait_gone(status.pid)
     assert not (home / "redis" / "server.json").exists()
     assert not server.status().running
+
+
+def test_the_embedded_server_answers_only_to_its_password(home: Path) -> None:
+    server = EmbeddedServer(home)
+    url = server.ensure()
+    try:
+        port = server.status().port
+        assert port is not None
+        anonymous = redis_py.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+        with pytest.raises(redis_py.AuthenticationError):
+            anonymous.get("k")
+        with pytest.raises(redis_py.AuthenticationError):
+            redis_py.Redis(host="127.0.0.1", port=port, password="guess").ping()
+        data = home / "redis"
+        secret = (data / "secret").read_text().strip()
+        assert secret and secret in url and len(secret) >= 40
+        for path in (data / "secret", data / "valkey.conf"):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        assert stat.S_IMODE(data.stat().st_mode) == 0o700
+        assert secret not in (data / "server.json").read_text()
+        assert EmbeddedServer(home).ensure() == url  # the same password for every user
+    finally:
+        server.release()
 
 
 def test_second_instance_adopts(home: Path) -> None:

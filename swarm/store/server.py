@@ -5,9 +5,15 @@ Layout under ``home/redis/``::
     lock            flock'ed while a process starts, adopts or stops the server
     server.json     {pid, port, started} of the running server
     users/<pid>     one file per swarm process using the server (a use count inside)
-    valkey.conf     written at every start
+    secret          the server's password (0600, made once): every client logs in with it
+    valkey.conf     written at every start (0600: it holds the password)
     valkey.log      the server's log
     appendonlydir/  the append-only file (data survives restarts)
+
+The server requires a password (``requirepass``), generated once per home and readable only
+by the user swarm runs as: a process that can open a connection to its port (a command in
+a box that shares the host's network, another user of the machine) gets ``NOAUTH`` and
+nothing else. The folder ``redis/`` is 0700.
 
 The server runs in its own session (Ctrl-C in the terminal does not reach it) and outlives
 the process that started it: the last :meth:`EmbeddedServer.release` stops it, and after a
@@ -26,6 +32,7 @@ import fcntl
 import importlib.metadata
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -48,15 +55,18 @@ _LOG_KEEP = 1 << 20  # rotate the log at every start once it is bigger than this
 
 @dataclass(frozen=True)
 class ServerInfo:
-    """What ``server.json`` records about the running server."""
+    """What ``server.json`` records about the running server, and its password (kept in
+    the file ``secret``, never in ``server.json``)."""
 
     pid: int
     port: int
     started: float
+    password: str = field(default="", repr=False)
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        login = f":{self.password}@" if self.password else ""
+        return f"redis://{login}127.0.0.1:{self.port}/0"
 
 
 @dataclass(frozen=True)
@@ -142,6 +152,10 @@ class EmbeddedServer:
         return self.data_dir / "users"
 
     @property
+    def secret_path(self) -> Path:
+        return self.data_dir / "secret"
+
+    @property
     def url(self) -> str | None:
         """The URL returned by the last :meth:`ensure`, if any."""
         return self._info.url if self._info else None
@@ -153,7 +167,7 @@ class EmbeddedServer:
 
         With ``start=False`` only a running server is adopted (a local coordinator or worker
         of a ``swarm run``: once that run has released the server, none starts it again).
-        Returns ``redis://127.0.0.1:PORT/0``. Raises :class:`StoreUnavailableError`.
+        Returns ``redis://:PASSWORD@127.0.0.1:PORT/0``. Raises :class:`StoreUnavailableError`.
         """
         with self._locked():
             info = self._read_info()
@@ -227,6 +241,7 @@ class EmbeddedServer:
     def _locked_now(self) -> Iterator[None]:
         try:
             self.users_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.data_dir, 0o700)  # it holds the password and the data
             fd = os.open(self.data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise StoreUnavailableError(
@@ -242,9 +257,22 @@ class EmbeddedServer:
     def _read_info(self) -> ServerInfo | None:
         try:
             data = json.loads(self.info_path.read_text())
-            return ServerInfo(int(data["pid"]), int(data["port"]), float(data["started"]))
+            return ServerInfo(int(data["pid"]), int(data["port"]), float(data["started"]),
+                              self._secret())
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def _secret(self) -> str:
+        """The server's password, made once (under the lock) and kept in ``secret``."""
+        try:
+            text = self.secret_path.read_text().strip()
+        except FileNotFoundError:
+            text = ""
+        if text:
+            return text
+        text = secrets.token_urlsafe(32)  # URL-safe: it goes in redis://:PASSWORD@host
+        _write_atomic(self.secret_path, text + "\n")
+        return text
 
     def _write_info(self, info: ServerInfo) -> None:
         data = {"pid": info.pid, "port": info.port, "started": info.started}
@@ -276,12 +304,13 @@ class EmbeddedServer:
     # -- the server process ----------------------------------------------------------------
 
     def _healthy(self, info: ServerInfo, wait: float = 5.0) -> bool:
-        """True when the recorded pid is alive and is the server answering on the port."""
+        """True when the recorded pid is alive and is the server answering on the port to
+        its password (a server of an earlier version, without one, is not: it is replaced)."""
         if not pids.pid_alive(info.pid) or not pids.looks_like_server(info.pid):
             return False
         deadline = time.monotonic() + wait
         while True:
-            if _server_pid(info.port) == info.pid:
+            if _server_pid(info.port, info.password) == info.pid:
                 return True
             # Alive but silent (busy, or loading a big AOF): give it a moment before
             # declaring it broken.
@@ -314,10 +343,11 @@ class EmbeddedServer:
         # The port of the last server on this home first: clients that outlived it
         # (workers, a coordinator) reconnect to the restarted server by themselves.
         last = self._last_port()
+        password = self._secret()
         for attempt in range(_PORT_TRIES):
             port = last if attempt == 0 and last else _free_port()
             conf = self.data_dir / "valkey.conf"
-            _write_atomic(conf, self._config(port))
+            _write_atomic(conf, self._config(port, password))
             offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "ab") as log:
                 proc = subprocess.Popen(
@@ -331,13 +361,13 @@ class EmbeddedServer:
                 )
             pids.CHILDREN[proc.pid] = proc
             try:
-                ready = self._wait_ready(proc, port, offset, binary)
+                ready = self._wait_ready(proc, port, offset, binary, password)
             except BaseException:  # Ctrl-C while waiting: leave no unrecorded server behind
                 pids.kill(proc.pid)
                 raise
             if ready:
                 _write_atomic(self.data_dir / "port", f"{port}\n")
-                return ServerInfo(proc.pid, port, time.time())
+                return ServerInfo(proc.pid, port, time.time(), password)
             # The port was taken between choosing and binding it: try another.
         raise StoreUnavailableError(
             f"the embedded Redis server could not bind a free port on 127.0.0.1 after "
@@ -352,7 +382,8 @@ class EmbeddedServer:
         return port if 1024 <= port < 65536 else None
 
     def _wait_ready(
-        self, proc: subprocess.Popen[bytes], port: int, offset: int, binary: Path
+        self, proc: subprocess.Popen[bytes], port: int, offset: int, binary: Path,
+        password: str,
     ) -> bool:
         """True once ``proc`` answers on ``port``; False if it exited because the port is taken."""
         deadline = time.monotonic() + self.start_timeout
@@ -369,7 +400,7 @@ class EmbeddedServer:
                     f"Fix the cause above, {_FIX}"
                 )
             # Checking the pid guards against another server that grabbed the port first.
-            if _server_pid(port) == proc.pid:
+            if _server_pid(port, password) == proc.pid:
                 return True
             if time.monotonic() >= deadline:
                 pids.kill(proc.pid)
@@ -379,11 +410,12 @@ class EmbeddedServer:
                 )
             time.sleep(0.01)
 
-    def _config(self, port: int) -> str:
+    def _config(self, port: int, password: str) -> str:
         lines = [
             "# written by swarm (swarm/store/server.py) at every start; edits are lost",
             "bind 127.0.0.1",
             "protected-mode yes",
+            f"requirepass {_quote(password)}",
             f"port {port}",
             f"dir {_quote(str(self.data_dir))}",
             "daemonize no",
@@ -413,9 +445,9 @@ class EmbeddedServer:
         """Stop the recorded server: SHUTDOWN (flushes the AOF), else SIGTERM, else SIGKILL."""
         if not pids.pid_alive(info.pid) or not pids.looks_like_server(info.pid):
             return  # gone, or the pid now belongs to an unrelated process
-        if _server_pid(info.port) == info.pid:
+        if _server_pid(info.port, info.password) == info.pid:
             with contextlib.suppress(redis.RedisError):
-                _probe_client(info.port, timeout=5.0).shutdown()
+                _probe_client(info.port, info.password, timeout=5.0).shutdown()
             if pids.wait_gone(info.pid, 5.0):
                 return
         pids.kill(info.pid)
@@ -424,10 +456,11 @@ class EmbeddedServer:
 # -- helpers --------------------------------------------------------------------------------
 
 
-def _probe_client(port: int, timeout: float = 1.0) -> redis.Redis:
+def _probe_client(port: int, password: str, timeout: float = 1.0) -> redis.Redis:
     return redis.Redis(
         host="127.0.0.1",
         port=port,
+        password=password or None,
         socket_connect_timeout=timeout,
         socket_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
@@ -435,9 +468,9 @@ def _probe_client(port: int, timeout: float = 1.0) -> redis.Redis:
     )
 
 
-def _server_pid(port: int) -> int | None:
-    """The ``process_id`` of the server answering on ``port``, or None."""
-    client = _probe_client(port)
+def _server_pid(port: int, password: str) -> int | None:
+    """The ``process_id`` of the server answering on ``port`` to ``password``, or None."""
+    client = _probe_client(port, password)
     try:
         info = client.info("server")
         return int(info["process_id"])
@@ -459,8 +492,11 @@ def _quote(value: str) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` at once, readable by its owner only."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     os.replace(tmp, path)
 
 
