@@ -407,7 +407,10 @@ class Box:
                                                    else [])
             mounts += [(str(p), "~bind") for p in git.writable if p.is_dir()]
             mounts += [(str(git.own / n), "~file") for n in POINTERS if (git.own / n).is_file()]
-        mounts += own_repository(Path(ws))
+        if not any(Path(ws).is_relative_to(Path(h).resolve() / "workspaces") for h in self.hide):
+            # A child's repository is its own (the worker's git never uses it); a root's or a
+            # job's is the user's, which the swarm's git reads.
+            mounts += own_repository(Path(ws))
         mounts += [(str(Path(p).resolve()), "ro") for p in self.read_only if os.path.isdir(p)]
         if self.home and os.path.isdir(self.home) and Path(self.home).resolve() != Path("/"):
             mounts.append((str(Path(self.home).resolve()), "home"))

@@ -90,6 +90,43 @@ def git(*args: str, repo: Path | None = None, cwd: Path | None = None,
     return out.stdout.strip()
 
 
+def merge_trees(repo: Path, ours: str, theirs: str) -> tuple[str, list[str]]:
+    """Merge commits ``theirs`` into ``ours`` (their merge base: the commit both are
+    over) without a work tree or an index: the merged tree, and the paths in conflict
+    (then the tree holds conflict markers and must not be used)."""
+    env = _environ({"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo)})
+    try:
+        out = subprocess.run(["git", "merge-tree", "--write-tree", "-z", "--name-only",
+                              "--no-messages", ours, theirs], cwd=repo, capture_output=True,
+                             timeout=300, stdin=subprocess.DEVNULL, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WorkspaceError(f"git merge-tree failed: {exc}") from None
+    if out.returncode not in (0, 1):
+        raise WorkspaceError(f"git merge-tree failed: "
+                             f"{out.stderr.decode(errors='replace').strip()[-500:]}")
+    tree, *paths = out.stdout.decode(errors="surrogateescape").split("\0")
+    conflicts = sorted({p for p in paths if p}) if out.returncode == 1 else []
+    return tree.strip(), conflicts
+
+
+def own_repository(top: Path, odb: Path, branch: str, start: str) -> Path:
+    """A repository of its own at ``top/.git`` for a child's commands: ``branch`` at
+    commit ``start`` of ``odb``, whose objects it borrows (read-only, through
+    ``objects/info/alternates``); no index yet. Made by the worker before any command
+    runs there; the worker's git never uses it afterwards (its config is the child's)."""
+    top.mkdir(parents=True, exist_ok=True)
+    git("init", "-q", "--template=", str(top), cwd=top)
+    dot = top / ".git"
+    info = dot / "objects" / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "alternates").write_text(f"{(odb / 'objects').resolve()}\n")
+    ref = dot / "refs" / "heads" / branch
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(f"{start}\n")
+    (dot / "HEAD").write_text(f"ref: refs/heads/{branch}\n")
+    return dot
+
+
 def ok(*args: str, repo: Path | None = None, cwd: Path | None = None,
        env: dict[str, str] | None = None) -> bool:
     """Whether ``git ARGS`` succeeds."""
@@ -217,7 +254,8 @@ def write_tree(top: Path | WorkTree, *, odb: Path | None = None,
         if isinstance(top, WorkTree):
             temp = Path(tmp) / "index"
             with contextlib.suppress(FileNotFoundError):
-                shutil.copyfile(top.admin / "index", temp)
+                # With its mtime: git tells "racily clean" entries by it.
+                shutil.copy2(top.admin / "index", temp)
             folder, env = top.top, top.env(temp)
         else:
             assert odb is not None and index is not None

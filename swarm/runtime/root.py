@@ -174,10 +174,13 @@ class RootSwarm:
                 agent.guard()  # its lock is still its own before it writes anything
             loaded = sessions.load(agent.session.id)
             assert loaded is not None, "the root session vanished while it was parked"
-            # The children's work comes home (branches, files) before the root goes on.
-            if homecoming.bring_home(self.seeds, loaded, Path(loaded.workspace), self.swarm_id,
-                                     self.tree):
+            # The children's work lands in the workspace before the root goes on.
+            landing = homecoming.bring_home(self.seeds, loaded, Path(loaded.workspace),
+                                            self.swarm_id, self.tree)
+            if landing is not None:
                 sessions.save(loaded)
+                if landing.summary():
+                    self.notice(landing.summary())
             agent.session = loaded
             try:
                 return agent.resume()

@@ -40,24 +40,28 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Workspace:
     """An agent's workspace: ``path`` (where it works) inside ``root`` (the folder made
-    for it; ``path`` differs when its parent worked in a subfolder of a repository)."""
+    for it; ``path`` differs when its parent worked in a subfolder of a repository).
+
+    A seeded child's git is its own: ``root/.git`` is a repository the worker made for
+    it (its branch ``swarm/<agent>`` at the commit it started from, the objects of
+    ``odb`` borrowed read-only through ``objects/info/alternates``), which its commands
+    may use as they like. The worker never runs git on it (its config is the child's):
+    it reads the work tree through ``odb``, a repository it chose (the parent's, or the
+    host's cache), with an index of its own (``index``, under ``SWARM_HOME``)."""
 
     path: Path
-    git_branch: str = ""
-    """``swarm/<agent_id>`` when the workspace is a git worktree."""
     root: Path | None = None
     seed: str = ""
     """The snapshot it started from ("": an empty folder)."""
-    repo: Path | None = None
-    """The git directory its worktree belongs to (None: a plain folder)."""
-    home_branch: bool = False
-    """Its branch is in its parent's own repository (same host): commits land there."""
+    odb: Path | None = None
+    """The repository holding its seed's objects, where its captures are written (None:
+    not seeded)."""
+    index: Path | None = None
+    """The worker's own index of its files (never the one its commands write)."""
     view: Path | None = None
     """The folder of its copy-on-write view (its upper folder, named for the agent,
     ``work`` and the file ``lower``), or None: a full checkout or a plain folder
     (:mod:`swarm.runtime.views`)."""
-    worktree: str = ""
-    """Its worktree's folder under ``repo/worktrees`` (found from the repository's side)."""
 
     @property
     def top(self) -> Path:
@@ -65,18 +69,9 @@ class Workspace:
 
     @property
     def tree(self) -> g.WorkTree | None:
-        """Its git work tree as the worker made it (None: a plain folder)."""
-        if self.repo is None or not self.worktree:
-            return None
-        return g.WorkTree(self.top, self.repo, self.worktree)
-
-
-def _worktree(repo: Path, top: Path, view: Path | None) -> str:
-    """The name of the worktree of ``repo`` made at ``top`` (on its view's upper folder)."""
-    found = g.registered(repo, upper(view) if view is not None else top)
-    if found is None:
-        raise WorkspaceError(f"no worktree of {repo} is registered at {top}")
-    return found.name
+        """A child's work tree is read as a folder (see the class), never as a git work
+        tree: None."""
+        return None
 
 
 @contextlib.contextmanager
@@ -89,14 +84,6 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _admin(worktree: Path) -> Path:
-    """The git folder of the linked worktree ``worktree`` (from its ``.git`` file)."""
-    text = (worktree / ".git").read_text().strip()
-    if not text.startswith("gitdir:"):
-        raise WorkspaceError(f"{worktree} is not a linked git worktree")
-    return worktree / text.removeprefix("gitdir:").strip()
 
 
 def upper(view: Path) -> Path:
@@ -140,10 +127,11 @@ class Seeds:
     # -- seed -------------------------------------------------------------------------------
 
     def take(self, workspace: Path, swarm_id: str, base: str = "",
-             tree_of: g.WorkTree | None = None) -> str:
+             tree_of: g.WorkTree | None = None, own: Workspace | None = None) -> str:
         """Snapshot ``workspace`` as its agent sees it and store it (once); its id. It is a
         git work tree when ``tree_of`` (chosen by the caller, never found from the folder,
-        which commands write) is given, else a plain folder. With ``base`` (the snapshot
+        which commands write) is given, a seeded child's workspace ``own`` (read through
+        its repository and index), else a plain folder. With ``base`` (the snapshot
         the workspace was seeded from), it is stored as a delta over it.
         :class:`SnapshotTooLarge` names the size, the cap and what to do."""
         head = ""
@@ -152,6 +140,10 @@ class Seeds:
             tree = g.write_tree(tree_of)
             subdir = str(workspace.resolve().relative_to(top.resolve()))
             head = g.rev(odb, tree_of.head)
+        elif own is not None and own.odb is not None and own.index is not None:
+            top, odb = own.top, own.odb
+            tree = g.write_tree(top, odb=odb, index=own.index)
+            subdir = str(workspace.resolve().relative_to(top.resolve()))
         else:
             top, odb, subdir = workspace, self.cache, "."
             key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
@@ -206,8 +198,8 @@ class Seeds:
             return fetched + len(data)
 
     def child(self, swarm_id: str, agent_id: str, seed: str) -> Workspace:
-        """A new child's workspace: its parent's snapshot ``seed`` checked out (a plain
-        folder when ``seed`` is "")."""
+        """A new child's workspace: its parent's snapshot ``seed`` checked out with a
+        repository of its own (an empty folder when ``seed`` is "")."""
         path = self.home / "workspaces" / swarm_id / agent_id
         if seed in ("", EMPTY):
             path.mkdir(parents=True, exist_ok=True)
@@ -216,25 +208,24 @@ class Seeds:
         if meta is None:
             raise WorkspaceLost(f"the snapshot of the parent's workspace ({seed[:12]}) is not "
                                 "in the store any more")
-        branch = f"swarm/{agent_id}"
         odb = Path(meta.odb)
         start = meta.local or seed
         if meta.origin == self.host and odb.is_dir() and g.has(odb, start):
-            # The parent's host: a worktree of the store that has it, no transfer.
-            view = self.checkout(odb, path, branch, start, seed)
+            # The parent's host: its objects are borrowed where they are, no transfer.
             self.store.fetched(seed, self.host, 0)
-            home_branch = start != seed
-            repo = odb
         else:
-            repo = self.cache
-            self.fetch(seed, repo)
-            view = self.checkout(repo, path, branch, seed, seed)
-            home_branch = False
+            odb, start = self.cache, seed
+            self.fetch(seed, odb)
+        index = self.index_of(swarm_id, agent_id)
+        view = self.checkout(odb, path, f"swarm/{agent_id}", start, seed, index)
         if meta.subdir:
             (path / meta.subdir).mkdir(parents=True, exist_ok=True)
-        return Workspace(path / meta.subdir if meta.subdir else path, branch, root=path,
-                         seed=seed, repo=repo, home_branch=home_branch, view=view,
-                         worktree=_worktree(repo, path, view))
+        return Workspace(path / meta.subdir if meta.subdir else path, root=path, seed=seed,
+                         odb=odb, index=index, view=view)
+
+    def index_of(self, swarm_id: str, agent_id: str) -> Path:
+        """Where the worker keeps its own index of an agent's workspace."""
+        return self.home / "seeds" / "index" / swarm_id / agent_id
 
     def pinned(self, key: str, folder: Path) -> g.WorkTree | None:
         """The git work tree of a root's or a job's own ``folder``, found the first time
@@ -259,34 +250,43 @@ class Seeds:
 
     # -- checkouts and views ----------------------------------------------------------------
 
-    def checkout(self, repo: Path, path: Path, branch: str, start: str, seed: str) -> Path | None:
-        """A worktree of ``repo`` at ``path`` on ``branch`` at ``start`` (whose files are
-        those of snapshot ``seed``): a copy-on-write view of the host's shared checkout of
-        ``seed`` where this process can mount one (its view folder), else a full checkout
-        (None)."""
+    def checkout(self, repo: Path, path: Path, branch: str, start: str, seed: str,
+                 index: Path) -> Path | None:
+        """The files of ``start`` (a commit of ``repo`` whose files are those of snapshot
+        ``seed``) at ``path``, with a repository of its own on ``branch`` there
+        (:func:`~swarm.runtime.gitstate.own_repository`) and the worker's ``index`` of
+        them: a copy-on-write view of the host's shared checkout of ``seed`` where this
+        process can mount one (its view folder), else a full checkout (None)."""
         if self.view == "auto" and not views.unavailable(self.home):
             try:
-                return self._view(repo, path, branch, start, seed)
+                return self._view(repo, path, branch, start, seed, index)
             except (OSError, WorkspaceError) as exc:
                 log.warning("a full checkout for %s instead of a view: %s", path.name, exc)
                 self.release_view(path.parent / ".views" / path.name, path, remove=True)
-        g.worktree(repo, path, branch, start)
+        dot = g.own_repository(path, repo, branch, start)
+        env = {"GIT_DIR": str(dot), "GIT_WORK_TREE": str(path),
+               "GIT_INDEX_FILE": str(dot / "index")}
+        g.git("-c", f"checkout.workers={min(8, os.cpu_count() or 1)}", "read-tree", "-u",
+              "--reset", start, cwd=path, env=env)
+        _copy_index(dot / "index", index)
         return None
 
-    def _view(self, repo: Path, path: Path, branch: str, start: str, seed: str) -> Path:
+    def _view(self, repo: Path, path: Path, branch: str, start: str, seed: str,
+              index: Path) -> Path:
         with _locked(self.home / "seeds" / "locks" / f"tree-{seed}.lock"):
-            lower, index = views.shared_checkout(repo, seed, self.home / "seeds" / "trees",
-                                                 self.box_uid)
+            lower, shared = views.shared_checkout(repo, seed, self.home / "seeds" / "trees",
+                                                  self.box_uid)
         folder = path.parent / ".views" / path.name
         self.release_view(folder, path, remove=True)
         folder.mkdir(parents=True)
         (folder / "work").mkdir()
         (folder / "lower").write_text(str(lower))
-        # The worktree is registered on the upper folder: its .git file is in the view,
-        # its files come from the shared checkout, its index is a copy of that one's.
-        top = upper(folder)  # named for the agent: so is its worktree in the repository
-        g.worktree(repo, top, branch, start, checkout=False)
-        shutil.copyfile(index, _admin(top) / "index")
+        # Its repository is in the view's upper folder; its files come from the shared
+        # checkout, its index (and the worker's) is a copy of that one's.
+        top = upper(folder)
+        dot = g.own_repository(top, repo, branch, start)
+        shutil.copy2(shared, dot / "index")
+        _copy_index(shared, index)
         path.mkdir(parents=True, exist_ok=True)
         views.mount(lower, top, folder / "work", path)
         return folder
@@ -311,18 +311,17 @@ class Seeds:
         view = self.view_of(top)
         if view is not None:
             self.attach(Workspace(path, root=top, view=view))
-        # Its repository is one this host made its worktree in (its parent's, or the
-        # host's cache), found from the repository's side, never from its .git file.
-        meta = self.store.meta(seed) if seed and seed != EMPTY else None
-        repos = [Path(meta.odb)] if meta is not None and meta.origin == self.host else []
-        for repo in [*repos, self.home / "seeds" / "cache.git"]:
-            tree = g.registered(repo, upper(view) if view is not None else top)
-            if tree is not None:
-                home_branch = meta is not None and meta.local != meta.id and \
-                    Path(meta.odb).resolve() == repo.resolve()
-                return Workspace(path, f"swarm/{agent_id}", root=top, seed=seed, repo=repo,
-                                 home_branch=home_branch, view=view, worktree=tree.name)
-        return Workspace(path, root=top, view=view)
+        if not seed or seed == EMPTY or top != root:
+            return Workspace(path, root=top, view=view)
+        # Its seed's objects are where this host took them from: its parent's repository
+        # (chosen by the worker, never read from the workspace) or the host's cache.
+        meta = self.store.meta(seed)
+        odb = Path(meta.odb) if meta is not None and meta.origin == self.host else self.cache
+        if odb == self.cache or not g.has(odb, seed):
+            odb = self.cache
+            self.fetch(seed, odb)
+        return Workspace(path, root=top, seed=seed, odb=odb,
+                         index=self.index_of(swarm_id, agent_id), view=view)
 
     def view_of(self, top: Path) -> Path | None:
         """The view folder of the workspace whose top folder is ``top``, or None."""
@@ -356,8 +355,10 @@ class Seeds:
 
     def capture(self, ws: Workspace, swarm_id: str) -> str:
         """Store the workspace as it is now, as a commit over its seed (a delta); its id,
-        or "" when nothing changed since the seed."""
-        if ws.repo is None:
+        or "" when nothing changed since the seed. Read through the worker's own
+        repository and index (:class:`Workspace`), whatever its commands did with the
+        workspace's git."""
+        if ws.odb is None or ws.index is None or not ws.seed:
             if not any(ws.top.iterdir()):
                 return ""
             repo = self.cache
@@ -367,11 +368,8 @@ class Seeds:
             if tree == g.EMPTY_TREE:
                 return ""
         else:
-            repo = ws.repo
-            work = ws.tree
-            if work is None:
-                raise WorkspaceError(f"the worktree of {ws.top} is not registered in {repo}")
-            tree = g.write_tree(work)
+            repo = ws.odb
+            tree = g.write_tree(ws.top, odb=repo, index=ws.index)
             parents = [ws.seed]
             if g.git("rev-parse", f"{ws.seed}^{{tree}}", repo=repo) == tree:
                 return ""
@@ -379,3 +377,9 @@ class Seeds:
         self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
                                          sid), swarm_id)
         return sid
+
+
+def _copy_index(source: Path, dest: Path) -> None:
+    """The worker's own copy of an index (its folder made as needed)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source, dest)  # its mtime too: git tells racily clean entries by it

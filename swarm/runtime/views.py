@@ -214,6 +214,8 @@ def changed(lower: Path, upper: Path, limit: int) -> list[str] | None:
     out: list[str] = []
     for root, dirs, names in os.walk(upper):
         rel = os.path.relpath(root, upper)
+        if rel == ".":
+            dirs[:] = [d for d in dirs if d != ".git"]  # the child's own repository
         for name in [*names, *dirs]:
             path = name if rel == "." else os.path.join(rel, name)
             if path == ".git":

@@ -222,7 +222,8 @@ class ChildRunner:
         # is found as a root's is, before its first run's commands, and kept.
         tree = workspace.tree or (seeds.pinned(f"job:{run.agent}", workspace.path)
                                   if record.kind == "job" else None)
-        if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id, tree):
+        if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id, tree,
+                                            workspace) is not None:
             self.sessions.save(session)  # its children's work is here before it goes on
         # A view tells what changed from its upper folder; other workspaces are compared
         # with a listing taken as the run began.
@@ -245,10 +246,8 @@ class ChildRunner:
                                      token=watched.token,
                                      seeder=lambda: seeds.take(workspace.path, swarm_id,
                                                                base=workspace.seed,
-                                                               tree_of=tree),
-                                     keeper=lambda sid: parked.state(
-                                         seeds, workspace, sid, swarm_id,
-                                         parked.branches_in(session)),
+                                                               tree_of=tree, own=workspace),
+                                     keeper=parked.state,
                                      host=self.host, keep_state=True),
                 extra_prompt=role_prompt(record.kind, run.agent, record.depth,
                                          workspace.path),
@@ -257,8 +256,8 @@ class ChildRunner:
                 guard=control.check_lease,
                 before_step=control.before_step,
                 mcp=self.mcp_servers(swarm_id, record, workspace.path, settings),
-                read_only=(Path(record.parent_workspace),)
-                if record.parent_workspace and record.parent_host == self.host else (),
+                # Its repository borrows the objects of the one its seed is in.
+                read_only=(workspace.odb / "objects",) if workspace.odb is not None else (),
                 die_with_runner=True,
                 linked=upper(workspace.view) if workspace.view is not None else None,
             )
@@ -286,11 +285,6 @@ class ChildRunner:
             self.ledger.place(run.agent, str(workspace.path), self.host, state_id)
         elif "home_error" not in result:
             result["changes"] = NO_CHANGES
-        if workspace.home_branch and state_id:
-            result["git_branch"] = workspace.git_branch
-            result["home_branch"] = True
-            result["diffstat"] = ws.commit_changes(
-                workspace, f"swarm {run.agent}: {run.message[:60]}")
         self.supervisor.flush()  # its progress goes before its settlement
         self.ledger.settle(run, swarm_id, state, result, session.usage, token=watched.token)
         if record.kind == "job":
