@@ -70,15 +70,22 @@ AGENT = function_schema(
     "job, or continue an earlier child by agent_id. `message` must carry all the context the "
     "child needs. Several agent calls in one answer run in parallel. The child starts with a "
     "copy of your workspace as it is now (committed, uncommitted and untracked files; not "
-    "ignored ones or secrets like .env); its changes come back as branch swarm/<agent_id> "
-    "in your git repository (merge it with `git merge swarm/<agent_id>`), or as files at "
-    "the path named in its result; `changes: none` when it changed nothing.",
+    "ignored ones or secrets like .env). When it settles, its changes land in your "
+    "workspace, uncommitted, in call order, merged with what changed there meanwhile "
+    "(`landing: landed`); a child whose changes conflict with yours or an earlier "
+    "sibling's is not landed (`landing: conflict`, with the files and its hunks): continue "
+    "it with agent_id to redo its change over your workspace as it is now, or do it "
+    "yourself. `changes: none` when it changed nothing.",
     {
         "message": {"type": "string"},
         "agent_id": {"type": "string"},
         "output_schema": {"type": "object"},
         "seed": {"type": "boolean",
-                 "description": "false: the child starts in an empty folder (default true)."},
+                 "description": "false: the child starts in an empty folder (default true); "
+                                "its files are then kept aside at the path its result names."},
+        "land": {"type": "string", "enum": ["merge", "keep"],
+                 "description": "keep: do not land its changes; keep them aside for you to "
+                                "compare (default merge)."},
     },
     ["message"],
 )

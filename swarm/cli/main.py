@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "status"),
     "top": ("status", "top"),
     "logs": ("logs", "logs"),
+    "land": ("land", "land"),
     "report": ("report", "report"),
     "worker": ("runtime", "worker"),
     "coordinator": ("runtime", "coordinator"),

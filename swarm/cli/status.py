@@ -52,6 +52,11 @@ def agent_line(agent: AgentView, now: float, color: bool = False) -> str:
     """One agent: state, depth, elapsed, turns, tokens, then (indented as in the tree) its
     id, label and what it did last (or its error)."""
     doing = agent.doing()
+    if agent.landing in ("conflict", "failed", "kept"):
+        doing = f"work {'not landed: ' if agent.landing != 'kept' else ''}{agent.landing}" \
+            + (f"; {doing}" if doing else "")
+    elif agent.landing == "landed":
+        doing = "landed" + (f"; {doing}" if doing else "")
     return (f"{_state(agent.state, color)} d{agent.depth}  "
             f"{fmt_duration(agent.elapsed(now)):>7}  {agent.turns or '-':>3} "
             f"{'turn ' if agent.turns == 1 else 'turns'}  "

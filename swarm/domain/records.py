@@ -116,6 +116,9 @@ class AgentRecord:
     ws_state: str = ""
     """The snapshot of its workspace as it last parked or settled: a resume or a
     continuation on another host restores it from this."""
+    landing: str = ""
+    """How its work came home (:mod:`swarm.runtime.homecoming`): landed, conflict, kept,
+    no changes, failed ("" until its parent took it)."""
 
     @classmethod
     def from_hash(cls, row: dict[str, str]) -> AgentRecord | None:
@@ -136,7 +139,8 @@ class AgentRecord:
             parent_workspace=row.get("parent_workspace", ""),
             parent_host=row.get("parent_host"), last=row.get("last", ""),
             turns=_int(row.get("turns")), usage=usage, seed=row.get("seed", ""),
-            ws_host=row.get("ws_host", ""), ws_state=row.get("ws_state", ""))
+            ws_host=row.get("ws_host", ""), ws_state=row.get("ws_state", ""),
+            landing=row.get("landing", ""))
 
     @property
     def session_id(self) -> str:

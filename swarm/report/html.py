@@ -103,6 +103,8 @@ def _tip(agent: AgentView, now: float) -> str:
              "task: " + _cut(agent.task or agent.label)]
     if agent.error:
         lines.append("error: " + _cut(agent.error))
+    if agent.landing:
+        lines.append("its work: " + agent.landing)
     if agent.answer:
         lines.append("result: " + _cut(agent.answer))
     elif agent.last and not agent.is_settled:

@@ -80,6 +80,8 @@ class AgentView:
     """The message of its latest run (the root's: the swarm's task)."""
     answer: str = ""
     error: str = ""
+    landing: str = ""
+    """How its work came home: landed, conflict, kept, no changes, failed ("": not yet)."""
     level: int = 0
     """Indentation in the tree (its depth below the shown root)."""
     children: list[AgentView] = field(default_factory=list, repr=False)
@@ -94,7 +96,7 @@ class AgentView:
             run=row.get("run", ""), created=_float(row.get("created")),
             started=_float(row.get("started")), settled=_float(row.get("settled")),
             turns=_int(row.get("turns")), usage=_usage(row.get("usage")),
-            last=row.get("last", ""))
+            last=row.get("last", ""), landing=row.get("landing", ""))
 
     @property
     def session_id(self) -> str:
@@ -144,7 +146,7 @@ class AgentView:
             "started": self.started or None, "settled": self.settled or None,
             "elapsed": round(self.elapsed(now), 3), "turns": self.turns, "usage": self.usage,
             "last": self.last, "answer": self.answer, "error": self.error,
-            "children": [c.id for c in self.children]}
+            "landing": self.landing or None, "children": [c.id for c in self.children]}
 
 
 def build_tree(agents: Iterable[AgentView]) -> list[AgentView]:

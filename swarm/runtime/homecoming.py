@@ -77,8 +77,16 @@ def parent_of(seeds: Seeds, workspace: Path, tree_of: g.WorkTree | None,
         return Parent(tree_of.top, tree_of.repo, tree_of=tree_of)
     if own is not None and own.odb is not None and own.index is not None:
         return Parent(own.top, own.odb, index=own.index)
-    key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
-    return Parent(workspace, seeds.cache, index=seeds.home / "seeds" / "index" / key)
+    return parent_of_folder(workspace, seeds.cache, None, seeds.home)
+
+
+def parent_of_folder(top: Path, odb: Path, tree_of: g.WorkTree | None, home: Path) -> Parent:
+    """The :class:`Parent` of a root's or a job's folder ``top``: its git work tree, else a
+    plain folder read into ``odb`` (the host's cache) with the index seeding keeps."""
+    if tree_of is not None:
+        return Parent(tree_of.top, tree_of.repo, tree_of=tree_of)
+    key = hashlib.sha256(str(top.resolve()).encode()).hexdigest()[:16]
+    return Parent(top, odb, index=home / "seeds" / "index" / key)
 
 
 @dataclass
@@ -142,13 +150,15 @@ def _arguments(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def land(seeds: Seeds, parent: Parent, bodies: list[dict[str, Any]], swarm_id: str) -> Landing:
-    """Land each result's ``delta`` (in order) in ``parent``; rewrite each ``body``."""
+def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]],
+         swarm_id: str) -> Landing:
+    """Land each result's ``delta`` (in order) in ``parent``; rewrite each ``body``.
+    Without ``seeds`` (``swarm land``), the deltas must be in the parent's repository."""
     done = Landing()
     odb = parent.odb
 
     def fetch(body: dict[str, Any]) -> None:
-        if body.get("delta"):
+        if body.get("delta") and seeds is not None:
             try:
                 seeds.fetch(str(body["delta"]), odb)
             except WorkspaceError as exc:
@@ -169,7 +179,7 @@ def land(seeds: Seeds, parent: Parent, bodies: list[dict[str, Any]], swarm_id: s
             done.children.append((agent, body["landing"]))
             continue
         try:
-            if not seed:  # started empty (seed: false): its files are kept aside
+            if not seed and seeds is not None:  # started empty: its files are kept aside
                 _files_aside(seeds, body, delta, swarm_id, agent)
                 body["landing"] = KEPT
                 done.children.append((agent, KEPT))

@@ -179,6 +179,7 @@ class RootSwarm:
                                             self.swarm_id, self.tree)
             if landing is not None:
                 sessions.save(loaded)
+                self.ledger.landed(dict(landing.children))
                 if landing.summary():
                     self.notice(landing.summary())
             agent.session = loaded

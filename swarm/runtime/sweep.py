@@ -1,16 +1,18 @@
 """Cleanup of what workspaces that travel leave on a host, bounded by the store's TTLs.
 
 On a host (its ``SWARM_HOME``), a swarm leaves its children's workspaces
-(``workspaces/<swarm>/``, views included) and the files brought home to plain folders
+(``workspaces/<swarm>/``, views included), the worker's indexes of them
+(``seeds/index/<swarm>/``) and the files of children started empty
 (``returned/<swarm>/``); its snapshots leave shared checkouts (``seeds/trees/<id>``) and
-refs in the host's cache (``refs/swarm/snap/<id>``, ``refs/swarm/local/<id>``,
-``refs/heads/swarm/<agent>``), and refs in a user's repository it was taken from.
+refs in the host's cache and in a user's repository they were taken from
+(``refs/swarm/snap/<id>``, ``refs/swarm/local/<id>``), and its children's changes refs
+where they landed (``refs/swarm/<swarm>/<agent>``).
 
 :func:`sweep` removes them once the ledger forgot the swarm or agent
 (:data:`~swarm.store.keys.LEDGER_TTL` after its last write) or the store the snapshot
 (:data:`~swarm.store.keys.SNAPSHOT_TTL` after its last read); a shared checkout a view
-still uses stays. Branches ``swarm/<agent>`` in a user's repository are the user's and
-are never removed. Workers run it at most every :data:`EVERY` seconds per host, in the
+still uses stays. ``swarm land --clean`` removes kept changes at once. Workers run it
+at most every :data:`EVERY` seconds per host, in the
 background (:func:`soon`); so does a root in a terminal, for its own ``SWARM_HOME``.
 """
 
@@ -68,7 +70,7 @@ def sweep(home: Path, client: redis.Redis, folders: tuple[Path, ...] = ()) -> Sw
     """Remove from ``home`` (and from the repositories of ``folders``, users' workspaces)
     what swarms the ledger forgot and snapshots the store forgot left behind."""
     out = Swept()
-    places = [home / "workspaces", home / "returned"]
+    places = [home / "workspaces", home / "returned", home / "seeds" / "index"]
     ids = sorted({p.name for f in places if f.is_dir() for p in f.iterdir() if p.is_dir()})
     for swarm_id, known in zip(ids, _exists(client, [keys.swarm(i) for i in ids]),
                                strict=True):
@@ -101,27 +103,32 @@ def sweep(home: Path, client: redis.Redis, folders: tuple[Path, ...] = ()) -> Sw
     return out
 
 
-def _sweep_refs(repo: Path, client: redis.Redis, agents: bool) -> int:
-    """Delete swarm refs of ``repo`` whose snapshot (or, with ``agents``, whose agent's
-    record) is gone; then let git drop what nothing refers to any more."""
-    if agents:  # a user's repository keeps its worktrees (a missing one may be unmounted)
-        g.git("worktree", "prune", repo=repo)
-    patterns = ["refs/swarm/snap/", "refs/swarm/local/"] + (["refs/heads/swarm/"] if agents
-                                                            else [])
-    refs = g.git("for-each-ref", "--format=%(refname)", *patterns, repo=repo).split()
-    owners = [keys.agent(r.rsplit("/", 1)[1]) if r.startswith("refs/heads/")
-              else keys.snapshot(r.rsplit("/", 1)[1]) for r in refs]
-    checked_out = {line.removeprefix("branch ").strip() for line in g.git(
-        "worktree", "list", "--porcelain", repo=repo).splitlines() if line.startswith("branch ")}
-    gone = [r for r, known in zip(refs, _exists(client, owners), strict=True)
-            if not known and r not in checked_out]
+def _sweep_refs(repo: Path, client: redis.Redis, cache: bool) -> int:
+    """Delete swarm refs of ``repo`` whose snapshot or swarm the store forgot; then, in
+    the host's own ``cache``, let git drop what nothing refers to any more."""
+    refs = g.git("for-each-ref", "--format=%(refname)", "refs/swarm/", repo=repo).split()
+    owners = [_owner(r) for r in refs]
+    gone = [r for r, owner, known in zip(refs, owners, _exists(client, [
+        o or keys.snapshot("-") for o in owners]), strict=True) if owner and not known]
     if not gone:
         return 0
     for ref in gone:
         g.git("update-ref", "-d", ref, repo=repo)
-    if agents:  # the host's own cache: its unreferenced objects go too
+    if cache:
         g.git("-c", "gc.auto=0", "gc", "--quiet", "--prune=2.hours.ago", repo=repo)
     return len(gone)
+
+
+def _owner(ref: str) -> str:
+    """The store key whose end lets a swarm ref go: its snapshot's
+    (``refs/swarm/snap|local/<id>``) or its swarm's (``refs/swarm/<swarm>/<agent>``, a
+    child's changes kept by :mod:`swarm.runtime.homecoming`); "" for anything else."""
+    parts = ref.split("/")
+    if len(parts) != 4:
+        return ""
+    if parts[2] in ("snap", "local"):
+        return keys.snapshot(parts[3])
+    return keys.swarm(parts[2])
 
 
 def soon(home: Path, client: redis.Redis, folders: tuple[Path, ...] = ()) -> bool:

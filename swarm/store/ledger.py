@@ -812,6 +812,16 @@ class Ledger:
             fields["ws_state"] = state
         self.redis.hset(keys.agent(agent_id), mapping=fields)
 
+    def landed(self, states: dict[str, str]) -> None:
+        """How each child's work came home in its parent's workspace (by agent id): for
+        the views; nothing else reads it."""
+        if not states:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            for agent_id, state in states.items():
+                pipe.hset(keys.agent(agent_id), "landing", state)
+            pipe.execute()
+
     def renew(self, run_id: str, token: str, lease: float, *, client: Any = None) -> bool:
         """Push the run's lease to ``lease`` seconds from now (the server's clock) if
         ``token`` still holds it. With ``client`` a pipeline, the answer comes from its

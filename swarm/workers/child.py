@@ -222,9 +222,11 @@ class ChildRunner:
         # is found as a root's is, before its first run's commands, and kept.
         tree = workspace.tree or (seeds.pinned(f"job:{run.agent}", workspace.path)
                                   if record.kind == "job" else None)
-        if resume and homecoming.bring_home(seeds, session, workspace.path, swarm_id, tree,
-                                            workspace) is not None:
+        landing = homecoming.bring_home(seeds, session, workspace.path, swarm_id, tree,
+                                        workspace) if resume else None
+        if landing is not None:
             self.sessions.save(session)  # its children's work is here before it goes on
+            self.ledger.landed(dict(landing.children))
         # A view tells what changed from its upper folder; other workspaces are compared
         # with a listing taken as the run began.
         before = self._snapshot(workspace, run) if workspace.view is None else None
