@@ -110,6 +110,10 @@ KNOBS: dict[str, Knob] = {
                       "a seeded child's workspace on a worker: auto (a copy-on-write overlayfs "
                       "view of one shared checkout per host, where the worker can mount one; "
                       "else a full checkout), checkout (always a full checkout)"),
+    "land_check": Knob(("SWARM_LAND_CHECK",),
+                       "a command run in the parent's workspace (like its commands) after each "
+                       "child's work lands there; a landing it fails is undone (the agent "
+                       "call's `check` wins)"),
     "sandbox": Knob(("SWARM_SANDBOX",),
                     "run commands in bubblewrap: auto (when a trial works), bwrap, none; "
                     "workers default to auto, the root in a terminal to none"),
@@ -200,6 +204,7 @@ class Settings:
     snapshot_max: int = 100_000_000
     snapshot_swarm_max: int = 1_000_000_000
     seed_view: str = "auto"
+    land_check: str = ""
     sandbox: str = "none"
     sandbox_network: bool = True
     sandbox_uid: int = 65534

@@ -234,3 +234,38 @@ def test_a_childs_commands_cannot_write_the_users_refs_or_objects(swarm: Swarm) 
     swarm.child(edit)
     assert sh(swarm.repo, "rev-parse", "master") == before
     assert not (swarm.repo / ".git" / "worktrees").exists()
+
+
+def test_a_landing_that_fails_the_check_is_undone_and_only_that_one(swarm: Swarm) -> None:
+    ran: list[str] = []
+
+    def run_check(command: str) -> tuple[bool, str]:
+        done = subprocess.run(command, shell=True, cwd=swarm.repo, capture_output=True,
+                              text=True)
+        ran.append(",".join(sorted(p.name for p in swarm.repo.glob("*.txt"))))
+        return done.returncode == 0, done.stdout + done.stderr
+
+    bodies = [swarm.child(lambda p: (p / "ok1.txt").write_text("fine\n")),
+              swarm.child(lambda p: (p / "broken.txt").write_text("breaks the build\n")),
+              swarm.child(lambda p: replace_line(p / "shared.py", "line 9\n", "line nine\n"))]
+    parent = homecoming.parent_of(swarm.here, swarm.repo, swarm.tree, None)
+    done = homecoming.land(swarm.here, parent, bodies, SWARM, run_check,
+                           "test ! -e broken.txt || { echo broken.txt is here; exit 3; }")
+    assert [b["landing"] for b in bodies] == ["landed", "check failed", "landed"]
+    assert not (swarm.repo / "broken.txt").exists()
+    assert (swarm.repo / "ok1.txt").read_text() == "fine\n"
+    assert "line nine\n" in (swarm.repo / "shared.py").read_text()
+    assert "broken.txt is here" in bodies[1]["check_output"]
+    # The check saw each landing with the earlier ones, the failing one's files included.
+    assert "broken.txt" in ran[1] and "ok1.txt" in ran[1]
+    assert "failed the check" in done.summary()
+
+
+def test_a_lone_landing_that_fails_the_check_leaves_the_tree_as_it_was(swarm: Swarm) -> None:
+    before = {p.name: p.read_bytes() for p in swarm.repo.iterdir() if p.is_file()}
+    body = swarm.child(lambda p: replace_line(p / "shared.py", "line 9\n", "line nine\n"))
+    parent = homecoming.parent_of(swarm.here, swarm.repo, swarm.tree, None)
+    done = homecoming.land(swarm.here, parent, [body], SWARM,
+                           lambda command: (False, "no"), "false")
+    assert body["landing"] == "check failed" and done.files == 0
+    assert {p.name: p.read_bytes() for p in swarm.repo.iterdir() if p.is_file()} == before

@@ -112,3 +112,41 @@ def test_children_land_in_the_users_dirty_tree_and_a_conflict_is_named(
     kept = [r for r in git(repo, "for-each-ref", "--format=%(refname)", "refs/swarm/").split()
             if r.split("/")[2] not in ("snap", "local")]
     assert kept == []
+
+
+def test_a_childs_landing_that_fails_its_check_is_taken_back(
+        cluster: tuple[str, Path], tmp_path: Path) -> None:
+    url, home = cluster
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "app.py").write_text("print('app')\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    seen: list[list[dict[str, Any]]] = []
+
+    def root_sums_up(request: dict[str, Any]) -> Reply:
+        seen.append([json.loads(t) for t in tool_results(request)])
+        return Reply(content="summed up")
+
+    gate = "test ! -e bad.txt || { echo bad.txt breaks it; exit 1; }"
+    with ScriptedModelServer() as model:
+        model.responder = ByTask({
+            "ROOT": [Reply(tool_calls=[
+                ToolCall("agent", {"message": "GOOD", "check": gate}, id="c0"),
+                ToolCall("agent", {"message": "BAD", "check": gate}, id="c1")]),
+                root_sums_up],
+            "GOOD": [command("echo good > good.txt"), Reply(content="good")],
+            "BAD": [command("echo bad > bad.txt"), Reply(content="bad")],
+        })
+        env = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+        env.update(SWARM_BASE_URL=model.base_url, SWARM_REDIS_URL=url, SWARM_HOME=str(home),
+                   SWARM_RETRIES="1")
+        result = CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C", str(repo),
+                                           "ROOT"], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    (results,) = seen
+    assert [r["landing"] for r in results] == ["landed", "check failed"]
+    assert "bad.txt breaks it" in results[1]["check_output"]
+    assert (repo / "good.txt").exists() and not (repo / "bad.txt").exists()
+    assert "failed the check" in result.stderr

@@ -86,6 +86,10 @@ AGENT = function_schema(
         "land": {"type": "string", "enum": ["merge", "keep"],
                  "description": "keep: do not land its changes; keep them aside for you to "
                                 "compare (default merge)."},
+        "check": {"type": "string",
+                  "description": "a command run in your workspace after its changes land "
+                                 "(e.g. the tests); if it fails they are taken back and its "
+                                 "result says so with the command's output."},
     },
     ["message"],
 )

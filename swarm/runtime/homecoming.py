@@ -13,9 +13,13 @@ call order, as a three-way merge with the seed as base.
   folder and a child), a namespace ``git branch`` does not show; they go with the swarm
   (:mod:`swarm.runtime.sweep`), or at once with ``swarm land --clean``.
 - A call with ``land: keep`` keeps the child's changes aside, unlanded.
+- A check command (the call's ``check``, else ``SWARM_LAND_CHECK``) runs in the parent's
+  workspace, as the parent's commands run, after each landing; a landing it fails is
+  undone, and the child's result carries the end of its output.
 
 The merges are made in git's object store (``git merge-tree``), one after the other over
-the tree the previous landing left; the work tree is written once, at the end.
+the tree the previous landing left; the work tree is written once, at the end (before each
+check, when there is one).
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarm.agent.protocols import Environment
 from swarm.domain.messages import tool_body
 from swarm.domain.session import Session
 from swarm.errors import WorkspaceError
@@ -39,8 +45,11 @@ from swarm.runtime.seed import EMPTY, Seeds, Workspace
 
 #: Characters of a conflicting child's hunks its result carries.
 HUNKS_CAP = 4000
+#: Characters of a failed check's output a child's result carries (its end).
+CHECK_TAIL = 2000
 #: Landing states a child's result carries (``landing``).
 LANDED, CONFLICT, KEPT, NONE, FAILED = "landed", "conflict", "kept", "no changes", "failed"
+CHECK_FAILED = "check failed"
 
 
 def ref_of(swarm_id: str, agent_id: str) -> str:
@@ -101,22 +110,28 @@ class Landing:
     def summary(self) -> str:
         """One line for a person ("" when no child sent changes)."""
         landed = sum(1 for _, state in self.children if state == LANDED)
-        if not landed and not self.conflicts:
+        if not landed and not self.conflicts and \
+                all(state != CHECK_FAILED for _, state in self.children):
             return ""
         text = f"{landed} child{'ren' if landed != 1 else ''} landed ({self.files} files " \
                "changed in your working tree, uncommitted)"
         for item in self.conflicts:
             text += (f"; {item['agent_id']} conflicts in {', '.join(item['conflicts'][:5])}"
                      f" (see: {item['show']})")
+        for agent, state in self.children:
+            if state == CHECK_FAILED:
+                text += f"; {agent} failed the check (`swarm logs` shows its output)"
         return text
 
 
 def bring_home(seeds: Seeds, session: Session, workspace: Path, swarm_id: str,
-               tree_of: g.WorkTree | None = None, own: Workspace | None = None) -> Landing | None:
+               tree_of: g.WorkTree | None = None, own: Workspace | None = None,
+               run_check: Check | None = None, check: str = "") -> Landing | None:
     """Before a parent resumes: land its children's work (the results just appended to
     its session) in its workspace (``tree_of``: its git work tree as its caller knows it;
     ``own``: a seeded child's workspace); each result is rewritten to say how it landed.
-    None when no result had work to bring (nothing to save)."""
+    ``run_check`` runs a call's ``check`` (else ``check``) after its landing (see
+    :func:`land`). None when no result had work to bring (nothing to save)."""
     todo: list[tuple[dict[str, Any], dict[str, Any]]] = []
     calls: dict[str, dict[str, Any]] = {}
     for message in reversed(session.messages):
@@ -130,10 +145,12 @@ def bring_home(seeds: Seeds, session: Session, workspace: Path, swarm_id: str,
         return None
     todo.reverse()  # call order
     for message, body in todo:
-        body["land"] = str(calls.get(str(message.get("tool_call_id", "")), {}).get("land")
-                           or "merge")
+        args = calls.get(str(message.get("tool_call_id", "")), {})
+        body["land"] = str(args.get("land") or "merge")
+        if isinstance(args.get("check"), str):
+            body["check"] = args["check"]
     parent = parent_of(seeds, workspace, tree_of, own)
-    done = land(seeds, parent, [body for _, body in todo], swarm_id)
+    done = land(seeds, parent, [body for _, body in todo], swarm_id, run_check, check)
     for message, body in todo:
         message["content"] = json.dumps(body, ensure_ascii=False, indent=1)
     return done
@@ -150,10 +167,17 @@ def _arguments(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]],
-         swarm_id: str) -> Landing:
+#: Runs a check command in the parent's workspace (as its own commands run): whether it
+#: passed, and the tail of its output.
+Check = Callable[[str], tuple[bool, str]]
+
+
+def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]], swarm_id: str,
+         run_check: Check | None = None, check: str = "") -> Landing:
     """Land each result's ``delta`` (in order) in ``parent``; rewrite each ``body``.
-    Without ``seeds`` (``swarm land``), the deltas must be in the parent's repository."""
+    Without ``seeds`` (``swarm land``), the deltas must be in the parent's repository.
+    With ``run_check``, a landing whose check command (the body's ``check``, else
+    ``check``) fails is undone."""
     done = Landing()
     odb = parent.odb
 
@@ -166,76 +190,129 @@ def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]],
 
     with ThreadPoolExecutor(max_workers=min(8, len(bodies) or 1)) as pool:
         list(pool.map(fetch, bodies))
-    start = ours = ""
-    listing: set[str] | None = None
+    tree = _Tree(parent)
     for body in bodies:
         agent = str(body.get("agent_id", ""))
-        delta, seed = str(body.pop("delta", "") or ""), str(body.pop("seed", "") or "")
-        mode = body.pop("land", "merge")
-        body.pop("host", None)
-        seed = "" if seed == EMPTY else seed
-        if not delta or "home_error" in body:
-            body["landing"] = FAILED if "home_error" in body else NONE
-            done.children.append((agent, body["landing"]))
-            continue
         try:
-            if not seed and seeds is not None:  # started empty: its files are kept aside
-                _files_aside(seeds, body, delta, swarm_id, agent)
-                body["landing"] = KEPT
-                done.children.append((agent, KEPT))
-                continue
-            ref = ref_of(swarm_id, agent)
-            g.git("update-ref", ref, delta, repo=odb)
-            # In the user's repository, git finds it from their folder.
-            show = f"git diff {seed[:12]} {ref}" if parent.tree_of is not None else \
-                f"git --git-dir={odb} diff {seed[:12]} {ref}"
-            body.update(kept=ref, show=show)
-            if mode == "keep":
-                body["landing"] = KEPT
-                done.children.append((agent, KEPT))
-                continue
-            if not ours:
-                start = ours = parent.snapshot()
-            base = g.git("rev-parse", f"{seed}^{{tree}}", repo=odb)
-            if ours == base:
-                merged = g.git("rev-parse", f"{delta}^{{tree}}", repo=odb)
-                conflicts: list[str] = []
-            else:
-                mine = g.commit(odb, ours, [seed], "swarm: the parent's workspace")
-                merged, conflicts = g.merge_trees(odb, mine, delta)
-            added, _ = g.changes(odb, seed, delta)
-            if not conflicts:
-                # A file the parent's snapshot leaves out (ignored, a secret) is never
-                # overwritten.
-                on_disk = [f for f in added if os.path.lexists(parent.top / f)]
-                if on_disk:
-                    if listing is None:
-                        listing = set(g.git("ls-tree", "-r", "-z", "--name-only", start,
-                                            repo=odb).split("\0"))
-                    conflicts = [f for f in on_disk if f not in listing]
-            if conflicts:
-                hunks = g.git("diff", "--no-ext-diff", "--no-textconv", seed, delta, "--",
-                              *conflicts, repo=odb)
-                if len(hunks) > HUNKS_CAP:
-                    hunks = hunks[:HUNKS_CAP] + f"\n[... {len(hunks) - HUNKS_CAP} more " \
-                                                "characters cut]"
-                body.update(landing=CONFLICT, conflicts=conflicts, hunks=hunks,
-                            how=("not landed: these files changed in your workspace too. "
-                                 "Continue this child (agent_id) to redo its change over "
-                                 "your workspace as it is now, or make it yourself"))
-                done.conflicts.append({"agent_id": agent, "conflicts": conflicts,
-                                       "show": show})
-                done.children.append((agent, CONFLICT))
-                continue
-            ours = merged
-            body["landing"] = LANDED
-            done.children.append((agent, LANDED))
+            state = _land_one(seeds, parent, tree, body, swarm_id, run_check, check)
         except WorkspaceError as exc:
-            body.update(landing=FAILED, home_error=f"its work could not be landed: {exc}")
-            done.children.append((agent, FAILED))
-    if ours and ours != start:
-        done.files = write_changes(odb, parent.top, start, ours)
+            body["home_error"] = f"its work could not be landed: {exc}"
+            state = FAILED
+        body["landing"] = state
+        done.children.append((agent, state))
+        if state == CONFLICT:
+            done.conflicts.append({"agent_id": agent, "conflicts": body["conflicts"],
+                                   "show": body["show"]})
+    done.files = tree.finish()
     return done
+
+
+def checker(env: Environment, timeout: int) -> Check:
+    """A :data:`Check` that runs the command as the parent's own commands run (its box)."""
+    def run(command: str) -> tuple[bool, str]:
+        done = env.execute(command, timeout)
+        return done.exit_code == 0 and not done.timed_out, done.for_model()
+    return run
+
+
+class _Tree:
+    """The parent's tree as landings leave it (``ours``), what of it is written in its
+    work tree (``written``), and what it was before them (``start``)."""
+
+    def __init__(self, parent: Parent) -> None:
+        self.parent = parent
+        self.start = self.ours = self.written = ""
+        self._listing: set[str] | None = None
+
+    def now(self) -> str:
+        if not self.ours:
+            self.start = self.ours = self.written = self.parent.snapshot()
+        return self.ours
+
+    def listed(self, name: str) -> bool:
+        """Whether the parent's snapshot (before the landings) holds ``name``."""
+        if self._listing is None:
+            self._listing = set(g.git("ls-tree", "-r", "-z", "--name-only", self.start,
+                                      repo=self.parent.odb).split("\0"))
+        return name in self._listing
+
+    def write(self, tree: str) -> None:
+        """Make the work tree hold ``tree`` now."""
+        if tree != self.written:
+            write_changes(self.parent.odb, self.parent.top, self.written, tree)
+            self.written = tree
+
+    def finish(self) -> int:
+        """Write what is left; how many paths the landings changed."""
+        if not self.ours:
+            return 0
+        self.write(self.ours)
+        if self.ours == self.start:
+            return 0
+        return len([p for p in g.git("diff-tree", "-r", "-z", "--no-renames", "--name-only",
+                                     self.start, self.ours, repo=self.parent.odb).split("\0")
+                    if p])
+
+
+def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, Any],
+              swarm_id: str, run_check: Check | None, default_check: str) -> str:
+    """Land one child's result over ``tree``; its landing state (``body`` says more)."""
+    odb = parent.odb
+    agent = str(body.get("agent_id", ""))
+    delta, seed = str(body.pop("delta", "") or ""), str(body.pop("seed", "") or "")
+    mode = body.pop("land", "merge")
+    check = str(body.pop("check", "") or default_check)
+    body.pop("host", None)
+    seed = "" if seed == EMPTY else seed
+    if "home_error" in body:
+        return FAILED
+    if not delta:
+        return NONE
+    if not seed and seeds is not None:  # started empty: its files are kept aside
+        _files_aside(seeds, body, delta, swarm_id, agent)
+        return KEPT
+    ref = ref_of(swarm_id, agent)
+    g.git("update-ref", ref, delta, repo=odb)
+    # In the user's repository, git finds it from their folder.
+    body["kept"] = ref
+    body["show"] = f"git diff {seed[:12]} {ref}" if parent.tree_of is not None else \
+        f"git --git-dir={odb} diff {seed[:12]} {ref}"
+    if mode == "keep":
+        return KEPT
+    ours = tree.now()
+    conflicts: list[str] = []
+    if ours == g.git("rev-parse", f"{seed}^{{tree}}", repo=odb):
+        merged = g.git("rev-parse", f"{delta}^{{tree}}", repo=odb)
+    else:
+        mine = g.commit(odb, ours, [seed], "swarm: the parent's workspace")
+        merged, conflicts = g.merge_trees(odb, mine, delta)
+    if not conflicts:
+        # A file the parent's snapshot leaves out (ignored, a secret) is never overwritten.
+        added, _ = g.changes(odb, seed, delta)
+        conflicts = [f for f in added if os.path.lexists(parent.top / f)
+                     and not tree.listed(f)]
+    if conflicts:
+        hunks = g.git("diff", "--no-ext-diff", "--no-textconv", seed, delta, "--", *conflicts,
+                      repo=odb)
+        if len(hunks) > HUNKS_CAP:
+            hunks = hunks[:HUNKS_CAP] + f"\n[... {len(hunks) - HUNKS_CAP} more characters cut]"
+        body.update(conflicts=conflicts, hunks=hunks, how=(
+            "not landed: these files changed in your workspace too. Continue this child "
+            "(agent_id) to redo its change over your workspace as it is now, or make it "
+            "yourself"))
+        return CONFLICT
+    if check and run_check is not None:
+        tree.write(merged)
+        passed, output = run_check(check)
+        if not passed:
+            tree.write(ours)  # undone: the work tree as it was before this landing
+            body.update(check=check, check_output=output[-CHECK_TAIL:], how=(
+                "not landed: the check failed with its changes in your workspace (they were "
+                "taken back). Continue this child (agent_id) with the check's output, or "
+                "make the change yourself"))
+            return CHECK_FAILED
+    tree.ours = merged
+    return LANDED
 
 
 def write_changes(repo: Path, top: Path, old: str, new: str) -> int:

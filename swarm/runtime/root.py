@@ -175,8 +175,10 @@ class RootSwarm:
             loaded = sessions.load(agent.session.id)
             assert loaded is not None, "the root session vanished while it was parked"
             # The children's work lands in the workspace before the root goes on.
-            landing = homecoming.bring_home(self.seeds, loaded, Path(loaded.workspace),
-                                            self.swarm_id, self.tree)
+            landing = homecoming.bring_home(
+                self.seeds, loaded, Path(loaded.workspace), self.swarm_id, self.tree,
+                run_check=homecoming.checker(agent.env, self.settings.command_timeout),
+                check=self.settings.land_check)
             if landing is not None:
                 sessions.save(loaded)
                 self.ledger.landed(dict(landing.children))

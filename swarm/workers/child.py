@@ -222,11 +222,6 @@ class ChildRunner:
         # is found as a root's is, before its first run's commands, and kept.
         tree = workspace.tree or (seeds.pinned(f"job:{run.agent}", workspace.path)
                                   if record.kind == "job" else None)
-        landing = homecoming.bring_home(seeds, session, workspace.path, swarm_id, tree,
-                                        workspace) if resume else None
-        if landing is not None:
-            self.sessions.save(session)  # its children's work is here before it goes on
-            self.ledger.landed(dict(landing.children))
         # A view tells what changed from its upper folder; other workspaces are compared
         # with a listing taken as the run began.
         before = self._snapshot(workspace, run) if workspace.view is None else None
@@ -263,6 +258,14 @@ class ChildRunner:
                 die_with_runner=True,
                 linked=upper(workspace.view) if workspace.view is not None else None,
             )
+            # Its children's work lands before it goes on (a check runs in its box).
+            landing = homecoming.bring_home(
+                seeds, session, workspace.path, swarm_id, tree, workspace,
+                run_check=homecoming.checker(agent.env, settings.command_timeout),
+                check=settings.land_check) if resume else None
+            if landing is not None:
+                self.sessions.save(session)
+                self.ledger.landed(dict(landing.children))
             state, result = self._answer(agent, run, resume)
         except Parked:
             self.ledger.event(swarm_id, "parked", run.agent)
