@@ -14,6 +14,8 @@ Parts (``--only NAME[,NAME]``):
                 embedded default and on a running deployment, phase by phase (bench.cold)
 - ``seed``      children seeded with a ~50 MB repository over two "hosts", against empty
                 children: added wall, bytes fetched per host, Redis peak memory
+- ``land``      N children's edits of that repository landed in a dirty working tree:
+                seconds in all and per child (bench.land)
 
 ``--smoke`` runs a tiny size of each (about a minute; results go to ``*-smoke.json``).
 """
@@ -33,7 +35,8 @@ from typing import Any
 
 from bench.common import RESULTS, configure, log, results_dir, write_result
 
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold", "seed")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold", "seed",
+         "land")
 MODULES = {"workers": "across", "redis": "redis_cost"}
 
 
@@ -121,6 +124,15 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--seed-view", choices=("auto", "checkout"), default="auto",
                    help="the workers' SWARM_SEED_VIEW (default auto: copy-on-write views "
                         "where they may mount)")
+    g = p.add_argument_group("land")
+    g.add_argument("--land-n", type=int, default=200,
+                   help="children whose work lands (default 200)")
+    g.add_argument("--land-files", type=int, default=5000,
+                   help="files of the synthetic repository (default 5000)")
+    g.add_argument("--land-mb", type=float, default=50.0,
+                   help="megabytes of the synthetic repository (default 50)")
+    g.add_argument("--land-repeats", type=int, default=3,
+                   help="landings measured, each on a fresh dirty tree (default 3)")
     p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
                    help="SWARM_SANDBOX of the workers (default auto, as a deployment runs; "
                         "none to compare with a swarm that had no sandbox)")
@@ -139,7 +151,8 @@ SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 
          "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "mcp_n": 3,
          "cold_repeats": 1, "cold_sizes": [1, 3], "cold_workers": 1, "seed_n": 4,
          "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1, "seed_view": "auto",
-         "seed_command": "ls | wc -l"}
+         "seed_command": "ls | wc -l", "land_n": 4, "land_files": 50, "land_mb": 0.5,
+         "land_repeats": 1}
 
 
 def display(path: Path) -> str:

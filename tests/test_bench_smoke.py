@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed", "land")
 
 pytestmark = [
     pytest.mark.slow,

@@ -74,15 +74,17 @@ def _environ(extra: dict[str, str] | None) -> dict[str, str]:
 
 
 def git(*args: str, repo: Path | None = None, cwd: Path | None = None,
-        env: dict[str, str] | None = None, timeout: float = 300) -> str:
+        env: dict[str, str] | None = None, timeout: float = 300, input: str | None = None) -> str:
     """``git ARGS`` (output stripped) in the repository ``repo`` (its git directory), or as
-    ``env`` says (``GIT_DIR`` and the rest); :class:`WorkspaceError` with git's message."""
+    ``env`` says (``GIT_DIR`` and the rest), given ``input`` on its stdin;
+    :class:`WorkspaceError` with git's message."""
     if repo is not None:  # its config is its own (never a commondir file's)
         env = {"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo), **(env or {})}
         cwd = cwd or repo
     try:
         out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL, env=_environ(env))
+                             timeout=timeout, env=_environ(env), input=input,
+                             stdin=subprocess.DEVNULL if input is None else None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise WorkspaceError(f"git {args[0]} failed: {exc}") from None
     if out.returncode != 0:

@@ -191,6 +191,8 @@ def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]], swar
     with ThreadPoolExecutor(max_workers=min(8, len(bodies) or 1)) as pool:
         list(pool.map(fetch, bodies))
     tree = _Tree(parent)
+    tree.changes = _changes(odb, [str(b["delta"]) for b in bodies
+                                  if b.get("delta") and "home_error" not in b])
     for body in bodies:
         agent = str(body.get("agent_id", ""))
         try:
@@ -203,6 +205,9 @@ def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]], swar
         if state == CONFLICT:
             done.conflicts.append({"agent_id": agent, "conflicts": body["conflicts"],
                                    "show": body["show"]})
+    if tree.refs:
+        g.git("update-ref", "--stdin", repo=odb,
+              input="".join(f"update {ref} {sha}\n" for ref, sha in tree.refs))
     done.files = tree.finish()
     return done
 
@@ -215,18 +220,54 @@ def checker(env: Environment, timeout: int) -> Check:
     return run
 
 
+#: One path a child changed: (its new mode, its new object, git's status letter, the path).
+Change = tuple[str, str, str, str]
+
+
+def _changes(repo: Path, commits: list[str]) -> dict[str, list[Change]]:
+    """What each commit changed over its parent (a child's capture, over its seed), in
+    one git process."""
+    out: dict[str, list[Change]] = {c: [] for c in commits}
+    if not commits:
+        return out
+    raw = g.git("diff-tree", "--stdin", "-r", "-z", "--no-renames", "--raw", repo=repo,
+                input="".join(f"{c}\n" for c in commits))
+    tokens = raw.split("\0")
+    current: list[Change] | None = None
+    i = 0
+    while i < len(tokens):
+        token = tokens[i].strip("\n")
+        if token.startswith(":") and current is not None and i + 1 < len(tokens):
+            _, new_mode, _, new_sha, status = token[1:].split(" ")
+            current.append((new_mode, new_sha, status[:1], tokens[i + 1]))
+            i += 2
+            continue
+        if token:
+            current = out.get(token)
+        i += 1
+    return out
+
+
 class _Tree:
-    """The parent's tree as landings leave it (``ours``), what of it is written in its
-    work tree (``written``), and what it was before them (``start``)."""
+    """The parent's tree as landings leave it: ``ours`` (a tree) with ``pending`` changes
+    of children whose paths no one else touched, staged over it without a merge; what of
+    it is written in its work tree (``written``); what it was before (``start``)."""
 
     def __init__(self, parent: Parent) -> None:
         self.parent = parent
         self.start = self.ours = self.written = ""
+        self.pending: dict[str, Change] = {}
+        self.changes: dict[str, list[Change]] = {}
+        self.refs: list[tuple[str, str]] = []
         self._listing: set[str] | None = None
+        self._touched: dict[str, tuple[set[str], set[str]]] = {}
 
     def now(self) -> str:
+        """The parent's tree, all landings so far in it."""
         if not self.ours:
             self.start = self.ours = self.written = self.parent.snapshot()
+        if self.pending:
+            self.flush()
         return self.ours
 
     def listed(self, name: str) -> bool:
@@ -235,6 +276,50 @@ class _Tree:
             self._listing = set(g.git("ls-tree", "-r", "-z", "--name-only", self.start,
                                       repo=self.parent.odb).split("\0"))
         return name in self._listing
+
+    def apart(self, seed: str, changes: list[Change]) -> bool:
+        """Whether no path of ``changes`` (or a folder of one, or one under it) differs
+        between the seed and the parent's tree with what is staged: then they apply as
+        they are, and a merge could only agree."""
+        if not self.ours:
+            self.start = self.ours = self.written = self.parent.snapshot()
+        if seed not in self._touched:
+            names = {p for p in g.git("diff-tree", "-r", "-z", "--no-renames", "--name-only",
+                                      seed, self.ours, repo=self.parent.odb).split("\0") if p}
+            self._touched[seed] = (names, {str(d) for n in names for d in Path(n).parents})
+        touched, folders = self._touched[seed]
+        for _, _, _, name in changes:
+            if name in touched or name in folders or name in self.pending or \
+                    any(str(d) in touched for d in Path(name).parents):
+                return False
+        return True
+
+    def stage(self, changes: list[Change]) -> None:
+        for change in changes:
+            self.pending[change[3]] = change
+            for names, folders in self._touched.values():
+                names.add(change[3])
+                folders.update(str(d) for d in Path(change[3]).parents)
+
+    def flush(self) -> None:
+        """Make ``ours`` hold what is staged (one temporary index)."""
+        gone = [c for c in self.pending.values() if c[2] == "D"]
+        kept = [c for c in self.pending.values() if c[2] != "D"]
+        lines = [f"0 {'0' * 40}\t{c[3]}\n" for c in gone] + \
+            [f"{c[0]} {c[1]}\t{c[3]}\n" for c in kept]
+        with tempfile.TemporaryDirectory(prefix="swarm-land-") as tmp:
+            env = {"GIT_DIR": str(self.parent.odb), "GIT_COMMON_DIR": str(self.parent.odb),
+                   "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            g.git("read-tree", self.ours, env=env, cwd=self.parent.odb)
+            g.git("update-index", "--index-info", env=env, cwd=self.parent.odb,
+                  input="".join(lines))
+            self.ours = g.git("write-tree", env=env, cwd=self.parent.odb)
+        self.pending = {}
+
+    def merged(self, tree: str) -> None:
+        """A merge made ``tree`` the parent's tree."""
+        self.ours = tree
+        self._touched.clear()
 
     def write(self, tree: str) -> None:
         """Make the work tree hold ``tree`` now."""
@@ -246,7 +331,7 @@ class _Tree:
         """Write what is left; how many paths the landings changed."""
         if not self.ours:
             return 0
-        self.write(self.ours)
+        self.write(self.now())
         if self.ours == self.start:
             return 0
         return len([p for p in g.git("diff-tree", "-r", "-z", "--no-renames", "--name-only",
@@ -272,25 +357,28 @@ def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, 
         _files_aside(seeds, body, delta, swarm_id, agent)
         return KEPT
     ref = ref_of(swarm_id, agent)
-    g.git("update-ref", ref, delta, repo=odb)
+    tree.refs.append((ref, delta))
     # In the user's repository, git finds it from their folder.
     body["kept"] = ref
     body["show"] = f"git diff {seed[:12]} {ref}" if parent.tree_of is not None else \
         f"git --git-dir={odb} diff {seed[:12]} {ref}"
     if mode == "keep":
         return KEPT
-    ours = tree.now()
+    changes = tree.changes.get(delta)
+    if changes is None:
+        changes = _changes(odb, [delta])[delta]
+    gated = bool(check and run_check is not None)
     conflicts: list[str] = []
-    if ours == g.git("rev-parse", f"{seed}^{{tree}}", repo=odb):
-        merged = g.git("rev-parse", f"{delta}^{{tree}}", repo=odb)
+    if not gated and tree.apart(seed, changes):
+        merged = ""  # staged as it is, below
     else:
+        ours = tree.now()
         mine = g.commit(odb, ours, [seed], "swarm: the parent's workspace")
         merged, conflicts = g.merge_trees(odb, mine, delta)
     if not conflicts:
         # A file the parent's snapshot leaves out (ignored, a secret) is never overwritten.
-        added, _ = g.changes(odb, seed, delta)
-        conflicts = [f for f in added if os.path.lexists(parent.top / f)
-                     and not tree.listed(f)]
+        conflicts = [c[3] for c in changes if c[2] == "A"
+                     and os.path.lexists(parent.top / c[3]) and not tree.listed(c[3])]
     if conflicts:
         hunks = g.git("diff", "--no-ext-diff", "--no-textconv", seed, delta, "--", *conflicts,
                       repo=odb)
@@ -301,17 +389,22 @@ def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, 
             "(agent_id) to redo its change over your workspace as it is now, or make it "
             "yourself"))
         return CONFLICT
-    if check and run_check is not None:
+    if not merged:
+        tree.stage(changes)
+        return LANDED
+    if gated:
+        assert run_check is not None
+        before = tree.ours
         tree.write(merged)
         passed, output = run_check(check)
         if not passed:
-            tree.write(ours)  # undone: the work tree as it was before this landing
+            tree.write(before)  # undone: the work tree as it was before this landing
             body.update(check=check, check_output=output[-CHECK_TAIL:], how=(
                 "not landed: the check failed with its changes in your workspace (they were "
                 "taken back). Continue this child (agent_id) with the check's output, or "
                 "make the change yourself"))
             return CHECK_FAILED
-    tree.ours = merged
+    tree.merged(merged)
     return LANDED
 
 
