@@ -1,16 +1,19 @@
 """Cleanup of what workspaces that travel leave on a host, bounded by the store's TTLs.
 
 On a host (its ``SWARM_HOME``), a swarm leaves its children's workspaces
-(``workspaces/<swarm>/``, views included) and the files brought home to plain folders
+(``workspaces/<swarm>/``, views and their own repositories included), the worker's
+indexes of them (``seeds/index/<swarm>/``) and the files of children started empty
 (``returned/<swarm>/``); its snapshots leave shared checkouts (``seeds/trees/<id>``) and
-refs in the host's cache (``refs/swarm/snap/<id>``, ``refs/swarm/local/<id>``,
-``refs/heads/swarm/<agent>``), and refs in a user's repository it was taken from.
+refs in the host's cache (``refs/swarm/snap/<id>``, ``refs/swarm/local/<id>``), and refs
+in a user's repository it was taken from; its children's kept changes are refs
+``refs/swarm/<swarm>/<agent>`` of the repository they landed in (a user's, or the cache).
 
 :func:`sweep` removes them once the ledger forgot the swarm or agent
 (:data:`~swarm.store.keys.LEDGER_TTL` after its last write) or the store the snapshot
 (:data:`~swarm.store.keys.SNAPSHOT_TTL` after its last read); a shared checkout a view
 still uses stays. Branches ``swarm/<agent>`` in a user's repository are the user's and
-are never removed. Workers run it at most every :data:`EVERY` seconds per host, in the
+are never removed (``refs/heads/swarm/<agent>`` of the cache, made by earlier versions,
+go with their agent). Workers run it at most every :data:`EVERY` seconds per host, in the
 background (:func:`soon`); so does a root in a terminal, for its own ``SWARM_HOME``.
 """
 
@@ -68,7 +71,7 @@ def sweep(home: Path, client: redis.Redis, folders: tuple[Path, ...] = ()) -> Sw
     """Remove from ``home`` (and from the repositories of ``folders``, users' workspaces)
     what swarms the ledger forgot and snapshots the store forgot left behind."""
     out = Swept()
-    places = [home / "workspaces", home / "returned"]
+    places = [home / "workspaces", home / "returned", home / "seeds" / "index"]
     ids = sorted({p.name for f in places if f.is_dir() for p in f.iterdir() if p.is_dir()})
     for swarm_id, known in zip(ids, _exists(client, [keys.swarm(i) for i in ids]),
                                strict=True):
@@ -106,11 +109,13 @@ def _sweep_refs(repo: Path, client: redis.Redis, agents: bool) -> int:
     record) is gone; then let git drop what nothing refers to any more."""
     if agents:  # a user's repository keeps its worktrees (a missing one may be unmounted)
         g.git("worktree", "prune", repo=repo)
-    patterns = ["refs/swarm/snap/", "refs/swarm/local/"] + (["refs/heads/swarm/"] if agents
-                                                            else [])
+    patterns = ["refs/swarm/"] + (["refs/heads/swarm/"] if agents else [])
     refs = g.git("for-each-ref", "--format=%(refname)", *patterns, repo=repo).split()
+    refs = [r for r in refs if r.startswith("refs/heads/") or len(r.split("/")) == 4]
     owners = [keys.agent(r.rsplit("/", 1)[1]) if r.startswith("refs/heads/")
-              else keys.snapshot(r.rsplit("/", 1)[1]) for r in refs]
+              else keys.snapshot(r.rsplit("/", 1)[1]) if r.split("/")[2] in ("snap", "local")
+              else keys.swarm(r.split("/")[2])  # refs/swarm/<swarm>/<agent>: kept changes
+              for r in refs]
     checked_out = {line.removeprefix("branch ").strip() for line in g.git(
         "worktree", "list", "--porcelain", repo=repo).splitlines() if line.startswith("branch ")}
     gone = [r for r, known in zip(refs, _exists(client, owners), strict=True)
