@@ -249,7 +249,7 @@ def test_no_secret_in_ledger_or_task_args(cluster: tuple[str, Path], client: red
     assert SECRET not in text
 
 
-def test_child_of_a_git_workspace_gets_a_worktree_and_a_branch(
+def test_a_childs_work_in_a_git_workspace_lands_uncommitted_in_the_users_folder(
         cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -266,14 +266,21 @@ def test_child_of_a_git_workspace_gets_a_worktree_and_a_branch(
     result = swarm_run(cluster, model, repo, "GITROOT")
     assert result.exit_code == 0, result.stderr
     child = json.loads(result.stdout)
-    assert child["git_branch"] == f"swarm/{child['agent_id']}"
-    assert "CHILD.txt" in child["diffstat"]
+    assert child["landing"] == "landed" and "git_branch" not in child, child
     assert child["files_changed"] == ["CHILD.txt"]
-    # The child started from the parent's HEAD; its work is on its branch, not in the parent.
-    assert not (repo / "CHILD.txt").exists()
-    shown = subprocess.run([*git, "show", f"{child['git_branch']}:CHILD.txt"],
+    # The child started from the parent's HEAD; its work is in the parent's folder,
+    # uncommitted, and kept under a ref git branch does not list.
+    assert (repo / "CHILD.txt").read_text() == "child\n"
+    status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True,
+                            check=True).stdout
+    assert status == "?? CHILD.txt\n"
+    assert child["kept"].startswith("refs/swarm/") and child["kept"].endswith(child["agent_id"])
+    shown = subprocess.run([*git, "show", f"{child['kept']}:CHILD.txt"],
                            capture_output=True, text=True, check=True)
     assert shown.stdout == "child\n"
+    branches = subprocess.run([*git, "branch", "--list"], capture_output=True, text=True,
+                              check=True).stdout
+    assert "swarm/" not in branches and not (repo / ".git" / "worktrees").exists()
 
 
 def test_children_start_with_the_users_hints(cluster: tuple[str, Path], client: redis_lib.Redis,
@@ -379,11 +386,14 @@ def test_a_child_starts_from_the_parents_uncommitted_and_untracked_files(
     assert result.exit_code == 0, result.stderr
     child = json.loads(result.stdout)
     assert child["answer"].split()[:3] == ["uncommitted", "untracked", "0"], child
-    # The same host: a worktree of the user's repository, no transfer (it changed
-    # nothing, so its result names no branch).
-    assert child["changes"].startswith("none") and "git_branch" not in child
-    subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "-q",
-                    f"swarm/{child['agent_id']}"], check=True, capture_output=True)
+    # It changed nothing: nothing lands, nothing is kept, and the user's repository got
+    # neither a branch nor a worktree for it (its repository was its own).
+    assert child["changes"].startswith("none") and child["landing"] == "no changes", child
+    assert "kept" not in child and "git_branch" not in child
+    refs = subprocess.run(["git", "-C", str(repo), "for-each-ref", "refs/heads",
+                           "refs/swarm/*/" + child["agent_id"]],
+                          capture_output=True, text=True, check=True).stdout
+    assert "swarm" not in refs and not (repo / ".git" / "worktrees").exists()
 
 
 def test_seed_false_starts_a_child_in_an_empty_folder(
@@ -432,7 +442,9 @@ def test_a_child_that_changed_nothing_sends_nothing_home_and_says_so(
     assert result.exit_code == 0, result.stderr
     looked, wrote = json.loads(result.stdout)
     assert looked["changes"].startswith("none") and not looked.get("files_changed")
-    assert "git_branch" not in looked and "merge" not in looked
+    assert looked["landing"] == "no changes" and "kept" not in looked
     assert Ledger(client).agent(looked["agent_id"]).ws_state == ""  # type: ignore[union-attr]
-    assert "changes" not in wrote and wrote["git_branch"] == f"swarm/{wrote['agent_id']}"
+    assert "changes" not in wrote and wrote["landing"] == "landed"
+    assert wrote["kept"].endswith(f"/{wrote['agent_id']}")
     assert wrote["files_changed"] == ["x.txt"]
+    assert (repo / "x.txt").read_text() == "x\n"

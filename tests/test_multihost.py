@@ -147,7 +147,7 @@ def last_result(request: dict[str, Any]) -> Reply:
     return Reply(content=tool_results(request)[-1])
 
 
-def test_six_children_on_two_hosts_each_bring_a_branch_home_and_the_root_merges_them(
+def test_six_children_on_two_hosts_each_land_their_work_in_the_roots_folder(
         world: tuple[Hosts, str, Path]) -> None:
     hosts, url, laptop = world
     names = {hosts.start("hosta"), hosts.start("hostb")}
@@ -155,17 +155,14 @@ def test_six_children_on_two_hosts_each_bring_a_branch_home_and_the_root_merges_
     (repo / "seed.txt").write_text("SEED-42\n")  # untracked: the children see it anyway
     seen: list[list[dict[str, Any]]] = []
 
-    def merge_all(request: dict[str, Any]) -> Reply:
-        results = [json.loads(t) for t in tool_results(request)]
-        seen.append(results)
-        merges = " && ".join(f"{GIT} merge -q --no-edit {r['git_branch']}" for r in results
-                             if r.get("git_branch"))
-        return cli(f"{GIT} add -A && {GIT} commit -qm own && {merges} && cat out-*.txt")
+    def look(request: dict[str, Any]) -> Reply:
+        seen.append([json.loads(t) for t in tool_results(request)])
+        return cli("cat out-*.txt && git status --porcelain")
 
     hosts.model.responder = ByTask({
         "MH-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": f"MH-CHILD-{i} copy"},
                                                id=f"c{i}") for i in range(6)]),
-                    merge_all, last_result],
+                    look, last_result],
         **{f"MH-CHILD-{i}": [cli(f"cat seed.txt > out-{i}.txt && sleep 1 && hostname"),
                              last_result] for i in range(6)},
     })
@@ -174,11 +171,17 @@ def test_six_children_on_two_hosts_each_bring_a_branch_home_and_the_root_merges_
     (results,) = seen
     assert [r["state"] for r in results] == ["done"] * 6, results
     assert {r["answer"].split()[0] for r in results} == names  # both hosts worked
-    assert all(r["git_branch"] == f"swarm/{r['agent_id']}" and "out-" in r["diffstat"]
-               for r in results)
-    assert result.stdout.strip().splitlines()[:7] == ["SEED-42"] * 6 + ["[exit code: 0]"]
+    assert all(r["landing"] == "landed" and r["kept"].endswith(f"/{r['agent_id']}")
+               and "git_branch" not in r for r in results), results
+    # All landed in the root's folder before it went on, uncommitted.
+    assert result.stdout.strip().splitlines()[:13] == \
+        ["SEED-42"] * 6 + [f"?? out-{i}.txt" for i in range(6)] + ["?? seed.txt"], \
+        result.stdout
     for i in range(6):
         assert (repo / f"out-{i}.txt").read_text() == "SEED-42\n"
+    branches = subprocess.run(["git", "branch", "--list"], cwd=repo, capture_output=True,
+                              text=True, check=True).stdout
+    assert "swarm/" not in branches and not (repo / ".git" / "worktrees").exists()
     # Each host fetched the root's snapshot once.
     client = connect(url)
     snapshots = [k for k in client.scan_iter(keys.snapshot("*")) if k.endswith(":hosts")]
@@ -194,9 +197,10 @@ WORK_IN_PROGRESS = ("echo parent-file > p.txt && echo staged > s.txt && git add 
 
 
 def _chain(hosts: Hosts, laptop: Path, lose: bool) -> tuple[Result, redis_lib.Redis, str]:
-    """Root -> parent P -> child C, then grandchild G. P leaves work in progress and brings
-    C's branch home on host A; then it parks for G on A; A is stopped (SIGTERM) while G
-    runs there; P resumes on host B. With ``lose``, P's snapshot is deleted first."""
+    """Root -> parent P -> child C, then grandchild G. P leaves work in progress and C's
+    work lands in it on host A; then it parks for G on A; A is stopped (SIGTERM) while G
+    runs there; P resumes on host B, where G's work lands in it. With ``lose``, P's
+    snapshot is deleted first."""
     first = hosts.start("hosta")
     repo = git_repo(laptop / "repo")
     g_asked, g_go = threading.Event(), threading.Event()
@@ -206,14 +210,11 @@ def _chain(hosts: Hosts, laptop: Path, lose: bool) -> tuple[Result, redis_lib.Re
         g_go.wait(60)
         return cli("echo from-g > g.txt")
 
-    branches: list[str] = []
-
-    def branch_of(request: dict[str, Any]) -> str:
-        branches.append(json.loads(tool_results(request)[0]).get("git_branch", "none"))
-        return branches[-1]
+    def landed(request: dict[str, Any]) -> str:
+        return str(json.loads(tool_results(request)[0]).get("landing", "none"))
 
     def then_g(request: dict[str, Any]) -> Reply:
-        branch_of(request)  # C's
+        assert landed(request) == "landed"  # C's
         return Reply(tool_calls=[ToolCall("agent", {"message": "MH-G go"}, id="g")])
 
     hosts.model.responder = ByTask({
@@ -222,8 +223,8 @@ def _chain(hosts: Hosts, laptop: Path, lose: bool) -> tuple[Result, redis_lib.Re
         "MH-P": [cli(WORK_IN_PROGRESS),
                  Reply(tool_calls=[ToolCall("agent", {"message": "MH-C first"}, id="c")]),
                  then_g,
-                 lambda r: cli(f"cat p.txt && git status --porcelain && git branch --list "
-                               f"{branches[0]} {branch_of(r)} | wc -l && hostname"),
+                 lambda r: cli(f"echo {landed(r)} && cat p.txt c.txt g.txt && "
+                               "git status --porcelain && hostname"),
                  last_result],
         "MH-C": [cli("echo from-c > c.txt"), Reply(content="c done")],
         "MH-G": [grandchild, Reply(content="g done")],
@@ -270,17 +271,20 @@ def test_a_parked_parent_whose_host_is_shut_down_resumes_on_another_host_with_it
     body = json.loads(result.stdout)
     assert body["state"] == "done", body
     lines = body["answer"].splitlines()
-    # Its files, its staged and unstaged changes, and both children's branches, as it
-    # left them on host A.
-    assert lines[:7] == ["parent-file", " M README", "A  s.txt", "AM t.txt", "?? p.txt", "2",
-                         hosts.name("hostb")], lines
+    # G's work landed in it on host B, over its files as it left them on host A (C's
+    # landing included), all uncommitted over its seed (its index does not travel).
+    assert lines[:11] == ["landed", "parent-file", "from-c", "from-g", " M README",
+                          "?? c.txt", "?? g.txt", "?? p.txt", "?? s.txt", "?? t.txt",
+                          hosts.name("hostb")], lines
     record = Ledger(client).agent(parent_id)
     assert record is not None and record.ws_host == hosts.name("hostb")
-    # P's work (with its own file and its grandchild's merged-in branch) came home.
+    # P's work (its own files and both children's) landed in the user's folder.
+    assert body["landing"] == "landed", body
     repo = laptop / "repo"
-    shown = subprocess.run(["git", "show", f"{body['git_branch']}:p.txt"], cwd=repo,
-                           capture_output=True, text=True, check=True)
-    assert shown.stdout == "parent-file\n"
+    assert {n: (repo / n).read_text() for n in ("p.txt", "c.txt", "g.txt", "s.txt", "t.txt")} \
+        == {"p.txt": "parent-file\n", "c.txt": "from-c\n", "g.txt": "from-g\n",
+            "s.txt": "staged\n", "t.txt": "part\nlater\n"}
+    assert (repo / "README").read_text() == "base\nmore\n"
 
 
 def test_a_parked_parent_whose_workspace_cannot_be_restored_fails_loudly(

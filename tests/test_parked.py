@@ -1,6 +1,7 @@
-"""A parked parent's workspace comes back on another host exactly as it was: its files,
-its staged and unstaged changes, its own commits, its earlier children's branches, and
-the start of the children still out (their branches merge into it)."""
+"""A parked parent's workspace comes back on another host with its files as it saw them
+(its earlier children's landings included), uncommitted over its seed in a repository of
+its own; the children still out land in it there. What its commands did with its own git
+(commits, staged changes) does not travel, and nothing of the user's history is shipped."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def make_repo(path: Path) -> Path:
 
 
 def work_in(ws: Workspace) -> None:
-    """A parent's work in progress: a commit of its own, staged, unstaged, both, untracked."""
+    """A parent's work in progress: a commit of its own (in its own repository), staged,
+    unstaged, both, untracked."""
     (ws.path / "committed.txt").write_text("committed by the parent\n")
     git(ws.path, "add", "committed.txt")
     git(ws.path, "commit", "-qm", "the parent's own commit")
@@ -84,21 +86,26 @@ def seeds(redis: redis_lib.Redis, home: Path, host: str, view: str) -> Seeds:
 
 
 def earlier_child(redis: redis_lib.Redis, tmp_path: Path, host: Seeds, parent: Workspace,
-                  view: str) -> Session:
-    """A child of the parent (run on a third host) whose branch came home to it."""
-    seed = host.take(parent.path, SWARM, base=parent.seed, tree_of=parent.tree)
+                  view: str) -> None:
+    """A child of the parent (run on a third host) whose work landed in it."""
+    seed = host.take(parent.path, SWARM, base=parent.seed, own=parent)
     third = seeds(redis, tmp_path / "home-x", "hostx", view)
     child = third.child(SWARM, "c1", seed)
     (child.path / "from-c1.txt").write_text("c1\n")
     session = result_session({"agent_id": "c1", "state": "done",
                               "delta": third.capture(child, SWARM), "seed": seed})
     third.release(child)
-    homecoming.bring_home(host, session, parent.path, SWARM, parent.tree)
-    assert json.loads(session.messages[-1]["content"])["git_branch"] == "swarm/c1"
-    return session
+    homecoming.bring_home(host, session, parent.path, SWARM, None, parent)
+    assert json.loads(session.messages[-1]["content"])["landing"] == "landed"
+    assert (parent.path / "from-c1.txt").read_text() == "c1\n"
 
 
-def test_a_parked_parent_comes_back_exactly_on_another_host(
+#: The restored workspace's changes, all uncommitted over its seed (README, tracked.txt).
+RESTORED_STATUS = [" D README", " M tracked.txt", "?? both.txt", "?? committed.txt",
+                   "?? staged.txt", "?? untracked.txt"]
+
+
+def test_a_parked_parent_comes_back_on_another_host_with_its_files_over_its_seed(
         redis: redis_lib.Redis, tmp_path: Path, view: str) -> None:
     repo = make_repo(tmp_path / "repo")
     sid = seeds(redis, tmp_path / "home-a", "laptop", view).take(repo, SWARM,
@@ -106,36 +113,34 @@ def test_a_parked_parent_comes_back_exactly_on_another_host(
     b = seeds(redis, tmp_path / "home-b", "hostb", view)
     parent = b.child(SWARM, "p1", sid)
     work_in(parent)
-    session = earlier_child(redis, tmp_path, b, parent, view)
-    status = git(parent.path, "status", "--porcelain")
-    log = git(parent.path, "log", "--format=%s%n%T")
-    c1 = git(parent.path, "show", "--format=%T", "--no-patch", "swarm/c1")
-    # It parks: the snapshot for its new children, then its exact state over it.
-    new_seed = b.take(parent.path, SWARM, base=parent.seed, tree_of=parent.tree)
-    state = parked.state(b, parent, new_seed, SWARM, parked.branches_in(session))
-    assert SnapshotStore(redis).meta(state).base == new_seed  # type: ignore[union-attr]
+    earlier_child(redis, tmp_path, b, parent, view)
+    # It parks: the snapshot for its new children is what it is restored from.
+    new_seed = b.take(parent.path, SWARM, base=parent.seed, own=parent)
+    state = parked.state(new_seed)
+    assert state == new_seed
+    assert SnapshotStore(redis).meta(state).base == sid  # type: ignore[union-attr]
     c = seeds(redis, tmp_path / "home-c", "hostc", view)
     back = parked.restore(c, SWARM, "p1", sid, state)
     assert files_of(back.path) == files_of(parent.path)
-    assert git(back.path, "status", "--porcelain") == status
-    assert git(back.path, "diff", "--cached", "both.txt") == \
-        git(parent.path, "diff", "--cached", "both.txt")
-    assert git(back.path, "log", "--format=%s%n%T") == log
+    assert (back.path / "both.txt").read_text() == "staged part\nunstaged part\n"
+    assert (back.path / "from-c1.txt").read_text() == "c1\n"
+    assert sorted(git(back.path, "status", "--porcelain").splitlines()) == \
+        sorted([*RESTORED_STATUS, "?? from-c1.txt"])
+    # A repository of its own on swarm/p1 at its seed: its own commit stayed behind.
     assert git(back.path, "rev-parse", "--abbrev-ref", "HEAD").strip() == "swarm/p1"
-    assert git(back.path, "show", "--format=%T", "--no-patch", "swarm/c1") == c1
-    # A child still out (seeded from new_seed) brings its branch home over the restored
-    # parent's HEAD: the parent merges it.
+    assert git(back.path, "log", "--format=%s").splitlines() == ["swarm seed"]
+    assert back.odb == c.cache and back.index == c.index_of(SWARM, "p1")
+    # A child still out (seeded from new_seed) lands in the restored parent.
     host_g = seeds(redis, tmp_path / "home-g", "hostg", view)
     grandchild = host_g.child(SWARM, "g1", new_seed)
     (grandchild.path / "from-g1.txt").write_text("g1\n")
+    (grandchild.path / "tracked.txt").write_text("one\nunstaged\nby g1\n")
     late = result_session({"agent_id": "g1", "state": "done",
                            "delta": host_g.capture(grandchild, SWARM), "seed": new_seed})
-    homecoming.bring_home(c, late, back.path, SWARM, back.tree)
-    git(back.path, "add", "-A")
-    git(back.path, "commit", "-qm", "the parent's work")
-    git(back.path, "merge", "-q", "--no-edit", "swarm/g1")
-    git(back.path, "merge", "-q", "--no-edit", "swarm/c1")
+    landing = homecoming.bring_home(c, late, back.path, SWARM, None, back)
+    assert landing is not None and landing.children == [("g1", "landed")]
     assert (back.path / "from-g1.txt").read_text() == "g1\n"
+    assert (back.path / "tracked.txt").read_text() == "one\nunstaged\nby g1\n"
     assert (back.path / "from-c1.txt").read_text() == "c1\n"
     assert (back.path / "both.txt").read_text() == "staged part\nunstaged part\n"
 
@@ -148,16 +153,18 @@ def test_a_parent_in_the_users_repository_ships_none_of_its_history(
                                                                   tree_of=g.discover(repo))
     near = seeds(redis, tmp_path / "home-w", "laptop", view)  # a worker on the laptop
     parent = near.child(SWARM, "p1", sid)
-    assert parent.home_branch
+    # Its repository borrows the user's objects: its HEAD is over the user's history.
+    assert parent.odb is not None and parent.odb.resolve() == (repo / ".git").resolve()
+    assert git(parent.path, "rev-parse", "HEAD^").strip() == first
     work_in(parent)
-    status = git(parent.path, "status", "--porcelain")
-    new_seed = near.take(parent.path, SWARM, base=parent.seed, tree_of=parent.tree)
-    state = parked.state(near, parent, new_seed, SWARM, [])
+    new_seed = near.take(parent.path, SWARM, base=parent.seed, own=parent)
     c = seeds(redis, tmp_path / "home-c", "hostc", view)
-    back = parked.restore(c, SWARM, "p1", sid, state)
+    back = parked.restore(c, SWARM, "p1", sid, parked.state(new_seed))
     assert files_of(back.path) == files_of(parent.path)
-    assert git(back.path, "status", "--porcelain") == status
-    assert git(back.path, "log", "--format=%s").splitlines() == [
-        "the parent's own commit", "swarm seed"]  # its commit, over its seed
+    assert sorted(git(back.path, "status", "--porcelain").splitlines()) == RESTORED_STATUS
+    assert git(back.path, "log", "--format=%s").splitlines() == ["swarm seed"]
     missing = subprocess.run(["git", "cat-file", "-e", first], cwd=back.path)
     assert missing.returncode != 0  # the user's history stayed on the laptop
+    # Nor did the parent's own commit leave the laptop's worker.
+    own = git(parent.path, "rev-parse", "HEAD").strip()
+    assert subprocess.run(["git", "cat-file", "-e", own], cwd=back.path).returncode != 0

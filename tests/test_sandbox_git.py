@@ -1,11 +1,14 @@
 """The worker's own git (unconfined, root on a root worker) on workspaces sandboxed commands
-wrote: a command in the box plants a repository, a ``.git`` file or folder, a worktree
-config, hooks, filters and the like, each set to run a program; the worker then does
-what it does with a child's workspace (capture it, commit it to its branch, snapshot it
-as a parent, park it, find it again, bring a grandchild's work home into it), and the
-program never runs. The worker's global config trusts every folder
-(``safe.directory=*``, as many CI images and containers set), so git's ownership check
-is not what stops it. The end-to-end case, through real workers, is at the bottom."""
+wrote: a command in the box plants a repository, a ``.git`` file or folder, a config in
+the child's own repository, hooks, filters and the like, each set to run a program; the
+worker then does what it does with a child's workspace (capture it, snapshot it as a
+parent, park it, find it again, land a grandchild's work in it), and the program never
+runs. A child's ``.git`` is its own (the worker reads its workspace through the repository
+it chose, never that one); the user's repository is out of the child's box's reach but
+for its objects, read-only; in a root's box, what git obeys in it is read-only. The
+worker's global config trusts every folder (``safe.directory=*``, as many CI images and
+containers set), so git's ownership check is not what stops it. The end-to-end case,
+through real workers, is at the bottom."""
 
 from __future__ import annotations
 
@@ -28,7 +31,6 @@ from swarm.runtime import gitstate as g
 from swarm.runtime import homecoming, parked
 from swarm.runtime.seed import Seeds, Workspace
 from swarm.store.snapshots import SnapshotStore
-from swarm.workers import workspace as ws
 
 needs_sandbox = pytest.mark.skipif(not sandbox.probe().ok,
                                    reason=f"no sandbox here: {sandbox.probe().reason}")
@@ -93,16 +95,19 @@ def evil_repo(name: str) -> str:
 
 
 #: What a command plants, by name: shell run in the box in the child's workspace (a
-#: subfolder of its worktree, as its parent worked in a subfolder of its repository),
-#: after arm(). Its worktree's own .git file is out of its reach (tested below).
+#: subfolder of its top folder, as its parent worked in a subfolder of its repository),
+#: after arm().
 PLANTS = {
     # A .git file naming a git folder the command made.
     "git-file": f"{evil_repo('.evil')} && echo \"gitdir: $PWD/.evil\" > .git",
     # A git folder.
     "git-dir": evil_repo(".git"),
-    # The worktree's own git folder (writable in the box) gets a config.worktree, which
-    # git reads when the repository enables extensions.worktreeConfig.
-    "worktree-config": "cp evil.cfg \"$(git rev-parse --absolute-git-dir)/config.worktree\"",
+    # The child's own repository (above its folder, its own to write) gets the config,
+    # a config.worktree (its repository enables extensions.worktreeConfig) and hooks.
+    "own-config": "dot=\"$(git rev-parse --absolute-git-dir)\" && cat evil.cfg >> \"$dot/config\""
+                  " && git config extensions.worktreeConfig true"
+                  " && cp evil.cfg \"$dot/config.worktree\""
+                  " && mkdir -p \"$dot/hooks\" && cp pwn/hooks/* \"$dot/hooks/\"",
 }
 
 
@@ -128,22 +133,34 @@ def result_session(workspace: Path, body: dict[str, object]) -> Session:
         usage={}, created=0, updated=0)
 
 
-def what_the_worker_does(host: Seeds, child: Workspace) -> None:
-    """Everything a worker's git does with a child's workspace after its commands ran."""
-    assert host.capture(child, SWARM)  # it settles: its work is sent home
-    ws.commit_changes(child, "swarm a1: settled")  # on its branch in the user's repository
-    sid = host.take(child.path, SWARM, base=child.seed, tree_of=child.tree)  # as a parent
-    parked.state(host, child, sid, SWARM, [])  # it parks
+def child_box(child: Workspace, home: Path) -> LocalEnvironment:
+    """A child's box as its worker starts it: SWARM_HOME hidden, the objects its own
+    repository borrows shown read-only."""
+    assert child.odb is not None
+    return LocalEnvironment(child.path, sandbox="bwrap", hide=(home,),
+                            read_only=(child.odb / "objects",))
+
+
+def what_the_worker_does(host: Seeds, child: Workspace) -> str:
+    """Everything a worker's git does with a child's workspace after its commands ran; the
+    commit its work was captured as."""
+    delta = host.capture(child, SWARM)  # it settles: its work is sent home
+    assert delta
+    sid = host.take(child.path, SWARM, base=child.seed, own=child)  # as a parent
+    assert parked.state(sid) == sid  # it parks
     again = host.found(child.path, SWARM, "a1", child.seed)  # a later run finds it
-    assert again.tree == child.tree  # the same git folders, whatever its .git says
+    # The same repository and index, whatever its .git says.
+    assert (again.odb, again.index) == (child.odb, child.index)
     grandchild = host.child(SWARM, "g1", sid)
     (grandchild.path / "from-g1.txt").write_text("g1\n")
-    delta = host.capture(grandchild, SWARM)
-    session = result_session(child.path, {"agent_id": "g1", "state": "done", "delta": delta,
+    late = host.capture(grandchild, SWARM)
+    session = result_session(child.path, {"agent_id": "g1", "state": "done", "delta": late,
                                           "seed": sid})
-    homecoming.bring_home(host, session, child.path, SWARM, again.tree)
+    homecoming.bring_home(host, session, child.path, SWARM, None, again)
     body = json.loads(session.messages[-1]["content"])
-    assert body.get("git_branch") == "swarm/g1", body
+    assert body.get("landing") == "landed", body
+    assert (child.path / "from-g1.txt").read_text() == "g1\n"
+    return delta
 
 
 @needs_sandbox
@@ -157,77 +174,133 @@ def test_what_a_command_plants_never_runs_in_the_workers_git(
     sid = laptop.take(repo / "pkg", SWARM, tree_of=parent)  # the parent works in pkg/
     host = seeds(redis, tmp_path / "home-w")  # a worker on the same host
     child = host.child(SWARM, "a1", sid)
-    assert child.home_branch and child.path == child.top / "pkg"
-    box = LocalEnvironment(child.path, sandbox="bwrap", hide=(tmp_path / "home-w",))
+    assert child.odb is not None and child.path == child.top / "pkg"
+    assert child.odb.resolve() == (repo / ".git").resolve()
+    box = child_box(child, tmp_path / "home-w")
     done = box.execute(f"{arm(marks)} && {PLANTS[plant]} && echo planted", 30)
     assert done.output.endswith("planted\n"), done.output
     try:
-        what_the_worker_does(host, child)
+        delta = what_the_worker_does(host, child)
     finally:  # first: what ran, whether or not the worker got through
         assert sorted(os.listdir(marks)) == []
-    # The branch holds what the command wrote, and git in the box still works on it.
-    log = sh(repo, "log", "--format=%s", "swarm/a1")
-    assert log.split("\n")[0] == "swarm a1: settled", log
-    assert "pkg/pwn/fsmonitor" in sh(repo, "ls-tree", "-r", "--name-only", "swarm/a1")
+    # What it captured holds what the command wrote (in the user's object store, where
+    # the worker wrote it).
+    assert "pkg/pwn/fsmonitor" in sh(repo, "ls-tree", "-r", "--name-only", delta)
 
 
 @needs_sandbox
 def test_the_repository_files_the_workers_git_reads_are_read_only_in_the_box(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
-    """What git reads as config, attributes, excludes or hooks in a child's repository
-    cannot be written from its box; its worktree's own folder can (the worker's git
-    never reads config from there)."""
+    """What git reads as config, attributes, excludes or hooks in the user's repository
+    cannot be written from a root's box in it, nor from the box of a child on its host
+    (whose repository borrows its objects); the child's own repository can (the worker's
+    git never reads it)."""
     repo = make_repo(tmp_path / "repo")
     sid = seeds(redis, tmp_path / "home-a").take(repo, SWARM, tree_of=g.discover(repo))
     child = seeds(redis, tmp_path / "home-w").child(SWARM, "a1", sid)
+    assert child.odb is not None and child.odb.resolve() == (repo / ".git").resolve()
     common = repo / ".git"
-    own = common / "worktrees" / "a1"
-    targets = [common / "config", common / "config.worktree", common / "info" / "attributes",
-               common / "info" / "exclude", common / "hooks" / "post-commit",
-               common / "commondir", own / "commondir", own / "gitdir"]
+    targets = [common / "config", common / "info" / "attributes", common / "info" / "exclude",
+               common / "hooks" / "post-commit"]
+    # Not there to bind read-only in a root's box (see the xfail test below).
+    absent = [common / "config.worktree", common / "commondir"]
+    before = {p: p.read_bytes() for p in targets if p.exists()}
     command = "; ".join(f"echo x >> {t}; echo {t.relative_to(common)}=$?" for t in targets)
-    out = LocalEnvironment(child.path, sandbox="bwrap", hide=(tmp_path / "home-w",)).execute(
-        f"{command}; echo x > {own}/config.worktree; echo own=$?", 10).output
+    out = LocalEnvironment(repo, sandbox="bwrap", hide=(tmp_path / "home-a",)).execute(
+        f"{command}; echo x >> .git/config; echo own=$?", 10).output
     for target in targets:
         assert f"{target.relative_to(common)}=1" in out, out
+    assert "own=1" in out, out  # the root's .git is the user's
+    # The child's box has nothing of the user's repository but its objects (what it writes
+    # at those paths goes to the box's own /tmp); its own .git is its to write.
+    command = "; ".join(f"echo x >> {t}" for t in targets + absent)
+    out = child_box(child, tmp_path / "home-w").execute(
+        f"{command}; echo x >> .git/config; echo own=$?", 10).output
     assert "own=0" in out, out
-    assert not (common / "config.worktree").exists()
+    assert {p: p.read_bytes() for p in targets if p.exists()} == before
+    assert not any(p.exists() for p in absent)
     assert not (common / "info" / "attributes").exists()
+
+
+@needs_sandbox
+@pytest.mark.xfail(strict=True, reason="known gap: a root's box can create .git/config.worktree "
+                   "(its .git is writable; only files already there are bound read-only), "
+                   "which the root's git obeys when the repository enables "
+                   "extensions.worktreeConfig")
+def test_a_roots_box_cannot_plant_a_config_worktree_its_git_obeys(
+        redis: redis_lib.Redis, tmp_path: Path, marks: Path) -> None:
+    repo = make_repo(tmp_path / "repo")  # extensions.worktreeConfig is on
+    laptop = seeds(redis, tmp_path / "home-a")
+    tree = laptop.pinned("root:s1", repo)
+    box = LocalEnvironment(repo, sandbox="bwrap", hide=(tmp_path / "home-a",))
+    box.execute(f"{arm(marks)} && cp evil.cfg .git/config.worktree", 30)
+    try:
+        laptop.take(repo, SWARM, tree_of=tree)
+    finally:
+        (repo / ".git" / "config.worktree").unlink(missing_ok=True)
+    assert sorted(os.listdir(marks)) == []
 
 
 @needs_sandbox
 def test_git_works_in_the_box_of_a_child_seeded_from_a_subfolder(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
     """A parent working in a subfolder of its repository seeds children that work in that
-    subfolder of their worktree: the box binds the worktree's git from above it."""
+    subfolder of their workspace: the box binds their own repository from above it (and
+    the rest of their workspace read-only)."""
     repo = make_repo(tmp_path / "repo")
     sid = seeds(redis, tmp_path / "home-a").take(repo / "pkg", SWARM,
                                                  tree_of=g.discover(repo / "pkg"))
     child = seeds(redis, tmp_path / "home-w").child(SWARM, "a1", sid)
     assert child.path == child.top / "pkg"
-    result = LocalEnvironment(child.path, sandbox="bwrap", hide=(tmp_path / "home-w",)).execute(
+    result = child_box(child, tmp_path / "home-w").execute(
         "echo more >> code.txt && git -c user.name=c -c user.email=c@c commit -qam box && "
-        "git log --format=%s -1", 10)
-    assert result.output == "box\n", result.output
-    assert sh(repo, "log", "--format=%s", "-1", "swarm/a1") == "box\n"
+        "git log --format=%s -1 && { echo x > ../top.txt; echo above=$?; }", 10)
+    assert result.output.startswith("box\n"), result.output
+    assert "above=1" in result.output, result.output  # the rest of its workspace: read-only
+    assert sh(child.path, "log", "--format=%s", "-1", "swarm/a1") == "box\n"
+    assert "swarm/a1" not in sh(repo, "branch", "--list")  # its own repository's branch
 
 
 @needs_sandbox
-def test_a_workspaces_own_git_stays_where_it_is_in_the_box(
+def test_a_childs_box_cannot_write_the_users_refs_or_objects(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
-    """A worktree's .git file, and a repository's own .git folder with what git obeys in
-    it (a root's or a job's folder), cannot be moved, replaced or rewritten from the box;
-    git still commits there."""
+    """A child on the user's host borrows the user's objects: its box shows them read-only
+    and nothing else of the user's repository; git in the box commits to its own."""
     repo = make_repo(tmp_path / "repo")
     sid = seeds(redis, tmp_path / "home-a").take(repo, SWARM, tree_of=g.discover(repo))
     child = seeds(redis, tmp_path / "home-w").child(SWARM, "a1", sid)
+    dot = repo / ".git"
+    assert child.odb is not None and child.odb.resolve() == dot.resolve()
+    refs = sh(repo, "for-each-ref")
+    objects = sorted(str(p) for p in (dot / "objects").rglob("*"))
+    # The objects are shown read-only; the rest of the user's .git is not there at all
+    # (what a command writes at its path goes to the box's own /tmp).
+    tries = {"object": f"mkdir -p {dot}/objects/ab && echo x > {dot}/objects/ab/cd",
+             "pack": f"echo x > {dot}/objects/pack/evil.pack",
+             "ref": f"mkdir -p {dot}/refs/heads && echo x > {dot}/refs/heads/evil",
+             "update-ref": f"git --git-dir={dot} update-ref refs/heads/evil HEAD",
+             "push": f"git push -q {dot} HEAD:refs/heads/evil",
+             "packed": f"echo x >> {dot}/packed-refs"}
     commit = "git -c user.name=c -c user.email=c@c commit -q --allow-empty -m box; echo commit=$?"
-    tries = {"write": "echo 'gitdir: /tmp' > .git", "move": "mv .git moved",
-             "remove": "rm -f .git"}
-    out = LocalEnvironment(child.path, sandbox="bwrap", hide=(tmp_path / "home-w",)).execute(
-        "; ".join(f"{c}; echo {n}=$?" for n, c in tries.items()) + f"; {commit}", 10).output
-    assert [f"{n}=1" in out for n in tries] == [True] * len(tries), out
+    out = child_box(child, tmp_path / "home-w").execute(
+        "; ".join(f"{{ {c}; }} 2>/dev/null; echo {n}=$?" for n, c in tries.items())
+        + f"; {commit}", 30).output
+    assert "object=1" in out and "pack=1" in out, out
     assert "commit=0" in out, out
+    assert sh(repo, "for-each-ref") == refs
+    assert sorted(str(p) for p in (dot / "objects").rglob("*")) == objects
+    assert not (dot / "packed-refs").exists() and not (dot / "refs" / "heads" / "evil").exists()
+    assert sh(child.path, "log", "--format=%s", "-1") == "box\n"
+
+
+@needs_sandbox
+def test_a_roots_own_git_stays_where_it_is_in_the_box(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    """A repository's own .git folder with what git obeys in it (a root's or a job's
+    folder) cannot be moved, replaced or rewritten from the box; git still commits
+    there."""
+    repo = make_repo(tmp_path / "repo")
+    commit = "git -c user.name=c -c user.email=c@c commit -q --allow-empty -m box; echo commit=$?"
     before = {p: p.read_bytes() for p in (repo / ".git").glob("*") if p.is_file()}
     tries = {"move": "mv .git moved", "config": "echo x >> .git/config",
              "hook": "echo x > .git/hooks/post-commit", "info": "echo x > .git/info/attributes",
@@ -270,7 +343,7 @@ def test_what_a_roots_command_plants_in_its_repository_never_runs(
 # -- end to end: real workers --------------------------------------------------------------
 
 #: In pkg/, each whether or not the other could be planted.
-E2E_PLANT = "; ".join(f"( {PLANTS[name]} )" for name in ("worktree-config", "git-dir"))
+E2E_PLANT = "; ".join(f"( {PLANTS[name]} )" for name in ("own-config", "git-dir"))
 
 
 @needs_sandbox
@@ -278,10 +351,10 @@ E2E_PLANT = "; ".join(f"( {PLANTS[name]} )" for name in ("worktree-config", "git
 def test_a_childs_planted_git_never_runs_on_a_real_worker(
         tmp_path: Path, marks: Path) -> None:
     """A root in a subfolder of a repository; its child (on a real worker, in the box, in
-    that subfolder of its worktree) plants a worktree config and a .git folder, then calls
-    a grandchild (the worker snapshots it as a
-    parent) and settles (the worker captures it and commits it to its branch); the root
-    brings its work home. No planted program runs anywhere."""
+    that subfolder of its workspace) plants a config and hooks in its own repository and a
+    .git folder, then calls a grandchild (the worker snapshots it as a parent, then lands
+    the grandchild's work in it) and settles (the worker captures it); its work lands in
+    the root's repository. No planted program runs anywhere."""
     from click.testing import CliRunner
 
     from swarm.cli import main
@@ -327,8 +400,12 @@ def test_a_childs_planted_git_never_runs_on_a_real_worker(
     assert child["state"] == "done", child
     assert "planted and called" in child["answer"], child
     assert sorted(os.listdir(marks)) == []
-    files = sh(repo, "ls-tree", "-r", "--name-only", child["git_branch"])
-    assert "pkg/pwn/fsmonitor" in files, files
+    assert child["landing"] == "landed", child
+    # What the child wrote and its grandchild's file landed in the user's folder.
+    assert (repo / "pkg" / "pwn" / "fsmonitor").is_file()
+    assert (repo / "pkg" / "leaf.txt").read_text() == "leaf\n"
+    assert not (repo / "pkg" / ".git").exists()  # no planted repository
+    assert not (repo / ".git" / "worktrees").exists()
 
 
 def test_the_workers_git_runs_no_hook_of_the_users_repository(

@@ -1,6 +1,7 @@
 """Workspaces that travel, on real git and the real store: a snapshot holds what the parent
-sees (and no secrets), a child on another host fetches it once, its work comes home as a
-branch or files, a workspace is restored elsewhere or fails loudly."""
+sees (and no secrets), a child on another host fetches it once, its work lands in the
+parent's working tree (or, started empty, is kept as files at a path), a workspace is
+restored elsewhere or fails loudly."""
 
 from __future__ import annotations
 
@@ -71,13 +72,21 @@ def test_a_child_elsewhere_starts_with_uncommitted_and_untracked_files(
     status = sh(repo, "status", "--porcelain")
     sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     assert sh(repo, "status", "--porcelain") == status  # the user's index is untouched
-    child = seeds(redis, tmp_path / "home-b", "hostb").child(SWARM, "a1", sid)
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    child = far.child(SWARM, "a1", sid)
     got = files_of(child.path)
     assert got["committed.txt"] == "base\n"
     assert got["staged.txt"] == "staged change\n"
     assert got["unstaged.txt"] == "unstaged change\n"
     assert got["untracked.txt"] == "untracked\n"
-    assert child.git_branch == "swarm/a1" and not child.home_branch
+    # A repository of its own on swarm/a1 at the seed, borrowing the host cache's objects.
+    assert child.root is not None and (child.root / ".git").is_dir()
+    assert sh(child.path, "symbolic-ref", "HEAD").strip() == "refs/heads/swarm/a1"
+    assert sh(child.path, "rev-parse", "HEAD").strip() == sid
+    assert child.odb == far.cache
+    alternates = child.root / ".git" / "objects" / "info" / "alternates"
+    assert Path(alternates.read_text().strip()) == (far.cache / "objects").resolve()
+    assert sh(child.path, "status", "--porcelain") == ""  # its files are its HEAD's
 
 
 def test_ignored_files_and_secrets_stay_home(redis: redis_lib.Redis, tmp_path: Path) -> None:
@@ -120,7 +129,12 @@ def test_the_same_host_moves_no_bytes_and_another_host_fetches_once(
     store = SnapshotStore(redis)
     size = store.meta(sid).size  # type: ignore[union-attr]
     near = seeds(redis, tmp_path / "home-w", "laptop").child(SWARM, "a1", sid)
-    assert near.home_branch  # a worktree of the user's repository, on swarm/a1
+    # Its own repository borrows the user's objects where they are: nothing copied.
+    assert near.odb is not None and near.odb.resolve() == (repo / ".git").resolve()
+    assert near.root is not None
+    alternates = near.root / ".git" / "objects" / "info" / "alternates"
+    assert Path(alternates.read_text().strip()) == (repo / ".git" / "objects").resolve()
+    assert not (repo / ".git" / "worktrees").exists()  # no worktree of the user's
     assert (near.path / "untracked.txt").read_text() == "untracked\n"
     assert store.hosts(sid) == {"laptop": 0}
     far = seeds(redis, tmp_path / "home-b", "hostb")
@@ -175,9 +189,10 @@ def result_session(workspace: Path, body: dict[str, object]) -> Session:
         usage={}, created=0, updated=0)
 
 
-def test_a_childs_work_comes_home_as_a_branch_the_parent_can_merge(
+def test_a_childs_work_from_another_host_lands_uncommitted_in_the_parents_working_tree(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")
+    index = sh(repo, "diff", "--cached", "--name-only")
     laptop = seeds(redis, tmp_path / "home-a", "laptop")
     sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
     far = seeds(redis, tmp_path / "home-b", "hostb")
@@ -188,19 +203,27 @@ def test_a_childs_work_comes_home_as_a_branch_the_parent_can_merge(
     assert SnapshotStore(redis).meta(delta).base == sid  # type: ignore[union-attr]
     session = result_session(repo, {"agent_id": "a1", "state": "done", "delta": delta,
                                     "seed": sid})
-    assert homecoming.bring_home(laptop, session, repo, SWARM, g.discover(repo))
+    landing = homecoming.bring_home(laptop, session, repo, SWARM, g.discover(repo))
+    assert landing is not None and landing.children == [("a1", "landed")]
     body = json.loads(session.messages[-1]["content"])
-    assert body["git_branch"] == "swarm/a1" and "delta" not in body
-    assert "new.txt" in body["diffstat"] and "git merge swarm/a1" in body["merge"]
-    sh(repo, "add", "-A", ".")
-    sh(repo, "commit", "-qm", "the parent's own work")
-    sh(repo, "merge", "-q", "--no-edit", "swarm/a1")
+    assert body["landing"] == "landed" and "delta" not in body and "git_branch" not in body
+    assert body["kept"] == f"refs/swarm/{SWARM}/a1"
     assert (repo / "new.txt").read_text() == "from the child\n"
     assert (repo / "committed.txt").read_text() == "edited by the child\n"
+    # The user's own uncommitted work is as it was, and so is their index.
     assert (repo / "untracked.txt").read_text() == "untracked\n"
+    assert (repo / "unstaged.txt").read_text() == "unstaged change\n"
+    assert sh(repo, "diff", "--cached", "--name-only") == index
+    status = sh(repo, "status", "--porcelain")
+    assert "?? new.txt" in status and " M committed.txt" in status
+    # The child's changes stay retrievable from the user's folder with the command given.
+    shown = subprocess.run(body["show"], shell=True, cwd=repo, capture_output=True, text=True,
+                           check=True).stdout
+    assert "+from the child" in shown
+    assert sh(repo, "branch", "--list").split()[1:] in (["master"], ["main"])
 
 
-def test_a_plain_folder_parent_gets_the_changed_files_at_a_path(
+def test_a_plain_folder_parent_gets_the_childs_new_and_deleted_files_in_place(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
     folder = tmp_path / "plain"
     folder.mkdir()
@@ -216,9 +239,29 @@ def test_a_plain_folder_parent_gets_the_changed_files_at_a_path(
                                       "seed": sid})
     homecoming.bring_home(laptop, session, folder, SWARM)
     body = json.loads(session.messages[-1]["content"])
+    assert body["landing"] == "landed" and "files_at" not in body
+    assert files_of(folder) == {"keep.txt": "keep\n", "made.txt": "made\n"}
+    assert not (folder / ".git").exists()  # the user's folder did not become a repository
+
+
+def test_a_child_started_empty_has_its_files_kept_at_a_path(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("keep\n")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    child = far.child(SWARM, "a1", "")  # seed=false: an empty folder
+    (child.path / "made.txt").write_text("made\n")
+    session = result_session(folder, {"agent_id": "a1", "delta": far.capture(child, SWARM),
+                                      "seed": ""})
+    homecoming.bring_home(laptop, session, folder, SWARM)
+    body = json.loads(session.messages[-1]["content"])
+    assert body["landing"] == "kept"
     at = Path(body["files_at"])
     assert at.is_relative_to(tmp_path / "home-a")
-    assert files_of(at) == {"made.txt": "made\n"} and body["deleted"] == ["gone.txt"]
+    assert files_of(at) == {"made.txt": "made\n"}
+    assert files_of(folder) == {"keep.txt": "keep\n"}  # nothing landed in the folder
 
 
 def test_a_workspace_is_restored_on_another_host(redis: redis_lib.Redis,
@@ -249,7 +292,7 @@ def test_a_workspace_that_cannot_be_restored_fails_loudly(redis: redis_lib.Redis
     assert not (tmp_path / "home-c" / "workspaces" / SWARM / "p1").exists()
 
 
-def test_a_child_on_the_parents_host_hands_over_its_folder_without_a_transfer(
+def test_a_child_on_the_parents_host_lands_its_files_without_a_transfer(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
     folder = tmp_path / "plain"
     folder.mkdir()
@@ -264,8 +307,8 @@ def test_a_child_on_the_parents_host_hands_over_its_folder_without_a_transfer(
                                       "host": "laptop", "workspace": str(child.path)})
     homecoming.bring_home(laptop, session, folder, SWARM)
     body = json.loads(session.messages[-1]["content"])
-    assert body["files_at"] == str(child.path)
-    assert (Path(body["files_at"]) / "made.txt").read_text() == "made\n"
+    assert body["landing"] == "landed" and "files_at" not in body
+    assert (folder / "made.txt").read_text() == "made\n"
     assert SnapshotStore(redis).hosts(delta) == {"laptop": 0}  # nobody fetched it
 
 

@@ -1,17 +1,20 @@
 """What swarms leave on a host goes once the ledger and the store forget them: children's
-workspaces, files brought home, shared checkouts, refs in the host's cache and in the
-user's repository (but never the user's own ``swarm/*`` branches)."""
+workspaces (their own repositories included) and the worker's indexes of them, files
+kept aside, shared checkouts, refs in the host's cache and in the user's repository, the
+children's kept changes among them (but never the user's own ``swarm/*`` branches)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import redis as redis_lib
 
+from swarm.domain.session import Session
 from swarm.runtime import gitstate as g
-from swarm.runtime import sweep, views
+from swarm.runtime import homecoming, sweep, views
 from swarm.runtime.seed import Seeds
 from swarm.store import keys
 from swarm.store.ledger import Ledger
@@ -46,21 +49,32 @@ def test_a_forgotten_swarm_leaves_nothing_behind(redis: redis_lib.Redis,
     far = Seeds(SnapshotStore(redis), tmp_path / "home-b", "hostb", view="checkout")
     child = far.child(SWARM, "a1", sid)
     (child.path / "c.txt").write_text("child\n")
-    far.capture(child, SWARM)
+    delta = far.capture(child, SWARM)
+    # Its work lands in the user's folder; its changes are kept under a ref there.
+    session = Session(id="p", workspace=str(repo), messages=[
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c0"}]},
+        {"role": "tool", "tool_call_id": "c0", "content": json.dumps(
+            {"agent_id": "a1", "delta": delta, "seed": sid})}], usage={}, created=0, updated=0)
+    assert homecoming.bring_home(laptop, session, repo, SWARM, g.discover(repo))
+    kept = f"refs/swarm/{SWARM}/a1"
+    assert kept in refs(repo)
     home = tmp_path / "home-b"
     (home / "returned" / SWARM / "a1").mkdir(parents=True)
     tree, _ = views.shared_checkout(far.cache, sid, home / "seeds" / "trees")
     cache = home / "seeds" / "cache.git"
+    index = far.index_of(SWARM, "a1")
+    assert index.is_file() and child.root is not None and (child.root / ".git").is_dir()
     before = refs(cache)
     assert any(r.startswith("refs/swarm/snap/") for r in before)
-    assert "refs/heads/swarm/a1" in before
     redis.hset(keys.agent("a1"), "id", "a1")
 
     # Known to the ledger and the store: everything stays.
     done = sweep.sweep(home, redis)
     assert (done.swarms, done.refs) == ([], 0)
     assert (home / "workspaces" / SWARM / "a1").is_dir() and refs(cache) == before
-    assert tree.is_dir()
+    assert tree.is_dir() and index.is_file()
+    users = refs(repo)
+    assert sweep.sweep(tmp_path / "home-a", redis, (repo,)).refs == 0 and refs(repo) == users
 
     # Their TTLs ran out.
     for key in [*redis.scan_iter(keys.swarm(SWARM) + "*"), keys.agent("a1"),
@@ -70,6 +84,7 @@ def test_a_forgotten_swarm_leaves_nothing_behind(redis: redis_lib.Redis,
     assert done.swarms == [SWARM]
     assert not (home / "workspaces" / SWARM).exists()
     assert not (home / "returned" / SWARM).exists()
+    assert not (home / "seeds" / "index" / SWARM).exists()
     assert refs(cache) == [] and not tree.exists() and done.trees == [sid]
     done = sweep.sweep(tmp_path / "home-a", redis, (repo,))
     assert refs(repo) == ["refs/heads/swarm/a-user-merge-candidate"]  # the user's own

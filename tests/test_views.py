@@ -113,21 +113,29 @@ def test_a_released_view_is_mounted_again_with_its_changes(
     assert again.view == child.view and views.mounted(again.path)
     assert (again.path / "mine.txt").read_text() == "kept\n"
     assert git(again.path, "status", "--porcelain") == "?? mine.txt\n"
-    assert again.git_branch == "swarm/a1"
+    assert git(again.path, "symbolic-ref", "HEAD") == "refs/heads/swarm/a1\n"
+    # The worker reads it through the same repository and its own index as before.
+    assert again.odb == child.odb == host.cache and again.index == child.index
 
 
-def test_a_child_on_the_parents_host_gets_a_view_of_the_users_repository(
+def test_a_child_on_the_parents_host_gets_a_view_borrowing_the_users_objects(
         redis: redis_lib.Redis, home: Path) -> None:
     repo = make_repo(home / "repo")
     laptop = seeds(redis, home / "laptop", "laptop")
     sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
     near = seeds(redis, home / "worker", "laptop").child(SWARM, "a1", sid)
-    assert near.view is not None and near.home_branch
+    assert near.view is not None
+    assert near.odb is not None and near.odb.resolve() == (repo / ".git").resolve()
     assert SnapshotStore(redis).hosts(sid) == {"laptop": 0}  # no transfer
     (near.path / "child.txt").write_text("child\n")
     git(near.path, "add", "-A")
     git(near.path, "commit", "-qm", "child")
-    assert git(repo, "show", "swarm/a1:child.txt") == "child\n"
+    # Its commit is in its own repository, never in the user's (objects or refs).
+    head = git(near.path, "rev-parse", "HEAD").strip()
+    assert git(near.path, "show", "swarm/a1:child.txt") == "child\n"
+    assert subprocess.run(["git", "cat-file", "-e", head], cwd=repo).returncode != 0
+    assert "swarm/a1" not in git(repo, "branch", "--list")
+    assert not (repo / ".git" / "worktrees").exists()
     assert not (repo / "child.txt").exists()
 
 
@@ -146,13 +154,17 @@ def test_a_root_workers_box_writes_a_view_without_copying_its_files_up(
     top = upper(child.view)
     # The shared index still matches the files' stat data: nothing is hashed again.
     assert git(child.path, "diff-files", "--name-only") == ""
-    env = LocalEnvironment(child.path, sandbox="bwrap", linked=top)
+    assert child.odb is not None
+    # As the worker starts it: the objects its repository borrows are shown read-only.
+    env = LocalEnvironment(child.path, sandbox="bwrap", linked=top,
+                           read_only=(child.odb / "objects",))
     result = env.execute("id -u && echo more >> d0/f0.txt && echo new > d1/new.txt "
                          "&& git status --porcelain", 10)
     assert result.output.split("\n")[:3] == [str(UID), " M d0/f0.txt", "?? d1/new.txt"], \
         result.output
-    copied = sorted(str(p.relative_to(top)) for p in top.rglob("*") if p.is_file())
-    assert copied == [".git", "d0/f0.txt", "d1/new.txt"]
+    copied = sorted(str(p.relative_to(top)) for p in top.rglob("*")
+                    if p.is_file() and p.relative_to(top).parts[0] != ".git")
+    assert copied == ["d0/f0.txt", "d1/new.txt"]
     lower = Path((child.view / "lower").read_text())
     assert (lower / "d0" / "f0.txt").read_text() == "file 0\n"
 
@@ -168,13 +180,19 @@ def test_git_status_in_a_root_workers_box_leaves_the_index_clean_for_the_worker(
     sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     host = Seeds(SnapshotStore(redis), home / "host-b", "hostb", view="auto", box_uid=UID)
     child = host.child(SWARM, "a1", sid)
-    assert child.view is not None
-    env = LocalEnvironment(child.path, sandbox="bwrap", linked=upper(child.view))
+    assert child.view is not None and child.odb is not None and child.index is not None
+    env = LocalEnvironment(child.path, sandbox="bwrap", linked=upper(child.view),
+                           read_only=(child.odb / "objects",))
     result = env.execute("git status --porcelain && echo more >> d0/f0.txt && "
                          "git status --porcelain", 10)
     assert result.output.strip() == "M d0/f0.txt", result.output
-    # The worker's stat data still matches every file it did not change: none is hashed.
-    assert git(child.path, "diff-files", "--name-only").strip() == "d0/f0.txt"
+    # The worker's own index (which no command writes) still matches the stat data of
+    # every file the box did not change: none is hashed again.
+    worker = {**os.environ, "GIT_DIR": str(child.odb), "GIT_WORK_TREE": str(child.path),
+              "GIT_INDEX_FILE": str(child.index)}
+    out = subprocess.run(["git", "diff-files", "--name-only"], cwd=child.path, env=worker,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "d0/f0.txt"
 
 
 def test_a_run_isolated_in_its_view_starts_boxes_that_copy_no_other_view(

@@ -302,6 +302,25 @@ def own_repository(workspace: Path) -> list[tuple[str, str]]:
     return out
 
 
+def child_top(workspace: Path, hide: Iterable[str | Path]) -> Path | None:
+    """The top folder of the child's workspace ``workspace`` is in, when ``workspace`` is
+    a subfolder of it (its parent worked in a subfolder of a repository) and it holds the
+    child's own repository (``.git``, a folder): found from where the worker makes
+    children's workspaces (``SWARM_HOME/workspaces/<swarm>/<agent>``, a hidden folder),
+    never from what a command wrote. None otherwise."""
+    for home in hide:
+        base = Path(home).resolve() / "workspaces"
+        if not workspace.is_relative_to(base):
+            continue
+        parts = workspace.relative_to(base).parts
+        if len(parts) <= 2:
+            return None
+        top = base / parts[0] / parts[1]
+        dot = top / ".git"
+        return top if dot.is_dir() and not dot.is_symlink() else None
+    return None
+
+
 #: Repository folders granted to a uid by this process: (device, inode, uid).
 _GRANTED: set[tuple[int, int, int]] = set()
 
@@ -347,6 +366,9 @@ class Box:
         # swarm.runtime.views) until written: an ACL set through the view would copy every
         # file up. What the view itself holds is its upper folder.
         writable = [ws, *(git.writable if git is not None else [])]
+        top = child_top(ws, self.hide)
+        if top is not None and linked is None:  # a view's is in its upper folder
+            writable.append(top / ".git")
         shared = {str(git.repo / n) for n in REPO_WRITABLE} if git is not None else set()
         for path in [linked if linked is not None else ws, *writable[1:]]:
             # A repository's objects, refs and logs are shared by its worktrees' boxes:
@@ -359,7 +381,8 @@ class Box:
                     _GRANTED.add(key)
         bound = [Path(p) for p in (*self.hide, *self.read_only, *([self.home] if self.home
                                                                    else []))]
-        grant_search([*writable, *bound, *([git.top] if git is not None else [])], self.run_as)
+        grant_search([*writable, *bound, *([git.top] if git is not None else []),
+                      *([top] if top is not None else [])], self.run_as)
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,
              linked: Path | None = None, runner: int | None = None,
@@ -411,6 +434,11 @@ class Box:
             # A child's repository is its own (the worker's git never uses it); a root's or a
             # job's is the user's, which the swarm's git reads.
             mounts += own_repository(Path(ws))
+        top = child_top(Path(ws), self.hide)
+        if top is not None:
+            # A child working in a subfolder: the rest of its workspace read-only (git in it
+            # reads the whole work tree), its own repository above it writable.
+            mounts += [(str(top), "ro"), (str(top / ".git"), "~bind")]
         mounts += [(str(Path(p).resolve()), "ro") for p in self.read_only if os.path.isdir(p)]
         if self.home and os.path.isdir(self.home) and Path(self.home).resolve() != Path("/"):
             mounts.append((str(Path(self.home).resolve()), "home"))

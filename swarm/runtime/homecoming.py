@@ -139,7 +139,9 @@ def bring_home(seeds: Seeds, session: Session, workspace: Path, swarm_id: str,
             calls = _arguments(message)
             break
         body = tool_body(message)
-        if body is not None and ("delta" in body or body.get("changes") == "none"):
+        # A worker's result says "none: ..." (NO_CHANGES) when its child changed nothing.
+        if body is not None and ("delta" in body or
+                                 str(body.get("changes", "")).split(":")[0] == "none"):
             todo.append((message, body))
     if not todo:
         return None
