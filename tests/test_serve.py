@@ -9,8 +9,11 @@ model over HTTP.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -27,10 +30,12 @@ from click.testing import CliRunner
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 
+from swarm.agent import sandbox
 from swarm.broker.app import QUEUE
 from swarm.cli import main
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest
+from swarm.runtime.local import LocalCluster, wait_for
 from swarm.serve.app import create_app
 from swarm.serve.auth import Authenticator, TokenStore, hash_token
 from swarm.serve.models import MAX_TASK
@@ -623,6 +628,56 @@ def test_approvals_are_listed_and_answered(cluster: tuple[str, Path],
         assert "answered already" in twice.json()["detail"]
         final = wait_state(api.get, job, ("done", "failed", "cancelled"))
         assert final["state"] == "done" and final["answer"] == "saw: approved-run", final
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not sandbox.probe().ok,
+                    reason="a root worker's sandbox (ACL grants to its uid) needs root and bwrap")
+def test_a_workspace_swapped_for_a_link_before_the_worker_starts_fails_the_job(
+        redis: redis_lib.Redis, redis_server: str, model_server: ScriptedModelServer) -> None:
+    """The API checks a job's workspace lies in its root; the folder is then replaced by a
+    link to a root-only folder before a worker takes the job. The worker opens the
+    workspace from the root following no link: the job fails saying why, nothing runs, and
+    the root-only folder gets no ACL entry for the box's uid."""
+    base = Path(tempfile.mkdtemp(prefix="swarm-swap-", dir="/var/tmp"))
+    try:
+        root, private = base / "jobs", base / "private"
+        private.mkdir(mode=0o700)
+        secret = private / "secret"
+        secret.write_text("ROOT-ONLY-7f3a\n")
+        secret.chmod(0o600)
+        model_server.responder = ByTask({"SWAPJOB": [
+            Reply(tool_calls=[ToolCall("run_cli", {"command": "cat secret; echo x > written"})]),
+            lambda r: Reply(content="saw: " + tool_results(r)[0])]})
+        app = make_app(redis, redis_server, root, SWARM_BASE_URL=model_server.base_url,
+                       SWARM_MODEL=model_server.models[0])
+        with TestClient(app) as api:
+            created = api.post("/v1/jobs", headers=AUTH, json={
+                "task": "SWAPJOB", "approve": "all", "workspace": "team/ws"})
+            assert created.status_code == 201, created.text
+            job = created.json()["id"]
+            workspace = root / "team" / "ws"
+            workspace.rmdir()  # checked and made by the API; now swapped, before a worker
+            workspace.symlink_to(private)
+            cluster = LocalCluster(redis_server, base / "home", workers=1, concurrency=2)
+            try:
+                wait_for(redis, 30, cluster.start().procs)
+                final = wait_state(api.get, job, ("done", "failed", "cancelled"))
+            finally:
+                cluster.stop()
+        assert final["state"] == "failed", final
+        assert f"{workspace} is a symbolic link" in final["error"], final
+        assert "SWARM_SERVE_ROOT" in final["error"] and final["answer"] is None
+        assert not model_server.requests  # nothing ran: no model call, no command
+        for path in (private, secret):
+            for name in ("system.posix_acl_access", "system.posix_acl_default"):
+                with pytest.raises(OSError) as no_acl:
+                    os.getxattr(path, name)
+                assert no_acl.value.errno == errno.ENODATA, (path, name)
+        assert sorted(p.name for p in private.iterdir()) == ["secret"]
+        assert "ROOT-ONLY" not in json.dumps(redis.xrange(keys.events(job)))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- the OpenAPI document, fuzzed ---------------------------------------------------------
