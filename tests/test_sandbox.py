@@ -245,11 +245,14 @@ def test_a_link_in_the_workspace_passes_no_grant_on(outside_tmp: Path) -> None:
         target.chmod(0o600)
     (ws / "sym").symlink_to(targets[0])
     os.link(targets[1], ws / "hard")
+    private.chmod(0o700)
+    (ws / "folder").symlink_to(private)  # a link to a folder: not walked into
     result = LocalEnvironment(ws, sandbox="bwrap").execute(
-        "cat sym; echo sym=$?; cat hard; echo hard=$?", 10)
-    assert "root only" not in result.output
+        "cat sym; echo sym=$?; cat hard; echo hard=$?; ls folder; echo folder=$?", 10)
+    assert "root only" not in result.output and "by-symlink" not in result.output
     assert "sym=1" in result.output and "hard=1" in result.output, result.output
-    for target in targets:
+    assert "folder=2" in result.output, result.output
+    for target in [*targets, private]:
         with pytest.raises(OSError) as no_acl:
             os.getxattr(target, "system.posix_acl_access")
         assert no_acl.value.errno == errno.ENODATA
