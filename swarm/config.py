@@ -150,7 +150,8 @@ KNOBS: dict[str, Knob] = {
                        "folder API jobs' workspaces must lie in (default SWARM_HOME/jobs)",
                        read_by="swarm serve --root, swarm mcp --root"),
     "serve_token": Knob(("SWARM_SERVE_TOKEN",),
-                        "one API bearer token from the environment, beside `swarm token` ones",
+                        "one admin API bearer token (it sees every job) from the environment, "
+                        "beside `swarm token` ones",
                         read_by="swarm serve"),
     "parent_pid": Knob(("SWARM_PARENT_PID",),
                        "the process whose local coordinator and workers stop when it is gone",

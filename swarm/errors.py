@@ -172,6 +172,12 @@ class WorkspaceElsewhere(WorkspaceError):
     runs on the host that does (the run is handed back for that host to take)."""
 
 
+class PathRefused(WorkspaceError):
+    """A folder that must be opened beneath another (a job's workspace beneath the jobs
+    root) is not there as it was checked: a part of its path is now a symbolic link (or not
+    a folder), or it lies outside. Nothing is opened, granted or followed through it."""
+
+
 class WorkspaceLost(WorkspaceError):
     """A workspace that must be restored (a parked parent resumed on another host, a
     continued child) cannot be: its snapshot is gone or broken."""

@@ -8,16 +8,18 @@ cancels a running one; the model is the scripted one over HTTP.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -37,15 +39,21 @@ from swarm.broker.app import QUEUE
 from swarm.cli import main
 from swarm.config import Settings
 from swarm.serve.app import create_app
-from swarm.serve.auth import Authenticator
+from swarm.serve.auth import Authenticator, TokenStore
 from swarm.serve.service import Service
 from swarm.store import keys
+from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import connect
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 from tests.helpers import wait_until
+from tests.test_serve import ask_in_thread
 from tests.test_serve_process import processes_of
+
+with warnings.catch_warnings():  # Starlette's TestClient warns about httpx on import
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from fastapi.testclient import TestClient
 
 TOKEN = "mcp-test-token-7c1d"
 SCRIPTS = {
@@ -337,6 +345,69 @@ def test_mcp_over_http_without_the_token_is_refused_and_queues_nothing(
     (error,) = leaves(caught.value)
     assert isinstance(error, MCPError) and "missing or wrong token" in str(error), error
     assert client.zcard(keys.swarms_index()) == before
+
+
+def tool_call(client: Any, token: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One tools/call on /mcp (stateless: no session needed), its JSON-RPC result."""
+    response = client.post("/mcp", headers={
+        "Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"},
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+              "params": {"name": name, "arguments": arguments}})
+    assert response.status_code == 200, response.text
+    (data,) = [json.loads(line[5:]) for line in response.text.splitlines()
+               if line.startswith("data:")]
+    return cast("dict[str, Any]", data["result"])
+
+
+def test_mcp_tools_of_a_user_token_see_its_own_jobs_only(
+        redis: redis_lib.Redis, redis_server: str, tmp_path: Path) -> None:
+    """Over /mcp as over the HTTP API: Bob's tools find nothing of Alice's job (the same
+    error as for no job), Alice's and the admin's do; the job records Alice's token id."""
+    store = TokenStore(redis)
+    alice, alice_info = store.create("alice")
+    bob, _ = store.create("bob")
+    settings = Settings.from_env(env={"SWARM_HOME": str(tmp_path)})
+    app = create_app(Service(redis, celery_for(redis_server), settings, tmp_path / "jobs",
+                             Authenticator(redis, TOKEN)))
+    with TestClient(app) as client:
+        submitted = tool_call(client, alice, "submit_job", {"task": "MCPALICE"})
+        job = submitted["structuredContent"]["id"]
+        assert redis.hget(keys.swarm(job), "owner") == alice_info.id
+        thread, got = ask_in_thread(redis, job, timeout=30)
+        wait_until(lambda: ApprovalQueue(redis, job).pending(), "Alice's approval")
+        (approval,) = ApprovalQueue(redis, job).pending()
+
+        for name, arguments in [("job_status", {"job_id": job}),
+                                ("job_answer", {"job_id": job}),
+                                ("job_answer", {"job_id": job, "wait_seconds": 5}),
+                                ("cancel_job", {"job_id": job}),
+                                ("list_approvals", {"job_id": job})]:
+            refused = tool_call(client, bob, name, arguments)
+            assert refused["isError"], (name, refused)
+            assert refused["content"][0]["text"].endswith(f": no job {job!r}"), (name, refused)
+        listed = tool_call(client, bob, "list_approvals", {})
+        assert listed["structuredContent"]["result"] == []
+        for arguments in ({}, {"job_id": job}):
+            answer = tool_call(client, bob, "answer_approval", {
+                "approval_id": approval.id, "decision": "approve", **arguments})
+            assert answer["isError"] and "no approval" in answer["content"][0]["text"]
+        assert not redis.exists(keys.cancel(job))
+
+        for token in (alice, TOKEN):
+            status = tool_call(client, token, "job_status", {"job_id": job})
+            assert status["structuredContent"]["owner"] == alice_info.id, status
+            mine = tool_call(client, token, "list_approvals", {})["structuredContent"]
+            assert [a["id"] for a in mine["result"]] == [approval.id]
+        done = tool_call(client, alice, "answer_approval",
+                         {"approval_id": approval.id, "decision": "approve"})
+        assert done["structuredContent"]["job"] == job, done
+        thread.join(timeout=10)
+        assert got == [("approve", "answered by a person")]
+        twice = tool_call(client, bob, "answer_approval",
+                          {"approval_id": approval.id, "decision": "deny"})
+        assert "answered already" not in twice["content"][0]["text"]
+        cancelled = tool_call(client, alice, "cancel_job", {"job_id": job})
+        assert cancelled["structuredContent"]["flagged"] == [job]
 
 
 def leaves(error: BaseException) -> list[BaseException]:

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from swarm.agent import grants as sandbox_grants
 from swarm.agent import sandbox
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
-from swarm.errors import ConfigError
+from swarm.errors import ConfigError, ToolError
 from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -244,14 +245,110 @@ def test_a_link_in_the_workspace_passes_no_grant_on(outside_tmp: Path) -> None:
         target.chmod(0o600)
     (ws / "sym").symlink_to(targets[0])
     os.link(targets[1], ws / "hard")
+    private.chmod(0o700)
+    (ws / "folder").symlink_to(private)  # a link to a folder: not walked into
     result = LocalEnvironment(ws, sandbox="bwrap").execute(
-        "cat sym; echo sym=$?; cat hard; echo hard=$?", 10)
-    assert "root only" not in result.output
+        "cat sym; echo sym=$?; cat hard; echo hard=$?; ls folder; echo folder=$?", 10)
+    assert "root only" not in result.output and "by-symlink" not in result.output
     assert "sym=1" in result.output and "hard=1" in result.output, result.output
-    for target in targets:
+    assert "folder=2" in result.output, result.output
+    for target in [*targets, private]:
         with pytest.raises(OSError) as no_acl:
             os.getxattr(target, "system.posix_acl_access")
         assert no_acl.value.errno == errno.ENODATA
+
+
+def no_acl(*paths: Path) -> bool:
+    """Whether none of ``paths`` has an ACL entry (access or default) of its own."""
+    for path in paths:
+        for name in ("system.posix_acl_access", "system.posix_acl_default"):
+            try:
+                os.getxattr(path, name, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno not in (errno.ENODATA, errno.EACCES):
+                    raise
+            else:
+                return False
+    return True
+
+
+def root_only(folder: Path) -> Path:
+    """``folder`` made root-only (0700), holding a root-only (0600) ``secret``."""
+    folder.mkdir(mode=0o700, parents=True)
+    secret = folder / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    return secret
+
+
+@needs_sandbox
+@as_root
+@pytest.mark.parametrize("swapped", ["workspace", "folder above it"])
+def test_a_workspace_swapped_for_a_link_after_its_check_is_refused_and_granted_nothing(
+        outside_tmp: Path, swapped: str) -> None:
+    """A job's workspace (or a folder between it and its jobs root) replaced by a link to
+    a root-only folder after it was checked: the box's first command is refused, saying
+    why, and neither that folder nor its secret gets an ACL entry or is read."""
+    root, private = outside_tmp / "jobs", outside_tmp / "private"
+    ws = root / "team" / "ws"
+    ws.mkdir(parents=True)
+    secret = root_only(private / "ws")
+    env = LocalEnvironment(ws, sandbox="bwrap", sandbox_uid=4242, beneath=root)
+    if swapped == "workspace":
+        ws.rmdir()
+        ws.symlink_to(private / "ws")
+        link = ws
+    else:
+        shutil.rmtree(root / "team")
+        (root / "team").symlink_to(private)
+        link = root / "team"
+    with pytest.raises(ToolError) as refused:
+        env.execute("cat secret; echo planted > written", 10)
+    assert f"{link} is a symbolic link" in str(refused.value)
+    assert str(root) in str(refused.value)
+    assert no_acl(private, private / "ws", secret)
+    assert not (private / "ws" / "written").exists()
+
+
+@needs_sandbox
+@as_root
+def test_a_workspace_beneath_its_root_is_opened_and_granted(outside_tmp: Path) -> None:
+    """The same job's workspace as it was checked: the box works in it as the sandbox uid,
+    whose ACL entries land on the workspace, not on the root above it."""
+    root = outside_tmp / "jobs"
+    ws = root / "team" / "ws"
+    ws.mkdir(parents=True)
+    root.chmod(0o700)  # only the box's search entry lets bubblewrap reach the workspace
+    env = LocalEnvironment(ws, sandbox="bwrap", sandbox_uid=4242, beneath=root)
+    result = env.execute("echo box > made.txt && id -u", 10)
+    assert result.exit_code == 0 and result.output == "65534\n", result.output
+    assert (ws / "made.txt").stat().st_uid == 4242
+    assert not no_acl(ws) and not no_acl(root)
+    assert os.getxattr(root, "system.posix_acl_access")  # search only, not read
+    entries = sandbox_grants.decode(os.getxattr(root, "system.posix_acl_access"))
+    assert (sandbox_grants.USER, 1, 4242) in entries
+
+
+@needs_sandbox
+@as_root
+def test_a_parent_workspace_swapped_for_a_link_opens_no_way_to_where_it_leads(
+        outside_tmp: Path) -> None:
+    """A child's parent's workspace (shown read-only) replaced by a link to a folder in a
+    root-only one: no search entry is given on the root-only folder, so nothing in it is
+    read."""
+    ws, private = outside_tmp / "ws", outside_tmp / "private"
+    ws.mkdir()
+    secret = root_only(private / "inner")
+    (private / "inner" / "open.txt").write_text("readable by its mode\n")
+    (private / "inner" / "open.txt").chmod(0o644)
+    (private / "inner").chmod(0o755)
+    private.chmod(0o700)  # only a search entry on it would let the box in
+    parent = outside_tmp / "parent"
+    parent.symlink_to(private / "inner")
+    result = LocalEnvironment(ws, sandbox="bwrap", sandbox_uid=4242,
+                              read_only=(parent,)).execute(f"cat {parent}/open.txt", 10)
+    assert "readable by its mode" not in result.output, result.output
+    assert no_acl(private, private / "inner", secret)
 
 
 @needs_sandbox

@@ -9,8 +9,11 @@ model over HTTP.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -27,12 +30,14 @@ from click.testing import CliRunner
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 
+from swarm.agent import sandbox
 from swarm.broker.app import QUEUE
 from swarm.cli import main
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest
+from swarm.runtime.local import LocalCluster, wait_for
 from swarm.serve.app import create_app
-from swarm.serve.auth import Authenticator, hash_token
+from swarm.serve.auth import Authenticator, TokenStore, hash_token
 from swarm.serve.models import MAX_TASK
 from swarm.serve.service import Service
 from swarm.store import keys
@@ -41,6 +46,7 @@ from swarm.store.connection import connect
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+from tests.helpers import wait_until
 
 with warnings.catch_warnings():  # Starlette's TestClient warns about httpx on import
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -128,6 +134,86 @@ def test_tokens_are_stored_hashed_listed_and_revoked(api: TestClient, redis: red
     assert refused.status_code == 401
     assert nothing_queued(redis)
     assert CliRunner().invoke(main, ["token", "revoke", "ci"], env=env).exit_code == 1
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_token_scopes_are_listed_and_a_token_stored_without_one_is_admin(
+        api: TestClient, redis: redis_lib.Redis, redis_server: str) -> None:
+    env = {"SWARM_REDIS_URL": redis_server}
+    made = {}
+    for name, flags in (("ops", ["--admin"]), ("ci", [])):
+        result = CliRunner().invoke(main, ["token", "create", "--name", name, *flags], env=env)
+        assert result.exit_code == 0, result.output
+        made[name] = result.stdout.strip()
+        assert f"scope {'admin' if flags else 'user'}" in result.stderr
+    # A token stored before tokens had scopes: admin, so deployments keep working.
+    old = "swm_made-before-scopes"
+    redis.hset(keys.serve_tokens(), hash_token(old), json.dumps({"name": "old", "created": 1}))
+    listed = CliRunner().invoke(main, ["token", "list"], env=env)
+    assert listed.exit_code == 0, listed.output
+    rows = {line.split()[1]: line for line in listed.stdout.splitlines()}
+    assert rows["ops"].endswith("  admin") and rows["ci"].endswith("  user")
+    assert rows["old"].endswith("  admin (made before scopes)")
+    assert not any(token in listed.output for token in made.values())
+    # The user token's job: the admins (stored, legacy, SWARM_SERVE_TOKEN) all see it.
+    job = api.post("/v1/jobs", headers=bearer(made["ci"]), json={"task": "x"}).json()["id"]
+    for token in (made["ops"], old, TOKEN):
+        assert api.get(f"/v1/jobs/{job}", headers=bearer(token)).status_code == 200, token
+    # A job submitted with SWARM_SERVE_TOKEN is its own (it has an id as stored ones do).
+    mine = api.post("/v1/jobs", headers=AUTH, json={"task": "y"}).json()["id"]
+    assert api.get(f"/v1/jobs/{mine}", headers=AUTH).json()["owner"] == hash_token(TOKEN)[:12]
+    assert api.get(f"/v1/jobs/{mine}", headers=bearer(made["ci"])).status_code == 404
+
+
+def test_a_user_token_sees_and_acts_on_its_own_jobs_only(api: TestClient,
+                                                         redis: redis_lib.Redis) -> None:
+    """Bob gets a 404 for everything of Alice's job, worded as for a job that does not
+    exist; Alice and an admin see it and its approval; a job records Alice's id only."""
+    store = TokenStore(redis)
+    alice, alice_info = store.create("alice")
+    bob, _ = store.create("bob")
+    job = api.post("/v1/jobs", headers=bearer(alice), json={"task": "ALICEJOB"}).json()["id"]
+    record = redis.hgetall(keys.swarm(job))
+    assert record["owner"] == alice_info.id == hash_token(alice)[:12]
+    assert alice not in json.dumps(record) and hash_token(alice) not in json.dumps(record)
+    assert api.get(f"/v1/jobs/{job}", headers=bearer(alice)).json()["owner"] == alice_info.id
+
+    thread, got = ask_in_thread(redis, job, timeout=30)
+    approval = wait_until(lambda: api.get("/v1/approvals", headers=bearer(alice)).json(),
+                          "Alice's approval to be listed")[0]
+    assert approval["job"] == job
+    assert api.get("/v1/approvals", headers=AUTH).json() == [approval]  # the admin's list
+
+    unknown = api.get("/v1/jobs/snope", headers=bearer(bob)).json()["detail"]
+    for method, path in [("GET", f"/v1/jobs/{job}"), ("GET", f"/v1/jobs/{job}/events"),
+                         ("POST", f"/v1/jobs/{job}/cancel"), ("GET", f"/v1/approvals?job={job}")]:
+        response = api.request(method, path, headers=bearer(bob))
+        assert response.status_code == 404, (path, response.text)
+        assert response.json()["detail"] == unknown.replace("snope", job), path
+    assert api.get("/v1/approvals", headers=bearer(bob)).json() == []
+    for params in (None, {"job": job}):
+        refused = api.post(f"/v1/approvals/{approval['id']}", headers=bearer(bob),
+                           params=params, json={"decision": "approve"})
+        assert refused.status_code == 404, refused.text
+    assert not redis.exists(keys.cancel(job))  # Bob's cancel did nothing
+    assert [p.id for p in ApprovalQueue(redis, job).pending()] == [approval["id"]]
+
+    answered = api.post(f"/v1/approvals/{approval['id']}", headers=bearer(alice),
+                        json={"decision": "deny"})
+    assert answered.status_code == 200, answered.text
+    thread.join(timeout=10)
+    assert got == [("deny", "answered by a person")]
+    # Answered: a 409 for Alice (and the admin), still a 404 for Bob (not how it went).
+    for token, status in ((alice, 409), (TOKEN, 409), (bob, 404)):
+        again = api.post(f"/v1/approvals/{approval['id']}", headers=bearer(token),
+                         json={"decision": "approve"})
+        assert again.status_code == status, (token, again.text)
+        assert "deny" not in again.text or status == 409
+    cancelled = api.post(f"/v1/jobs/{job}/cancel", headers=bearer(alice))
+    assert cancelled.status_code == 202 and cancelled.json()["flagged"] == [job]
 
 
 def test_serve_refuses_to_start_without_a_token(tmp_path: Path) -> None:
@@ -542,6 +628,56 @@ def test_approvals_are_listed_and_answered(cluster: tuple[str, Path],
         assert "answered already" in twice.json()["detail"]
         final = wait_state(api.get, job, ("done", "failed", "cancelled"))
         assert final["state"] == "done" and final["answer"] == "saw: approved-run", final
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not sandbox.probe().ok,
+                    reason="a root worker's sandbox (ACL grants to its uid) needs root and bwrap")
+def test_a_workspace_swapped_for_a_link_before_the_worker_starts_fails_the_job(
+        redis: redis_lib.Redis, redis_server: str, model_server: ScriptedModelServer) -> None:
+    """The API checks a job's workspace lies in its root; the folder is then replaced by a
+    link to a root-only folder before a worker takes the job. The worker opens the
+    workspace from the root following no link: the job fails saying why, nothing runs, and
+    the root-only folder gets no ACL entry for the box's uid."""
+    base = Path(tempfile.mkdtemp(prefix="swarm-swap-", dir="/var/tmp"))
+    try:
+        root, private = base / "jobs", base / "private"
+        private.mkdir(mode=0o700)
+        secret = private / "secret"
+        secret.write_text("ROOT-ONLY-7f3a\n")
+        secret.chmod(0o600)
+        model_server.responder = ByTask({"SWAPJOB": [
+            Reply(tool_calls=[ToolCall("run_cli", {"command": "cat secret; echo x > written"})]),
+            lambda r: Reply(content="saw: " + tool_results(r)[0])]})
+        app = make_app(redis, redis_server, root, SWARM_BASE_URL=model_server.base_url,
+                       SWARM_MODEL=model_server.models[0])
+        with TestClient(app) as api:
+            created = api.post("/v1/jobs", headers=AUTH, json={
+                "task": "SWAPJOB", "approve": "all", "workspace": "team/ws"})
+            assert created.status_code == 201, created.text
+            job = created.json()["id"]
+            workspace = root / "team" / "ws"
+            workspace.rmdir()  # checked and made by the API; now swapped, before a worker
+            workspace.symlink_to(private)
+            cluster = LocalCluster(redis_server, base / "home", workers=1, concurrency=2)
+            try:
+                wait_for(redis, 30, cluster.start().procs)
+                final = wait_state(api.get, job, ("done", "failed", "cancelled"))
+            finally:
+                cluster.stop()
+        assert final["state"] == "failed", final
+        assert f"{workspace} is a symbolic link" in final["error"], final
+        assert "SWARM_SERVE_ROOT" in final["error"] and final["answer"] is None
+        assert not model_server.requests  # nothing ran: no model call, no command
+        for path in (private, secret):
+            for name in ("system.posix_acl_access", "system.posix_acl_default"):
+                with pytest.raises(OSError) as no_acl:
+                    os.getxattr(path, name)
+                assert no_acl.value.errno == errno.ENODATA, (path, name)
+        assert sorted(p.name for p in private.iterdir()) == ["secret"]
+        assert "ROOT-ONLY" not in json.dumps(redis.xrange(keys.events(job)))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- the OpenAPI document, fuzzed ---------------------------------------------------------

@@ -10,7 +10,12 @@ own (ownership and modes stay as they were, so git's ownership checks see nothin
   binds, so bubblewrap can reach them.
 
 Symbolic links are never followed and files with more than one link are left alone: a
-box cannot make a grant land on a file outside what it was given.
+box cannot make a grant land on a file outside what it was given. A workspace is opened
+as it is at the moment of the grant (:func:`open_beneath`: from a folder the operator named,
+such as ``SWARM_SERVE_ROOT``, down, following no link), and granted through that open
+folder; the folders above it are walked from ``/`` the same way (:func:`grant_search`), so
+a folder swapped for a symbolic link after it was checked gets nothing, nor does where the
+link leads.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
+from swarm.errors import PathRefused
+
 ACCESS, DEFAULT = "system.posix_acl_access", "system.posix_acl_default"
 
 #: Tags of ACL entries (linux/posix_acl.h), in the order the kernel wants them.
@@ -30,6 +37,8 @@ USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x
 _NO_ID = 0xFFFFFFFF
 _VERSION = 2
 _HEAD, _ENTRY = struct.Struct("<I"), struct.Struct("<HHI")
+#: How a folder is opened on the way down: never through a symbolic link.
+_DOWN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Entry = tuple[int, int, int]
 """(tag, permission bits rwx, id)."""
@@ -87,10 +96,60 @@ def _add(target: int | str, name: str, fallback_mode: int | None, uid: int,
         os.setxattr(target, name, encode(changed), follow_symlinks=follow)
 
 
-def grant_tree(top: Path, uid: int) -> None:
-    """Let ``uid`` read and write everything under the folder ``top`` (``OSError`` when
-    the filesystem has no ACLs: EOPNOTSUPP)."""
-    for _, _, files, dir_fd in os.fwalk(top, follow_symlinks=False):
+def inside(path: Path, top: Path) -> Path:
+    """``path`` relative to the folder ``top`` (either as given or as it resolves, for a
+    ``top`` whose own path has a link); :class:`PathRefused` when it is not inside it."""
+    given, anchor = Path(os.path.abspath(path)), Path(os.path.abspath(top))
+    for base in (anchor, anchor.resolve()):
+        if given.is_relative_to(base):
+            return given.relative_to(base)
+    raise PathRefused(f"{path} is not inside {top}")
+
+
+def open_beneath(path: Path, top: Path, create: bool = False) -> int:
+    """An fd of the folder ``path`` as it is now, opened from the folder ``top`` down
+    without following a symbolic link (``top``, the operator's, is opened as its path
+    says); with ``create``, missing folders on the way are made. :class:`PathRefused` when
+    ``path`` is not inside ``top``, or a part of it below ``top`` is a link or no folder."""
+    rel = inside(path, top)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for depth, name in enumerate(rel.parts, start=1):
+            try:
+                try:
+                    down = os.open(name, _DOWN, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, dir_fd=fd)
+                    down = os.open(name, _DOWN, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                part = Path(top, *rel.parts[:depth])
+                try:
+                    link = stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+                except OSError:
+                    link = False
+                what = "a symbolic link" if link else "not a folder"
+                raise PathRefused(f"{part} is {what} (a folder opened beneath {top} never "
+                                  "follows a link out of it)") from None
+            os.close(fd)
+            fd = down
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def grant_tree(top: Path | int, uid: int) -> None:
+    """Let ``uid`` read and write everything under the folder ``top`` (a path, or an open
+    folder's fd: :func:`open_beneath`); ``OSError`` when the filesystem has no ACLs
+    (EOPNOTSUPP)."""
+    walk = os.fwalk(".", dir_fd=top, follow_symlinks=False) if isinstance(top, int) \
+        else os.fwalk(top, follow_symlinks=False)
+    for _, _, files, dir_fd in walk:
         st = os.fstat(dir_fd)
         if st.st_uid != uid:
             _add(dir_fd, ACCESS, st.st_mode, uid, 7)
@@ -126,15 +185,28 @@ def _grant_file(dir_fd: int, name: str, uid: int) -> None:
 
 
 def grant_search(paths: Iterable[Path], uid: int) -> None:
-    """Let ``uid`` search the folders above each of ``paths`` (where others may not)."""
-    done: set[Path] = set()
+    """Let ``uid`` search the folders above each of ``paths`` (where others may not):
+    walked down from ``/`` as each path is written, following no symbolic link; a link (or
+    anything missing) on the way ends that walk, and nothing past it is granted. Callers
+    resolve the paths they trust (the operator's) first."""
+    done: set[tuple[int, int]] = set()
     for path in paths:
-        for folder in Path(path).resolve().parents:
-            if folder in done:
-                continue
-            done.add(folder)
-            with contextlib.suppress(FileNotFoundError):
-                st = os.stat(folder)
-                if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH \
-                        and st.st_uid != uid:
-                    _add(str(folder), ACCESS, st.st_mode, uid, 1)
+        parts = Path(os.path.abspath(path)).parts
+        fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name in (*parts[1:-1], None):
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) not in done:
+                    done.add((st.st_dev, st.st_ino))
+                    if not st.st_mode & stat.S_IXOTH and st.st_uid != uid:
+                        _add(fd, ACCESS, st.st_mode, uid, 1)
+                if name is None:
+                    break
+                try:
+                    down = os.open(name, _DOWN, dir_fd=fd)
+                except OSError:
+                    break
+                os.close(fd)
+                fd = down
+        finally:
+            os.close(fd)

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from swarm.agent.grants import grant_search, grant_tree
+from swarm.agent.grants import grant_search, grant_tree, inside, open_beneath
 from swarm.config import Settings
 from swarm.errors import ConfigError
 
@@ -351,12 +351,24 @@ class Box:
     switches to it (``subprocess``'s ``user=`` would fork the worker instead of vforking
     it: 48 ms a command instead of 15 with a 500 MB worker)."""
 
-    def prepare(self, workspace: Path, linked: Path | None = None) -> None:
+    def prepare(self, workspace: Path, linked: Path | None = None,
+                beneath: Path | None = None) -> None:
         """Give :attr:`run_as` the workspace and its git folders, and a way to the folders
         the box binds (nothing to do for an unprivileged runner). ``OSError`` when the
         filesystem cannot hold the ACL entries. ``linked``: a view's upper folder (see
-        :func:`git_dirs`); of a view, only that folder is granted."""
-        ws = workspace.resolve()
+        :func:`git_dirs`); of a view, only that folder is granted. ``beneath``: the folder
+        the workspace must lie in (a job's jobs root): the workspace is opened from there
+        down following no symbolic link, and granted as opened
+        (:class:`~swarm.errors.PathRefused` when a link is in the way)."""
+        top = beneath if beneath is not None else workspace
+        fd = open_beneath(workspace, top)
+        try:
+            self._grant(top.resolve() / inside(workspace, top), fd, linked)
+        finally:
+            os.close(fd)
+
+    def _grant(self, ws: Path, fd: int, linked: Path | None) -> None:
+        """:meth:`prepare` of the workspace ``ws`` (its real path), open as ``fd``."""
         git = git_dirs(ws, linked)
         if git is not None:  # a repository without reflogs yet: git in the box makes them
             (git.repo / "logs").mkdir(exist_ok=True)
@@ -376,12 +388,14 @@ class Box:
             # in them later takes their folders' default entries.
             key = _folder_key(path, self.run_as) if str(path) in shared else None
             if key is None or key not in _GRANTED:
-                grant_tree(path, self.run_as)
+                grant_tree(fd if path is ws else path, self.run_as)
                 if key is not None:
                     _GRANTED.add(key)
-        bound = [Path(p) for p in (*self.hide, *self.read_only, *([self.home] if self.home
-                                                                   else []))]
-        grant_search([*writable, *bound, *([git.top] if git is not None else []),
+        # The operator's folders as they resolve; read-only ones (the objects a child's
+        # repository borrows) as recorded: a link swapped into one ends the walk there.
+        bound = [Path(p).resolve() for p in (*self.hide, *([self.home] if self.home else []))]
+        grant_search([*writable, *bound, *map(Path, self.read_only),
+                      *([git.top] if git is not None else []),
                       *([top] if top is not None else [])], self.run_as)
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,

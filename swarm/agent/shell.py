@@ -27,7 +27,7 @@ from swarm.agent.sandbox import (
     program_fd,
     runner_pipe,
 )
-from swarm.errors import ToolError
+from swarm.errors import PathRefused, ToolError
 from swarm.secrets import SECRET_VARS
 
 QUIET_VARS = {"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb", "GIT_TERMINAL_PROMPT": "0"}
@@ -219,6 +219,7 @@ class LocalEnvironment:
         sandbox_uid: int = UID,
         die_with_runner: bool = False,
         linked: Path | None = None,
+        beneath: Path | None = None,
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -238,6 +239,9 @@ class LocalEnvironment:
         self.linked = linked
         """The folder whose ``.git`` the workspace's git worktree is registered on, when the
         workspace is a copy-on-write view of it (the sandbox binds that worktree's git)."""
+        self.beneath = beneath
+        """The folder the workspace must lie in (a job's jobs root): the sandbox opens the
+        workspace from there without following a symbolic link before it grants it."""
         self._env: dict[str, str] | None = None
 
     def env(self) -> dict[str, str]:
@@ -273,7 +277,9 @@ class LocalEnvironment:
         box = self.choice.box
         if box is not None and not self._prepared:
             try:
-                box.prepare(self.workspace, self.linked)
+                box.prepare(self.workspace, self.linked, self.beneath)
+            except PathRefused as exc:
+                raise ToolError(f"the workspace is refused: {exc}") from exc
             except OSError as exc:
                 raise ToolError(f"cannot give the sandbox's uid {box.run_as} the workspace "
                                 f"{self.workspace}: {exc}; put SWARM_HOME and the workspace on "

@@ -133,7 +133,9 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
     and the same as MCP tools over Streamable HTTP at /mcp (see `swarm mcp -h`).
 
     Every request needs `Authorization: Bearer TOKEN` (/mcp too): SWARM_SERVE_TOKEN (one
-    token, from the environment) or tokens from `swarm token create`. Jobs run on the same Redis,
+    admin token, from the environment) or tokens from `swarm token create`. A token sees
+    and acts on the jobs it submitted; an admin token (`--admin`) on every job. Jobs run on
+    the same Redis,
     coordinators and workers as `swarm run`: with no SWARM_REDIS_URL the embedded server,
     a local coordinator and a worker start with the service and stop with it.
 
@@ -229,25 +231,36 @@ def token() -> None:
 
 @token.command("create", context_settings=CTX)
 @click.option("--name", default=None, help="A name to list and revoke it by.")
+@click.option("--admin", is_flag=True,
+              help="Let it see and act on every job (default: only the jobs it submits).")
 @handle_errors
-def token_create(name: str | None) -> None:
-    """Make a token and print it (on stdout) once: it cannot be shown again."""
+def token_create(name: str | None, admin: bool) -> None:
+    """Make a token and print it (on stdout) once: it cannot be shown again.
+
+    It sees and acts on the jobs it submits (and their events and approvals); another
+    token's job is a 404 to it. With --admin it sees every job, as SWARM_SERVE_TOKEN does.
+    """
     from swarm.serve.auth import TokenError, TokenStore
 
     with open_store(settings_from()) as store:
         try:
-            secret, info = TokenStore(store.redis).create(name)
+            secret, info = TokenStore(store.redis).create(name, admin=admin)
         except TokenError as exc:
             raise Abort(str(exc)) from None
     click.echo(secret)
-    click.echo(f"token {info.name} (id {info.id}) created; it is shown only this once",
-               err=True)
+    click.echo(f"token {info.name} (id {info.id}, scope {info.scope}) created; it is shown "
+               "only this once", err=True)
 
 
 @token.command("list", context_settings=CTX)
 @handle_errors
 def token_list() -> None:
-    """The tokens by id, name and creation time (never the tokens themselves)."""
+    """The tokens by id, name, creation time and scope (never the tokens themselves).
+
+    user: the jobs it submitted; admin: every job. A token made before tokens had scopes
+    is admin, marked "(made before scopes)": replace it with a user token where it need
+    not see other tokens' jobs.
+    """
     from swarm.serve.auth import TokenStore
 
     with open_store(settings_from()) as store:
@@ -256,7 +269,8 @@ def token_list() -> None:
         click.echo("no tokens; `swarm token create` makes one", err=True)
     for t in tokens:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(t.created))
-        click.echo(f"{t.id}  {t.name}  {when}")
+        note = " (made before scopes)" if t.legacy else ""
+        click.echo(f"{t.id}  {t.name}  {when}  {t.scope}{note}")
 
 
 @token.command("revoke", context_settings=CTX)

@@ -95,6 +95,7 @@ def build_agent(
     read_only: tuple[Path, ...] = (),
     die_with_runner: bool = False,
     linked: Path | None = None,
+    beneath: Path | None = None,
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
@@ -104,7 +105,9 @@ def build_agent(
     inherits its swarm's). ``read_only`` folders are seen by sandboxed commands (a child's
     parent's workspace). With ``die_with_runner`` (a worker's children) an unconfined
     command dies with the process that runs it. ``linked``: a view's upper folder, where its
-    git worktree is registered (:class:`LocalEnvironment`)."""
+    git worktree is registered; ``beneath``: the folder the workspace must lie in, opened
+    from there following no symbolic link before the sandbox grants it (a job's jobs root)
+    (:class:`LocalEnvironment`)."""
     folder = AgentFolder(workspace)
     return Agent(
         model=model,
@@ -113,7 +116,8 @@ def build_agent(
                              hide=(settings.home,), read_only=read_only,
                              sandbox_uid=settings.sandbox_uid, pass_env=tuple(
                                  n.strip() for n in settings.sandbox_env.split(",") if n.strip()),
-                             die_with_runner=die_with_runner, linked=linked),
+                             die_with_runner=die_with_runner, linked=linked,
+                             beneath=beneath),
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
         system_prompt=prompt_builder(workspace, folder, extra_prompt, tools_cache(settings)),

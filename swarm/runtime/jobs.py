@@ -21,14 +21,18 @@ def job_run_id(swarm_id: str) -> str:
 
 
 def submit_job(ledger: Ledger, app: Celery, task: str, workspace: Path,
-               settings: dict[str, Any], source: str = "api") -> str:
-    """Record a job's swarm and root, and enqueue the root; returns the swarm id."""
+               settings: dict[str, Any], source: str = "api", owner: str = "",
+               jobs_root: Path | None = None) -> str:
+    """Record a job's swarm and root, and enqueue the root; returns the swarm id. ``owner``:
+    the id of the API token that submits it; ``jobs_root``: the folder ``workspace`` was
+    checked to lie beneath (the worker opens it from there, following no symbolic link)."""
     swarm_id = new_swarm_id()
     run = RunRecord(id=job_run_id(swarm_id), agent=swarm_id, request="", call_id="",
                     message=task, state="queued", swarm=swarm_id)
     ledger.create_swarm(swarm_id, swarm_id, str(workspace), task, settings,
                         socket.gethostname(), swarm_id, kind="job", state="queued", job=run,
-                        source=source)
+                        source=source, owner=owner,
+                        jobs_root=str(jobs_root) if jobs_root is not None else "")
     app.send_task("swarm.agent.run", args=[run.id], task_id=run.id,
                   shadow=f"job {swarm_id}: {' '.join(task.split()[:8])}"[:200],
                   argsrepr=repr((run.id,)), kwargsrepr="{}", ignore_result=True,

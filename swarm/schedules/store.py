@@ -152,11 +152,11 @@ def fire(redis_: redis.Redis, app: Celery, name: str, fire_id: str, home: Path
     if fire_id and not redis_.set(keys.schedule_fire(fire_id), "1", nx=True,
                                   ex=keys.SCHEDULE_FIRE_TTL):
         return {"schedule": name, "state": "duplicate"}
-    workspace = Path(schedule.workspace) if schedule.workspace \
-        else new_job_folder(jobs_root(home))
+    root = None if schedule.workspace else jobs_root(home).resolve()
+    workspace = new_job_folder(root) if root is not None else Path(schedule.workspace)
     settings = {**schedule.settings, "yes": schedule.approve == "all"}
     job_id = submit_job(Ledger(redis_), app, schedule.task, workspace, settings,
-                        source=f"schedule:{name}")
+                        source=f"schedule:{name}", jobs_root=root)
     schedule.last_job, schedule.last_fired = job_id, time.time()
     if redis_.hexists(keys.schedules(), name):  # not removed meanwhile
         redis_.hset(keys.schedules(), name, json.dumps(schedule.to_dict(), ensure_ascii=False))

@@ -2,10 +2,12 @@
 the same over MCP at ``/mcp`` (:mod:`swarm.serve.mcp`).
 
 Every route needs ``Authorization: Bearer <token>``; the OpenAPI document is at
-``/openapi.json`` (behind the token too). The routes are thin: what they do is
-:class:`~swarm.serve.service.Service`'s, whose :class:`~swarm.errors.RequestError` becomes
-the response's status. Handlers that talk to Redis are plain functions (FastAPI runs them
-in threads); the event stream reads the swarm's Redis stream in a thread, a second at a time.
+``/openapi.json`` (behind the token too). A user token sees and acts on the jobs it
+submitted only (another's is a 404); an admin token on every job (:mod:`swarm.serve.auth`).
+The routes are thin: what they do is :class:`~swarm.serve.service.Service`'s, whose
+:class:`~swarm.errors.RequestError` becomes the response's status. Handlers that talk to
+Redis are plain functions (FastAPI runs them in threads); the event stream reads the swarm's
+Redis stream in a thread, a second at a time.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from starlette.routing import Route
 
 from swarm import __version__
 from swarm.errors import ConfigError, RequestError, StoreError
-from swarm.serve.auth import UNAUTHORIZED
+from swarm.serve.auth import UNAUTHORIZED, Caller
 from swarm.serve.models import (
     ID_PATTERN,
     MAX_BODY,
@@ -114,6 +116,17 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": response.body})
 
 
+def the_caller(request: Request) -> Caller:
+    """Who sent the request, as the token check (a dependency of every route) found."""
+    caller = getattr(request.state, "caller", None)
+    if not isinstance(caller, Caller):  # never: the check runs first
+        raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+    return caller
+
+
+Who = Annotated[Caller, Depends(the_caller)]
+
+
 def known_query(request: Request) -> None:
     """Refuse query parameters the route does not take (a typo must not pass silently)."""
     route = request.scope.get("route")
@@ -156,11 +169,16 @@ def create_app(service: Service) -> FastAPI:
         lifespan=lambda _: mcp.running(),
         description="Submit, watch, cancel and approve swarm jobs. Every request needs "
                     "`Authorization: Bearer <token>` (SWARM_SERVE_TOKEN or `swarm token "
-                    "create`). The same over MCP (Streamable HTTP): `/mcp`.")
+                    "create`). A user token sees and acts on the jobs it submitted only "
+                    "(another token's job is a 404); an admin token (SWARM_SERVE_TOKEN, "
+                    "`swarm token create --admin`) on every job. The same over MCP "
+                    "(Streamable HTTP): `/mcp`.")
 
-    def authorized(credentials: Credentials) -> None:
-        if credentials is None or not auth.check(credentials.credentials):
+    def authorized(request: Request, credentials: Credentials) -> None:
+        caller = auth.check(credentials.credentials) if credentials is not None else None
+        if caller is None:
             raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+        request.state.caller = caller
 
     api = APIRouter(prefix="/v1", dependencies=[Depends(authorized), Depends(known_query)],
                     responses=_errors(400, 401, 422, 503))
@@ -168,36 +186,37 @@ def create_app(service: Service) -> FastAPI:
     @api.post("/jobs", status_code=201, response_model=JobCreated,
               responses=_errors(403, 409, 413, 415), dependencies=[Depends(json_body)],
               summary="Submit a job")
-    def create_job(body: JobRequest) -> JobCreated:
-        """Queue a root agent for ``task`` on the workers; returns its id at once."""
-        job_id = service.submit(body, source="api")
+    def create_job(body: JobRequest, caller: Who) -> JobCreated:
+        """Queue a root agent for ``task`` on the workers; returns its id at once. The job
+        is the token's: a user token sees only the jobs it submitted."""
+        job_id = service.submit(body, "api", caller)
         log.info("job %s queued (%d characters, approve=%s)", job_id, len(body.task),
                  body.approve)
         return JobCreated(id=job_id)
 
     @api.get("/jobs/{job_id}", response_model=Job, responses=_errors(404), summary="A job")
-    def get_job(job_id: JobId) -> Job:
+    def get_job(job_id: JobId, caller: Who) -> Job:
         """State (queued, running, done, failed, cancelled), answer, usage and agents."""
-        return service.job(job_id)
+        return service.job(job_id, caller)
 
     @api.post("/jobs/{job_id}/cancel", status_code=202, response_model=CancelResult,
               responses=_errors(404), summary="Cancel a job")
-    def cancel_job(job_id: JobId) -> CancelResult:
+    def cancel_job(job_id: JobId, caller: Who) -> CancelResult:
         """Cancel the job and every agent under it (idempotent); they stop within seconds."""
-        return service.cancel(job_id, "cancelled over the HTTP API")
+        return service.cancel(job_id, "cancelled over the HTTP API", caller)
 
     @api.get("/jobs/{job_id}/events", summary="Follow a job's events (server-sent events)",
              responses={**_errors(404), 200: {"content": {"text/event-stream": {
                  "schema": {"type": "string"}}}, "description": "the event stream"}},
              response_class=StreamingResponse)
     async def job_events(
-            job_id: JobId, request: Request,
+            job_id: JobId, request: Request, caller: Who,
             last_event_id: Annotated[str, Header(
                 alias="Last-Event-ID", pattern=EVENT_ID,
                 description="resume after this event id")] = "") -> StreamingResponse:
         """Each event has ``id:`` (its stream id), ``event:`` (its kind) and JSON ``data:``;
         the stream ends with ``event: end`` once the job has settled."""
-        await run_in_threadpool(service.job, job_id)  # 404 for unknown jobs
+        await run_in_threadpool(service.job, job_id, caller)  # 404 for unknown jobs
         return StreamingResponse(_events(service, job_id, last_event_id or "0-0", request),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
@@ -205,17 +224,18 @@ def create_app(service: Service) -> FastAPI:
 
     @api.get("/approvals", response_model=list[Approval], responses=_errors(404),
              summary="Pending approvals")
-    def list_approvals(job: JobFilter = None) -> list[Approval]:
-        """Tool calls waiting for a person, oldest first, across jobs or of ``job``."""
-        return service.pending(job)
+    def list_approvals(caller: Who, job: JobFilter = None) -> list[Approval]:
+        """Tool calls waiting for a person, oldest first, across the token's jobs (an
+        admin's: every job's) or of ``job``."""
+        return service.pending(job, caller)
 
     @api.post("/approvals/{approval_id}", response_model=ApprovalDone,
               responses=_errors(404, 409, 413, 415), dependencies=[Depends(json_body)],
               summary="Answer an approval")
-    def answer_approval(approval_id: ApprovalId, body: ApprovalAnswer,
+    def answer_approval(approval_id: ApprovalId, body: ApprovalAnswer, caller: Who,
                         job: JobFilter = None) -> ApprovalDone:
         """Approve or deny a pending tool call (``always``: the tool for the whole job)."""
-        return service.answer(approval_id, body.decision, job)
+        return service.answer(approval_id, body.decision, job, caller)
 
     app.include_router(api)
 

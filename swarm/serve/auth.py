@@ -3,6 +3,12 @@
 Tokens made by ``swarm token create`` are random (256 bits) and stored only as their
 SHA-256 in Redis, so a copy of the database does not hand out access; the token itself
 is printed once. Nothing here logs a token.
+
+Each token has a scope. A ``user`` token sees and acts on the jobs it submitted only (a
+job records the submitting token's id, never the token); another job is a 404 to it, as
+if there were none. An ``admin`` token sees every job. ``SWARM_SERVE_TOKEN`` is admin, and
+so is a token stored before tokens had scopes (:attr:`TokenInfo.legacy`): deployments made
+then keep working as they did, and ``swarm token list`` points them out.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ TOKEN_PREFIX = "swm_"
 UNAUTHORIZED = ("missing or wrong token: send `Authorization: Bearer <token>` with "
                 "SWARM_SERVE_TOKEN or a token from `swarm token create`")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+#: A token's scope: its own jobs, or every job.
+USER, ADMIN = "user", "admin"
+#: The name ``SWARM_SERVE_TOKEN`` goes by.
+ENV_NAME = "SWARM_SERVE_TOKEN"
 
 
 class TokenError(ValueError):
@@ -35,13 +45,52 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def token_id(digest: str) -> str:
+    """A token's id: its SHA-256's first 12 hex digits (listed, and recorded by its jobs)."""
+    return digest[:12]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who makes a request: a token's id (what the jobs it submits record as their owner),
+    its name, and whether it is admin (sees every job)."""
+
+    id: str
+    name: str
+    admin: bool
+
+    def owns(self, owner: str) -> bool:
+        """Whether this caller may see and act on a job that records ``owner``: an admin
+        any job, a user the jobs it submitted (never one that records no owner)."""
+        return self.admin or (bool(owner) and hmac.compare_digest(owner, self.id))
+
+
+#: ``swarm mcp`` over stdio: the agent that starts it is trusted with every job; the jobs
+#: it submits record no owner (only admin tokens see them over HTTP).
+LOCAL = Caller("", "local", True)
+
+
 @dataclass(frozen=True)
 class TokenInfo:
-    """What is kept of a token: its hash's first 12 hex digits as id, a name, a date."""
+    """What is kept of a token: its hash's first 12 hex digits as id, a name, a date, its
+    scope (``legacy``: stored without one, before tokens had scopes, so admin)."""
 
     id: str
     name: str
     created: float
+    scope: str = USER
+    legacy: bool = False
+
+    @classmethod
+    def from_record(cls, digest: str, raw: str) -> TokenInfo:
+        data = json.loads(raw)
+        scope = data.get("scope")
+        return cls(token_id(digest), str(data.get("name", "")), float(data.get("created", 0)),
+                   ADMIN if scope is None else str(scope), legacy=scope is None)
+
+    @property
+    def caller(self) -> Caller:
+        return Caller(self.id, self.name, self.scope == ADMIN)
 
 
 class TokenStore:
@@ -50,8 +99,9 @@ class TokenStore:
     def __init__(self, redis_: redis.Redis) -> None:
         self.redis = redis_
 
-    def create(self, name: str | None = None) -> tuple[str, TokenInfo]:
-        """A new token and its record; the token is never stored."""
+    def create(self, name: str | None = None, admin: bool = False) -> tuple[str, TokenInfo]:
+        """A new token (``admin``: it sees every job, else only those it submits) and its
+        record; the token is never stored."""
         name = name or f"token-{secrets.token_hex(3)}"
         if not NAME.match(name):
             raise TokenError(f"token name {name!r} must be 1-64 letters, digits or _.@- "
@@ -60,18 +110,14 @@ class TokenStore:
             raise TokenError(f"a token named {name!r} exists; revoke it or pick another name")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         digest = hash_token(token)
-        info = TokenInfo(digest[:12], name, time.time())
-        self.redis.hset(keys.serve_tokens(), digest,
-                        json.dumps({"name": info.name, "created": info.created}))
+        info = TokenInfo(token_id(digest), name, time.time(), ADMIN if admin else USER)
+        self.redis.hset(keys.serve_tokens(), digest, json.dumps(
+            {"name": info.name, "created": info.created, "scope": info.scope}))
         return token, info
 
     def all(self) -> list[TokenInfo]:
         rows = cast("dict[str, str]", self.redis.hgetall(keys.serve_tokens()))
-        out = []
-        for digest, raw in rows.items():
-            data = json.loads(raw)
-            out.append(TokenInfo(digest[:12], str(data.get("name", "")),
-                                 float(data.get("created", 0))))
+        out = [TokenInfo.from_record(digest, raw) for digest, raw in rows.items()]
         return sorted(out, key=lambda t: t.created)
 
     def revoke(self, name_or_id: str) -> list[TokenInfo]:
@@ -79,23 +125,26 @@ class TokenStore:
         rows = cast("dict[str, str]", self.redis.hgetall(keys.serve_tokens()))
         gone = []
         for digest, raw in rows.items():
-            data = json.loads(raw)
-            if name_or_id in (data.get("name"), digest[:12]):
+            info = TokenInfo.from_record(digest, raw)
+            if name_or_id in (info.name, info.id):
                 self.redis.hdel(keys.serve_tokens(), digest)
-                gone.append(TokenInfo(digest[:12], str(data.get("name", "")),
-                                      float(data.get("created", 0))))
+                gone.append(info)
         return gone
 
-    def valid(self, token: str) -> bool:
-        return bool(self.redis.hexists(keys.serve_tokens(), hash_token(token)))
+    def caller(self, token: str) -> Caller | None:
+        """Who ``token`` is, or None when it is not a stored token."""
+        digest = hash_token(token)
+        raw = self.redis.hget(keys.serve_tokens(), digest)
+        return TokenInfo.from_record(digest, cast(str, raw)).caller if raw else None
 
     def count(self) -> int:
         return int(self.redis.hlen(keys.serve_tokens()))
 
 
 class Authenticator:
-    """Checks bearer tokens: ``SWARM_SERVE_TOKEN`` (compared in constant time) or a stored
-    one (looked up by its hash, checked on every request, so a revoke takes effect at once)."""
+    """Checks bearer tokens: ``SWARM_SERVE_TOKEN`` (compared in constant time; admin) or a
+    stored one (looked up by its hash, checked on every request, so a revoke or a new scope
+    takes effect at once)."""
 
     def __init__(self, redis_: redis.Redis, env_token: str = "") -> None:
         self.store = TokenStore(redis_)
@@ -105,9 +154,10 @@ class Authenticator:
         """True when some token can get in."""
         return bool(self._env_digest) or self.store.count() > 0
 
-    def check(self, token: str) -> bool:
+    def check(self, token: str) -> Caller | None:
+        """Who sends ``token``; None when no one may."""
         if not token or len(token) > 512:
-            return False
+            return None
         if self._env_digest and hmac.compare_digest(hash_token(token), self._env_digest):
-            return True
-        return self.store.valid(token)
+            return Caller(token_id(self._env_digest), ENV_NAME, True)
+        return self.store.caller(token)

@@ -7,6 +7,8 @@ of the job, and returns early when an approval waits for an answer, so the calli
 can answer it and wait again. ``swarm mcp`` serves these tools over stdio
 (:func:`run_stdio`); ``swarm serve`` over Streamable HTTP at ``/mcp``
 (:class:`McpEndpoint`, behind the API's bearer tokens, stateless: any replica answers).
+Over HTTP a user token's tools see the jobs it submitted only, as its HTTP calls do; over
+stdio the agent that starts the server is trusted with every job.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from swarm import __version__
 from swarm.domain.approval import Decision
 from swarm.errors import RequestError, StoreError
 from swarm.runtime.root import describe
-from swarm.serve.auth import UNAUTHORIZED, Authenticator
+from swarm.serve.auth import LOCAL, UNAUTHORIZED, Authenticator, Caller
 from swarm.serve.models import (
     ID_PATTERN,
     MAX_TASK,
@@ -53,6 +55,8 @@ MAX_WAIT = 3600
 #: The JSON-RPC error code of a request /mcp refuses before the MCP server sees it (no
 #: token, no Redis): one of the codes JSON-RPC leaves to servers.
 REFUSED = -32001
+#: Where /mcp puts the request's :class:`Caller` in the ASGI scope, for the tools to read.
+CALLER = "swarm.caller"
 
 INSTRUCTIONS = """\
 swarm runs a task as a tree of LLM agents working in a shell, spread over worker processes:
@@ -110,8 +114,8 @@ async def call(fn: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args)
 
 
-async def wait_for(service: Service, job_id: str, seconds: int, ctx: Context[Any, Any]
-                   ) -> JobAnswer:
+async def wait_for(service: Service, job_id: str, seconds: int, ctx: Context[Any, Any],
+                   caller: Caller) -> JobAnswer:
     """Follow the job for up to ``seconds``, a progress notification per event; stop when it
     settles or an approval of it waits for an answer. Returns where it stands."""
     seen = 0
@@ -124,28 +128,40 @@ async def wait_for(service: Service, job_id: str, seconds: int, ctx: Context[Any
                     message = describe(fields)
                     if fields.get("kind") == "approval":
                         message = f"{message}: {fields.get('text', '')}"
-                        waiting = await call(service.pending, job_id)
+                        waiting = await call(service.pending, job_id, caller)
                         if waiting:
                             message += "; waiting for answer_approval: " + ", ".join(
                                 a.id for a in waiting)
                     await ctx.report_progress(seen, None, message)
                 if batch.final or waiting:
                     break
-    answer: JobAnswer = await call(answer_of, service, job_id)
+    answer: JobAnswer = await call(answer_of, service, job_id, caller)
     return answer
 
 
-def answer_of(service: Service, job_id: str) -> JobAnswer:
-    job = service.job(job_id)
-    pending = [] if job.state in ("done", "failed", "cancelled") else service.pending(job_id)
+def answer_of(service: Service, job_id: str, caller: Caller) -> JobAnswer:
+    job = service.job(job_id, caller)
+    pending = [] if job.state in ("done", "failed", "cancelled") \
+        else service.pending(job_id, caller)
     return JobAnswer(id=job.id, state=job.state, answer=job.answer, error=job.error,
                      approvals=pending)
 
 
-def build_server(service: Service) -> MCPServer[Any]:
-    """An MCP server whose tools act on ``service``'s jobs and approvals."""
+def build_server(service: Service, trusted: Caller | None = None) -> MCPServer[Any]:
+    """An MCP server whose tools act on ``service``'s jobs and approvals: as the caller
+    :class:`McpEndpoint` found for the request, else as ``trusted`` (stdio); with neither,
+    every tool call is refused."""
     server: MCPServer[Any] = MCPServer("swarm", instructions=INSTRUCTIONS, version=__version__,
                                        log_level="WARNING")
+
+    def who(ctx: Context[Any, Any]) -> Caller:
+        scope = getattr(ctx.request_context.request, "scope", None)
+        found = scope.get(CALLER) if isinstance(scope, MutableMapping) else None
+        if isinstance(found, Caller):
+            return found
+        if trusted is not None and scope is None:
+            return trusted
+        raise ToolError(UNAUTHORIZED)
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False,
                                              open_world_hint=True))
@@ -174,41 +190,44 @@ def build_server(service: Service) -> MCPServer[Any]:
         except ValidationError as exc:  # the input is not echoed back
             raise ToolError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
                                       for e in exc.errors())) from None
-        job_id: str = await call(service.submit, body, "mcp")
+        caller = who(ctx)
+        job_id: str = await call(service.submit, body, "mcp", caller)
         if not wait_seconds:
             return JobAnswer(id=job_id, state="queued")
-        return await wait_for(service, job_id, wait_seconds, ctx)
+        return await wait_for(service, job_id, wait_seconds, ctx, caller)
 
     @server.tool(annotations=READ_ONLY)
     async def job_answer(job_id: JobIdArg, ctx: Context[Any, Any],
                          wait_seconds: WaitArg = 0) -> JobAnswer:
         """A job's state and, once settled, its answer (or error), with the approvals that
         wait for an answer; wait_seconds waits for it to settle first."""
+        caller = who(ctx)
         if not wait_seconds:
-            answer: JobAnswer = await call(answer_of, service, job_id)
+            answer: JobAnswer = await call(answer_of, service, job_id, caller)
             return answer
-        await call(service.job, job_id)  # unknown: an error at once
-        return await wait_for(service, job_id, wait_seconds, ctx)
+        await call(service.job, job_id, caller)  # unknown: an error at once
+        return await wait_for(service, job_id, wait_seconds, ctx, caller)
 
     @server.tool(annotations=READ_ONLY)
-    async def job_status(job_id: JobIdArg) -> JobStatus:
+    async def job_status(job_id: JobIdArg, ctx: Context[Any, Any]) -> JobStatus:
         """A job's tree of agents (state, depth, label each), token usage, answer or error."""
-        job: Job = await call(service.job, job_id)
+        job: Job = await call(service.job, job_id, who(ctx))
         return JobStatus(**job.model_dump(), tree=draw(job))
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True,
                                              idempotent_hint=True, open_world_hint=False))
-    async def cancel_job(job_id: JobIdArg) -> CancelResult:
+    async def cancel_job(job_id: JobIdArg, ctx: Context[Any, Any]) -> CancelResult:
         """Cancel a job and every agent under it; they stop within seconds."""
-        result: CancelResult = await call(service.cancel, job_id, "cancelled over MCP")
+        result: CancelResult = await call(service.cancel, job_id, "cancelled over MCP",
+                                          who(ctx))
         return result
 
     @server.tool(annotations=READ_ONLY)
-    async def list_approvals(job_id: Annotated[str | None, Field(
+    async def list_approvals(ctx: Context[Any, Any], job_id: Annotated[str | None, Field(
             pattern=ID_PATTERN, description="only this job's; default: every job's")] = None
                              ) -> list[Approval]:
         """Tool calls of the swarm's agents that wait for an answer, oldest first."""
-        pending: list[Approval] = await call(service.pending, job_id)
+        pending: list[Approval] = await call(service.pending, job_id, who(ctx))
         return pending
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True,
@@ -219,11 +238,13 @@ def build_server(service: Service) -> MCPServer[Any]:
         decision: Annotated[Decision, Field(
             description="approve or deny this call; always: approve it and the same tool "
                         "for the rest of the job")],
+        ctx: Context[Any, Any],
         job_id: Annotated[str | None, Field(pattern=ID_PATTERN,
                                             description="its job (optional)")] = None,
     ) -> ApprovalDone:
         """Answer a tool call that waits for approval."""
-        done: ApprovalDone = await call(service.answer, approval_id, decision, job_id)
+        done: ApprovalDone = await call(service.answer, approval_id, decision, job_id,
+                                        who(ctx))
         return done
 
     return server
@@ -231,7 +252,7 @@ def build_server(service: Service) -> MCPServer[Any]:
 
 def run_stdio(service: Service) -> None:
     """Serve the tools on stdin/stdout until the client closes them."""
-    anyio.run(build_server(service).run_stdio_async)
+    anyio.run(build_server(service, trusted=LOCAL).run_stdio_async)
 
 
 class McpEndpoint:
@@ -263,22 +284,22 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            authorized = await call(self._authorized, scope)
+            caller = await call(self._caller, scope)
         except (redis.RedisError, StoreError):
             await _reply(send, 503, "the swarm's Redis is unavailable; try again later")
             return
-        if not authorized:
+        if caller is None:
             await _reply(send, 401, UNAUTHORIZED, [(b"www-authenticate", b"Bearer")])
         elif self.app is None:
             await _reply(send, 503, "the MCP server is not running (the app's lifespan did "
                                     "not start)")
         else:
-            await self.app(scope, receive, send)
+            await self.app({**scope, CALLER: caller}, receive, send)
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _caller(self, scope: Scope) -> Caller | None:
         headers = dict(scope.get("headers") or [])
         scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        return scheme.lower() == "bearer" and self.auth.check(token.strip())
+        return self.auth.check(token.strip()) if scheme.lower() == "bearer" else None
 
 
 async def _reply(send: Send, status: int, detail: str,

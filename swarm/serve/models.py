@@ -94,6 +94,8 @@ class Job(BaseModel):
     source: str = ""
     workspace: str = ""
     task: str = ""
+    owner: str = Field("", description="the id of the API token that submitted it "
+                                        "(`swarm token list`); empty when no token did")
 
 
 class CancelResult(BaseModel):

@@ -2,7 +2,9 @@
 API (:mod:`swarm.serve.app`) and the MCP server (:mod:`swarm.serve.mcp`) both call these.
 
 Submit a job, look it up, cancel it, follow its events until it settles; list the pending
-approvals and answer one. A request that cannot be done raises
+approvals and answer one. Each call names its :class:`~swarm.serve.auth.Caller`: a user
+token's calls see the jobs it submitted only (and their approvals); any other job is a
+404, worded as for a job that does not exist. A request that cannot be done raises
 :class:`~swarm.errors.RequestError` with the HTTP status that fits. Everything here but
 :meth:`Service.follow` is blocking (Redis): async callers run it in a thread.
 """
@@ -22,11 +24,11 @@ from swarm.config import Settings
 from swarm.domain.approval import Decision
 from swarm.errors import RequestError
 from swarm.runtime.jobs import job_state, submit_job
-from swarm.serve.auth import Authenticator
+from swarm.serve.auth import Authenticator, Caller
 from swarm.serve.jobs import inherited_settings, inside_root, new_job_folder
 from swarm.serve.models import Approval, ApprovalDone, CancelResult, Job, JobRequest
 from swarm.store import keys
-from swarm.store.approvals import ApprovalQueue, closed_because, outcome
+from swarm.store.approvals import ApprovalQueue, closed_because, outcome, swarm_of
 from swarm.store.ledger import Ledger
 
 SETTLED_JOB = ("done", "failed", "cancelled")
@@ -67,6 +69,7 @@ class Service:
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.redis)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.root = self.root.resolve()  # what workers open jobs' workspaces beneath
 
     # -- jobs ---------------------------------------------------------------------------------
 
@@ -84,29 +87,40 @@ class Service:
         given["yes"] = body.approve == "all"
         return given
 
-    def submit(self, body: JobRequest, source: str) -> str:
-        """Queue a root agent for ``body.task`` on the workers; returns the job's id."""
+    def submit(self, body: JobRequest, source: str, caller: Caller) -> str:
+        """Queue a root agent for ``body.task`` on the workers, owned by ``caller``;
+        returns the job's id."""
+        root: Path | None = self.root
         if body.workspace:
             workspace = inside_root(self.root, body.workspace)
         elif self.workspace is not None:
-            workspace = self.workspace
+            workspace, root = self.workspace, None  # the operator's folder (swarm mcp -C)
         else:
             workspace = new_job_folder(self.root)
         return submit_job(self.ledger, self.celery, body.task, workspace,
-                          self.job_settings(body), source=source)
+                          self.job_settings(body), source=source, owner=caller.id,
+                          jobs_root=root)
 
-    def job(self, job_id: str) -> Job:
-        """The job as it stands; 404 when there is none."""
+    def visible(self, job_id: str, caller: Caller) -> dict[str, str]:
+        """The job's swarm record when ``caller`` may see it; else 404, the same as for a
+        job that does not exist (another token's job is not told of)."""
+        info = self.ledger.swarm(job_id)
+        if not info or not caller.owns(info.get("owner", "")):
+            raise RequestError(f"no job {job_id!r}", 404)
+        return info
+
+    def job(self, job_id: str, caller: Caller) -> Job:
+        """The job as it stands; 404 when there is none ``caller`` may see."""
+        info = self.visible(job_id, caller)
         state = job_state(self.ledger, job_id)
         if not state:
             raise RequestError(f"no job {job_id!r}", 404)
-        info = self.ledger.swarm(job_id)
         return Job(**state, source=info.get("source", ""), workspace=info.get("workspace", ""),
-                   task=info.get("task", ""))
+                   task=info.get("task", ""), owner=info.get("owner", ""))
 
-    def cancel(self, job_id: str, reason: str) -> CancelResult:
+    def cancel(self, job_id: str, reason: str, caller: Caller) -> CancelResult:
         """Cancel the job and every agent under it (idempotent)."""
-        job = self.job(job_id)
+        job = self.job(job_id, caller)
         flagged = self.ledger.cancel(job_id, reason)
         return CancelResult(id=job_id, state=job.state, flagged=flagged)
 
@@ -145,48 +159,64 @@ class Service:
 
     # -- approvals ----------------------------------------------------------------------------
 
-    def pending(self, job: str | None) -> list[Approval]:
-        """Tool calls waiting for a person, oldest first, across jobs or of ``job``."""
+    def pending(self, job: str | None, caller: Caller) -> list[Approval]:
+        """Tool calls waiting for a person, oldest first, across the jobs ``caller`` may
+        see or of ``job``."""
         if job is not None:
-            if not self.ledger.swarm(job):
-                raise RequestError(f"no job {job!r}", 404)
+            self.visible(job, caller)
             swarm_ids = [job]
         else:
             head, tail = keys.approvals("\0").split("\0")
             swarm_ids = sorted({str(k)[len(head):-len(tail)] for k in
                                 self.redis.scan_iter(match=keys.approvals("*"), count=1000)})
+            if not caller.admin:
+                with self.redis.pipeline(transaction=False) as pipe:
+                    for sid in swarm_ids:
+                        pipe.hget(keys.swarm(sid), "owner")
+                    owners = pipe.execute()
+                swarm_ids = [sid for sid, owner in zip(swarm_ids, owners, strict=True)
+                             if caller.owns(str(owner or ""))]
         out = [Approval(id=p.id, job=p.swarm, agent=p.agent, tool=p.tool, summary=p.summary,
                         reason=p.reason, created=p.created)
                for sid in swarm_ids for p in ApprovalQueue(self.redis, sid).pending()]
         return sorted(out, key=lambda a: a.created)
 
-    def answer(self, approval_id: str, decision: Decision, job: str | None) -> ApprovalDone:
-        """Approve or deny a pending tool call (``always``: the tool for the whole job)."""
-        job_id = self.find_approval(approval_id, job)
+    def answer(self, approval_id: str, decision: Decision, job: str | None,
+               caller: Caller) -> ApprovalDone:
+        """Approve or deny a pending tool call (``always``: the tool for the whole job) of
+        a job ``caller`` may see."""
+        job_id = self.find_approval(approval_id, job, caller)
         if not ApprovalQueue(self.redis, job_id).answer(approval_id, decision):
-            self.refuse_if_closed(approval_id)
+            self.refuse_if_closed(approval_id, caller)
             raise RequestError(f"approval {approval_id!r} is no longer pending", 404)
         return ApprovalDone(id=approval_id, job=job_id, decision=decision)
 
-    def find_approval(self, approval_id: str, job: str | None) -> str:
+    def find_approval(self, approval_id: str, job: str | None, caller: Caller) -> str:
         """The job holding the pending approval ``approval_id``; else 409 when it was
-        answered (or timed out), 404 when it is unknown."""
+        answered (or timed out), 404 when it is unknown (or of a job ``caller`` may not
+        see)."""
         if job is not None:
-            if self.redis.hexists(keys.approvals(job), approval_id):
+            if self.redis.hexists(keys.approvals(job), approval_id) and \
+                    caller.owns(self.ledger.swarm(job).get("owner", "")):
                 return job
         else:
-            for approval in self.pending(None):
+            for approval in self.pending(None, caller):
                 if approval.id == approval_id:
                     return approval.job
-        self.refuse_if_closed(approval_id)
+        self.refuse_if_closed(approval_id, caller)
         raise RequestError(f"no approval {approval_id!r} is pending"
                            + (f" in job {job!r}" if job is not None else "")
                            + f"; {LIST_HINT}", 404)
 
-    def refuse_if_closed(self, approval_id: str) -> None:
-        """409 when the approval ``approval_id`` was answered already or timed out."""
+    def refuse_if_closed(self, approval_id: str, caller: Caller) -> None:
+        """409 when the approval ``approval_id`` was answered already or timed out, told
+        only to whom may see its job."""
         how = outcome(self.redis, approval_id)
         if how is None:
             return
+        if not caller.admin:
+            swarm_id = swarm_of(self.redis, approval_id)
+            if not swarm_id or not caller.owns(self.ledger.swarm(swarm_id).get("owner", "")):
+                return
         raise RequestError(f"approval {approval_id!r} is not pending: {closed_because(how)}",
                            409)

@@ -57,6 +57,12 @@ def outcome(redis_: redis.Redis, approval_id: str) -> str | None:
     return None if got is None else str(got)
 
 
+def swarm_of(redis_: redis.Redis, approval_id: str) -> str:
+    """The swarm the request ``approval_id`` was asked in ("" when unknown)."""
+    got = redis_.get(keys.approval_swarm(approval_id))
+    return "" if got is None else str(got)
+
+
 def closed_because(how: str) -> str:
     """Why a closed request can no longer be answered (``how``: :func:`outcome`'s)."""
     return {TIMED_OUT: "no one answered in time, so it was denied",
@@ -116,6 +122,7 @@ class ApprovalQueue:
         with self.redis.pipeline() as pipe:
             pipe.hset(keys.approvals(self.swarm_id), approval_id, json.dumps(entry))
             pipe.expire(keys.approvals(self.swarm_id), keys.LEDGER_TTL)
+            pipe.set(keys.approval_swarm(approval_id), self.swarm_id, ex=keys.LEDGER_TTL)
             pipe.xadd(keys.events(self.swarm_id), {"kind": "approval", "agent": request.agent_id,
                                                     "text": request.summary[:300],
                                                     "ts": f"{time.time():.3f}"},

@@ -77,7 +77,8 @@ COORDINATORS = "coordinators"
 
 def swarm(swarm_id: str) -> str:
     """Hash: one swarm (root agent, workspace, task, settings and MCP servers that children
-    inherit, state)."""
+    inherit, state; a job's ``owner``, the id of the API token that submitted it, and its
+    ``jobs_root``, the folder its workspace must stay beneath)."""
     return f"{PREFIX}swarm:{swarm_id}"
 
 
@@ -238,9 +239,16 @@ REDBEAT_PREFIX = f"{PREFIX}beat:"
 
 
 def serve_tokens() -> str:
-    """Hash of the API tokens of ``swarm serve``: sha256(token) hex -> JSON (name, created).
-    The tokens themselves are never stored."""
+    """Hash of the API tokens of ``swarm serve``: sha256(token) hex -> JSON (name, created,
+    scope: ``user`` or ``admin``; none: made before scopes, admin). The tokens themselves are
+    never stored."""
     return f"{PREFIX}serve:tokens"
+
+
+def approval_swarm(approval_id: str) -> str:
+    """String: the swarm an approval request was asked in (so a closed one is told of only
+    to whom may see that swarm's job)."""
+    return f"{PREFIX}approval:{approval_id}:swarm"
 
 
 def approval_answered(approval_id: str) -> str:

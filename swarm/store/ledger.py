@@ -436,12 +436,15 @@ class Ledger:
                      settings: dict[str, Any], host: str, session_id: str,
                      kind: str = "root", state: str = "running",
                      job: RunRecord | None = None, source: str = "",
-                     mcp: dict[str, Any] | None = None) -> None:
+                     mcp: dict[str, Any] | None = None, owner: str = "",
+                     jobs_root: str = "") -> None:
         """Create a swarm and its root agent (idempotent). ``kind`` is ``root`` for a root
         in a terminal, ``job`` for a root that runs as a task (HTTP jobs, schedules),
         whose queued ``job`` run is written in the same transaction. ``mcp`` is the root's
         MCP configuration for its children (a job's root records its own when it starts:
-        :meth:`record_mcp`)."""
+        :meth:`record_mcp`). A job's ``owner`` is the id of the API token that submitted
+        it; its ``jobs_root`` the folder its workspace must stay beneath (the worker opens
+        the workspace from there, never through a symbolic link)."""
         now = time.time()
         with self.redis.pipeline() as pipe:
             pipe.hsetnx(keys.swarm(swarm_id), "id", swarm_id)
@@ -449,6 +452,8 @@ class Ledger:
                 "root": root_id, "workspace": workspace, "task": task[:500],
                 "settings": json.dumps(settings), "created": now, "state": "running",
                 **({"source": source} if source else {}),
+                **({"owner": owner} if owner else {}),
+                **({"jobs_root": jobs_root} if jobs_root else {}),
                 **({"mcp": json.dumps(mcp)} if mcp is not None else {})})
             pipe.zadd(keys.swarms_index(), {swarm_id: now}, nx=True)
             pipe.hset(keys.agent(root_id), mapping={

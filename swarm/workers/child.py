@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import secrets
 import socket
 import time
@@ -27,7 +28,7 @@ from typing import Any
 import redis
 
 from swarm import faults, telemetry
-from swarm.agent import sandbox
+from swarm.agent import grants, sandbox
 from swarm.agent.loop import Agent
 from swarm.agent.output import ask_for, check_output, retry_message
 from swarm.cache import TTLCache
@@ -39,6 +40,7 @@ from swarm.errors import (
     LeaseLost,
     ModelError,
     Parked,
+    PathRefused,
     WorkspaceElsewhere,
     WorkspaceError,
     WorkspaceLost,
@@ -150,6 +152,8 @@ class ChildRunner:
                 else f"workspace: {exc}"
             self.ledger.settle(run, swarm_id, "failed",
                                {"agent_id": run.agent, "error": reason}, {}, token=token)
+            if start.record.kind == "job":
+                self.ledger.finish_swarm(swarm_id, "failed")
             return {"run": run.id, "state": "failed"}
         except Exception as exc:
             # A bug outside the agent's loop: taking the run over would hit it again, and
@@ -257,6 +261,7 @@ class ChildRunner:
                 read_only=(workspace.odb / "objects",) if workspace.odb is not None else (),
                 die_with_runner=True,
                 linked=upper(workspace.view) if workspace.view is not None else None,
+                beneath=self._jobs_root(swarm_id) if record.kind == "job" else None,
             )
             # Its children's work lands before it goes on (a check runs in its box).
             landing = homecoming.bring_home(
@@ -395,6 +400,9 @@ class ChildRunner:
         if record.workspace:
             path = Path(record.workspace)
             here = record.ws_host in ("", self.host)
+            root = self._jobs_root(swarm_id) if record.kind == "job" and here else None
+            if root is not None:
+                self._open_job_workspace(path, root, create=not record.ws_state)
             if here and path.is_dir():
                 return seeds.found(path, swarm_id, record.id, record.seed)
             if record.kind == "job" and not record.ws_state and not path.exists():
@@ -416,6 +424,31 @@ class ChildRunner:
         workspace = seeds.child(swarm_id, record.id, record.seed)
         self.ledger.place(record.id, str(workspace.path), self.host)
         return workspace
+
+    def _jobs_root(self, swarm_id: str) -> Path | None:
+        """The folder a job's workspace was checked to lie in when it was submitted
+        (``SWARM_SERVE_ROOT``); None for a job that records none (a schedule's folder,
+        ``swarm mcp --workspace``, a job from before jobs recorded it)."""
+        raw = self.redis.hget(keys.swarm(swarm_id), "jobs_root")
+        return Path(str(raw)) if raw else None
+
+    @staticmethod
+    def _open_job_workspace(path: Path, root: Path, create: bool) -> None:
+        """Open the job's workspace as it is now, from its jobs root down following no
+        symbolic link (made there when missing, with ``create``): :class:`PathRefused` when
+        it is not the folder the API checked (swapped for a link since, say)."""
+        if create:
+            root.mkdir(parents=True, exist_ok=True)  # the operator's (a worker's own disk)
+        try:
+            os.close(grants.open_beneath(path, root, create=create))
+        except PathRefused as exc:
+            raise PathRefused(f"{path} is refused: {exc}; it was a folder inside the jobs "
+                              "root (SWARM_SERVE_ROOT) when the job was submitted, so nothing "
+                              "runs in it") from None
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError) and not create:
+                return  # gone: restored from its snapshot, or lost (see _workspace)
+            raise WorkspaceError(f"{path} cannot be opened: {exc.strerror or exc}") from None
 
 
 def _usage_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
