@@ -113,7 +113,28 @@ KNOBS: dict[str, Knob] = {
     "sandbox": Knob(("SWARM_SANDBOX",),
                     "run commands in bubblewrap: auto (when a trial works), bwrap, none; "
                     "workers default to auto, the root in a terminal to none"),
-    "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",), "let sandboxed commands use the network"),
+    "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",),
+                            "sandboxed commands' network: 1 (user-mode internet through "
+                            "slirp4netns; the worker's host, the Redis hosts and "
+                            "SWARM_SANDBOX_DENY unreachable), 0 (none), host (the host's own, "
+                            "every port of it exposed)"),
+    "sandbox_deny": Knob(("SWARM_SANDBOX_DENY",),
+                         "comma-separated IPv4 addresses or networks (10.0.0.0/8) sandboxed "
+                         "commands may not reach, beside the worker's host and Redis"),
+    "sandbox_allow": Knob(("SWARM_SANDBOX_ALLOW",),
+                          "comma-separated IPv4 addresses, networks or ADDRESS:PORT (needs "
+                          "nftables) sandboxed commands may reach though denied"),
+    "sandbox_memory": Knob(("SWARM_SANDBOX_MEMORY",),
+                           "memory one sandboxed command may use (cgroup), e.g. 2G, 512M; "
+                           "0 = no limit"),
+    "sandbox_pids": Knob(("SWARM_SANDBOX_PIDS",),
+                         "processes and threads one sandboxed command may have (cgroup)"),
+    "sandbox_cpu": Knob(("SWARM_SANDBOX_CPU",),
+                        "CPU weight of one sandboxed command (cgroup, 1-10000; 100 = as much "
+                        "as any other group)"),
+    "sandbox_show": Knob(("SWARM_SANDBOX_SHOW",),
+                         "comma-separated host folders sandboxed commands see read-only beside "
+                         "the system's (/usr, /etc, /opt, ...)"),
     "sandbox_uid": Knob(("SWARM_SANDBOX_UID",),
                         "host uid and gid a root worker runs sandboxed commands as (not 0)"),
     "mcp_start_timeout": Knob(("SWARM_MCP_START_TIMEOUT",),
@@ -201,7 +222,13 @@ class Settings:
     snapshot_swarm_max: int = 1_000_000_000
     seed_view: str = "auto"
     sandbox: str = "none"
-    sandbox_network: bool = True
+    sandbox_network: str = "1"
+    sandbox_deny: str = ""
+    sandbox_allow: str = ""
+    sandbox_memory: str = "2G"
+    sandbox_pids: int = 1024
+    sandbox_cpu: int = 100
+    sandbox_show: str = ""
     sandbox_uid: int = 65534
     sandbox_env: str = ""
     wait_notice: float = 10.0
@@ -261,6 +288,10 @@ class Settings:
         if not 0 < self.sandbox_uid < 0xFFFFFFFF:
             raise ConfigError(f"SWARM_SANDBOX_UID={self.sandbox_uid} is not an unprivileged uid; "
                               "set it to a uid of its own (default 65534, nobody), never 0")
+        if self.sandbox_network.strip().lower() not in _TRUE | _FALSE | {"host"}:
+            raise ConfigError(f"SWARM_SANDBOX_NETWORK={self.sandbox_network!r} is not one of "
+                              "1, 0, host")
+        self._validate_box()
         for tool, policy in self.approval.items():
             if policy not in POLICIES:
                 raise ConfigError(
@@ -278,6 +309,25 @@ class Settings:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be 0 or more")
 
+    def _validate_box(self) -> None:
+        from swarm.agent.boxnet import check_entries
+        from swarm.agent.cgroups import parse_size
+
+        try:
+            parse_size(self.sandbox_memory)
+        except ValueError:
+            raise ConfigError(f"SWARM_SANDBOX_MEMORY={self.sandbox_memory!r} is not a size "
+                              "(2G, 512M, a number of bytes; 0 = no limit)") from None
+        if not 1 <= self.sandbox_cpu <= 10000:
+            raise ConfigError("SWARM_SANDBOX_CPU must be a weight from 1 to 10000 (100: as "
+                              "much as any other group)")
+        if self.sandbox_pids < 1:
+            raise ConfigError("SWARM_SANDBOX_PIDS must be a positive number")
+        try:
+            check_entries(_split(self.sandbox_deny), _split(self.sandbox_allow))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
     def policy_for(self, tool: str) -> str:
         """The approval policy of ``tool``: its own entry, else that of the longest glob
         matching it (``mcp__github__*``; ``*`` is the shortest), else ``once``."""
@@ -290,6 +340,10 @@ class Settings:
     def embedded(self) -> bool:
         """True when no Redis URL is set and swarm runs its own server."""
         return not self.redis_url
+
+
+def _split(text: str) -> list[str]:
+    return [e.strip() for e in text.split(",") if e.strip()]
 
 
 def parse_policies(raw: str) -> dict[str, str]:
