@@ -245,6 +245,12 @@ class Group:
                 out.update(int(p) for p in (path / "cgroup.procs").read_text().split())
         return sorted(out)
 
+    def remove_soon(self) -> None:
+        """:meth:`remove`, by a thread when what the command left takes its time to exit
+        (the box's last processes, killed with its first: 10-15 ms a command waited)."""
+        if not self.remove(timeout=0):
+            threading.Thread(target=self.remove, daemon=True, name="cgroup-remover").start()
+
     def remove(self, timeout: float = 5.0) -> bool:
         """Kill what is left in the group and remove it; False when it could not be."""
         deadline = time.monotonic() + timeout

@@ -576,7 +576,9 @@ class Launch:
             self.slirp.stop()
             self.slirp = None
         verdict = self.group.verdict() if self.group is not None else ""
-        self._drop_group()
+        if self.group is not None:
+            self.group.remove_soon()
+            self.group = None
         return "\n".join([*self.notes, *([verdict] if verdict else [])])
 
 
