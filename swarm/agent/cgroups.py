@@ -109,6 +109,20 @@ class Tree:
                 _write(self.bases["cpu"] / "cpu.shares", str(SUBTREE_WEIGHT * 1024 // 100))
         self._count = itertools.count(1)
         self._lock = threading.Lock()
+        for base in self.bases.values():
+            sweep(base.parent)
+
+    def _ensure(self) -> None:
+        """Make the subtree again if a sweep of another process removed it while empty
+        (one in another pid namespace, where this process's pid is not alive)."""
+        for name, base in self.bases.items():
+            if not base.is_dir():
+                base.mkdir(exist_ok=True)
+                with contextlib.suppress(OSError):
+                    if self.v2:
+                        _write(base / "cgroup.subtree_control", "+memory +pids +cpu")
+                    elif name == "cpu":
+                        _write(base / "cpu.shares", str(SUBTREE_WEIGHT * 1024 // 100))
 
     def _v2_base(self, parent: Path, tag: str) -> Path:
         wanted = set(CONTROLLERS)
@@ -153,6 +167,7 @@ class Tree:
         """A new box's group, with the limits set (OSError when it cannot be made)."""
         with self._lock:
             name = f"box-{next(self._count)}"
+            self._ensure()
         paths = {c: base / name for c, base in self.bases.items()}
         made: list[Path] = []
         try:
@@ -176,6 +191,26 @@ class Tree:
                     child.rmdir()
             with contextlib.suppress(OSError):
                 base.rmdir()
+
+
+def sweep(parent: Path) -> None:
+    """Remove the empty subtrees under ``parent`` of worker processes that are gone (killed
+    before they could remove their own)."""
+    for base in parent.glob("swarm-*-*"):
+        _, pid, start = [*base.name.split("-"), "", ""][:3]
+        if base.name.startswith("swarm-worker-") or not pid.isdigit():
+            continue
+        try:
+            alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19] == start
+        except (OSError, IndexError):
+            alive = False
+        if alive:
+            continue
+        for child in base.glob("box-*"):
+            with contextlib.suppress(OSError):
+                child.rmdir()
+        with contextlib.suppress(OSError):
+            base.rmdir()
 
 
 def _start_time() -> str:
