@@ -9,11 +9,12 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Agents run shell commands with bash, in bubblewrap (with libseccomp's filter); children
-# may work in git worktrees.
+# Agents run shell commands with bash, in bubblewrap (with libseccomp's filter), with a
+# network of their own from slirp4netns (routes by iproute2, port rules by nftables);
+# children may work in git worktrees.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends bash git ca-certificates procps \
-      bubblewrap libseccomp2 \
+      bubblewrap libseccomp2 slirp4netns iproute2 nftables \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src

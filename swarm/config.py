@@ -7,8 +7,10 @@ Most knobs are fields of :class:`Settings`; precedence for each: CLI flag > ``SW
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -117,7 +119,28 @@ KNOBS: dict[str, Knob] = {
     "sandbox": Knob(("SWARM_SANDBOX",),
                     "run commands in bubblewrap: auto (when a trial works), bwrap, none; "
                     "workers default to auto, the root in a terminal to none"),
-    "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",), "let sandboxed commands use the network"),
+    "sandbox_network": Knob(("SWARM_SANDBOX_NETWORK",),
+                            "sandboxed commands' network: 1 (user-mode internet through "
+                            "slirp4netns; the worker's host, the Redis hosts and "
+                            "SWARM_SANDBOX_DENY unreachable), 0 (none), host (the host's own, "
+                            "every port of it exposed)"),
+    "sandbox_deny": Knob(("SWARM_SANDBOX_DENY",),
+                         "comma-separated IPv4 addresses or networks (10.0.0.0/8) sandboxed "
+                         "commands may not reach, beside the worker's host and Redis"),
+    "sandbox_allow": Knob(("SWARM_SANDBOX_ALLOW",),
+                          "comma-separated IPv4 addresses, networks or ADDRESS:PORT (needs "
+                          "nftables) sandboxed commands may reach though denied"),
+    "sandbox_memory": Knob(("SWARM_SANDBOX_MEMORY",),
+                           "memory one sandboxed command may use (cgroup), e.g. 2G, 512M; "
+                           "0 = no limit"),
+    "sandbox_pids": Knob(("SWARM_SANDBOX_PIDS",),
+                         "processes and threads one sandboxed command may have (cgroup)"),
+    "sandbox_cpu": Knob(("SWARM_SANDBOX_CPU",),
+                        "CPU weight of one sandboxed command (cgroup, 1-10000; 100 = as much "
+                        "as any other group)"),
+    "sandbox_show": Knob(("SWARM_SANDBOX_SHOW",),
+                         "comma-separated host folders sandboxed commands see read-only beside "
+                         "the system's (/usr, /etc, /opt, ...)"),
     "sandbox_uid": Knob(("SWARM_SANDBOX_UID",),
                         "host uid and gid a root worker runs sandboxed commands as (not 0)"),
     "mcp_start_timeout": Knob(("SWARM_MCP_START_TIMEOUT",),
@@ -207,7 +230,13 @@ class Settings:
     seed_view: str = "auto"
     land_check: str = ""
     sandbox: str = "none"
-    sandbox_network: bool = True
+    sandbox_network: str = "1"
+    sandbox_deny: str = ""
+    sandbox_allow: str = ""
+    sandbox_memory: str = "2G"
+    sandbox_pids: int = 1024
+    sandbox_cpu: int = 100
+    sandbox_show: str = ""
     sandbox_uid: int = 65534
     sandbox_env: str = ""
     wait_notice: float = 10.0
@@ -267,6 +296,10 @@ class Settings:
         if not 0 < self.sandbox_uid < 0xFFFFFFFF:
             raise ConfigError(f"SWARM_SANDBOX_UID={self.sandbox_uid} is not an unprivileged uid; "
                               "set it to a uid of its own (default 65534, nobody), never 0")
+        if self.sandbox_network.strip().lower() not in _TRUE | _FALSE | {"host"}:
+            raise ConfigError(f"SWARM_SANDBOX_NETWORK={self.sandbox_network!r} is not one of "
+                              "1, 0, host")
+        self._validate_box()
         for tool, policy in self.approval.items():
             if policy not in POLICIES:
                 raise ConfigError(
@@ -284,6 +317,22 @@ class Settings:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be 0 or more")
 
+    def _validate_box(self) -> None:
+        try:
+            parse_size(self.sandbox_memory)
+        except ValueError:
+            raise ConfigError(f"SWARM_SANDBOX_MEMORY={self.sandbox_memory!r} is not a size "
+                              "(2G, 512M, a number of bytes; 0 = no limit)") from None
+        if not 1 <= self.sandbox_cpu <= 10000:
+            raise ConfigError("SWARM_SANDBOX_CPU must be a weight from 1 to 10000 (100: as "
+                              "much as any other group)")
+        if self.sandbox_pids < 1:
+            raise ConfigError("SWARM_SANDBOX_PIDS must be a positive number")
+        try:
+            check_entries(_split(self.sandbox_deny), _split(self.sandbox_allow))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
     def policy_for(self, tool: str) -> str:
         """The approval policy of ``tool``: its own entry, else that of the longest glob
         matching it (``mcp__github__*``; ``*`` is the shortest), else ``once``."""
@@ -296,6 +345,10 @@ class Settings:
     def embedded(self) -> bool:
         """True when no Redis URL is set and swarm runs its own server."""
         return not self.redis_url
+
+
+def _split(text: str) -> list[str]:
+    return [e.strip() for e in text.split(",") if e.strip()]
 
 
 def parse_policies(raw: str) -> dict[str, str]:
@@ -344,3 +397,35 @@ def _coerce(name: str, value: Any) -> Any:
     if name == "home":
         return Path(value).expanduser()
     return value
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``2G``, ``512M``, ``1.5g``, ``1048576``; ValueError otherwise."""
+    found = _SIZE.match(text)
+    if found is None:
+        raise ValueError(text)
+    scale = 1 << (10 * " kmgt".index(found.group(2).lower() or " "))
+    return int(float(found.group(1)) * scale)
+
+
+def check_entries(deny: Iterable[str], allow: Iterable[str]) -> None:
+    """ValueError naming an entry of ``SWARM_SANDBOX_DENY``/``_ALLOW`` that is not an IPv4
+    address or network (or, allowed, ``ADDR:PORT``)."""
+    for entry in deny:
+        try:
+            ipaddress.IPv4Network(entry, strict=False)
+        except ValueError:
+            raise ValueError(f"SWARM_SANDBOX_DENY entry {entry!r} is not an IPv4 address or "
+                             "network (10.0.0.0/8)") from None
+    for entry in allow:
+        address, _, port = entry.partition(":") if entry.count(":") == 1 else (entry, "", "")
+        try:
+            ipaddress.IPv4Network(address, strict=False)
+            if port and not 0 < int(port) < 65536:
+                raise ValueError(port)
+        except ValueError:
+            raise ValueError(f"SWARM_SANDBOX_ALLOW entry {entry!r} is not an IPv4 address, "
+                             "network or ADDRESS:PORT (192.0.2.7:8080)") from None

@@ -100,14 +100,15 @@ class Box:
     def argv(self, *args: str) -> list[str]:
         return as_nobody(*args) if self.user == "unprivileged" else list(args)
 
-    def run(self, command: str, timeout: int = 30) -> dict[str, Any]:
-        """Run ``command`` in the sandbox through the runner; its JSON result. The command
-        must have run to its end (a box that fails to start fails no attempt)."""
+    def run(self, command: str, timeout: int = 30, **settings: str) -> dict[str, Any]:
+        """Run ``command`` in the sandbox through the runner (``settings``: more of its
+        environment, as SWARM_SANDBOX_MEMORY); its JSON result. The command must have run
+        to its end (a box that fails to start fails no attempt)."""
         done = subprocess.run(
             self.argv(self.python, str(RUNNER), str(self.workspace), str(self.home),
                       str(timeout), f"{command}\necho {END}"),
-            env=runner_env(self.home), capture_output=True, text=True, timeout=timeout + 30,
-            cwd=self.base)
+            env={**runner_env(self.home), **settings}, capture_output=True, text=True,
+            timeout=timeout + 30, cwd=self.base)
         assert done.returncode == 0, done.stderr  # the runner (the "worker") survived
         result: dict[str, Any] = json.loads(done.stdout)
         assert f"\n{END}\n" in f"\n{result['output']}", result["output"]
@@ -338,3 +339,78 @@ def test_filling_the_disk_outside_the_workspace_stops_at_the_cap(box: Box) -> No
     assert len(sizes) == 3 and max(sizes) <= mib, out
     assert "vartmp=0" not in out, out
     assert not (box.base / "user" / "fill").exists()
+
+
+@pytest.fixture
+def listeners() -> Iterator[list[tuple[str, int]]]:
+    """TCP listeners on the host: on 127.0.0.1 and on each of its other addresses, where
+    the embedded Redis and a host's services listen."""
+    servers = []
+    for address in ("127.0.0.1", *sandbox.boxnet.host_addresses()):
+        server = socket.socket()
+        server.bind((address, 0))
+        server.listen()
+        servers.append(server)
+    try:
+        yield [s.getsockname() for s in servers]
+    finally:
+        for server in servers:
+            server.close()
+
+
+CONNECT = ("import socket, sys\n"
+           "for a in sys.argv[1:]:\n"
+           "    host, port = a.rsplit(':', 1)\n"
+           "    s = socket.socket(); s.settimeout(5)\n"
+           "    print('reach', a, s.connect_ex((host, int(port))))\n")
+
+
+def test_the_hosts_ports_and_redis_are_unreachable(
+        box: Box, listeners: list[tuple[str, int]]) -> None:
+    assert len(listeners) >= 2, "the host has no address but loopback"
+    port = listeners[0][1]
+    targets = [f"{a}:{p}" for a, p in listeners] + [f"{sandbox.boxnet.GATEWAY}:{port}"]
+    result = box.run(f"python3 -c \"{CONNECT}\" {' '.join(targets)}; "
+                     "cat /proc/net/route; echo routes")
+    out = result["output"]
+    for target in targets:  # refused: ECONNREFUSED (111), EACCES (13) or no network (101)
+        assert re.search(rf"^reach {re.escape(target)} (111|13|101)$", out, re.M), out
+    tun = os.stat("/dev/net/tun").st_mode & 0o006 == 0o006 if os.path.exists(
+        "/dev/net/tun") else False
+    if box.user == "root" or tun:  # the internet's way out: slirp4netns's gateway
+        assert "network: user-mode" in result["summary"], result["summary"]
+        assert re.search(r"^tap0\s+00000000\s+0202000A", out, re.M), out
+    else:  # /dev/net/tun is root's: no network at all, and the summary says why
+        assert "no network: slirp4netns failed" in result["summary"], result["summary"]
+        assert "/dev/net/tun" in result["summary"], result["summary"]
+        assert "tap0" not in out, out
+
+
+def test_a_file_in_the_workers_home_is_not_there(box: Box) -> None:
+    tag = uuid.uuid4().hex[:8]
+    home = Path(f"/home/swarm-escape-{tag}")
+    home.mkdir(mode=0o755, parents=True)
+    try:
+        (home / ".env").write_text(f"SWARM_API_KEY={SECRET}\n")
+        (home / ".env").chmod(0o644)  # anyone on the host may read it: only the box hides it
+        out = box.run(f"cat {home}/.env; echo home=$?; ls /home; echo ls=$?")["output"]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert SECRET not in out, out
+    assert "No such file or directory" in out
+    for name in ("home", "ls"):
+        assert re.search(rf"^{name}=[1-9]", out, re.M), out
+
+
+def test_a_memory_bomb_is_killed_naming_the_limit(box: Box) -> None:
+    """Where the runner may make cgroups (root; a user with a delegated one); where it may
+    not, its summary says it has no cgroup limits, and why."""
+    bomb = "python3 -c 'x = bytearray(512 << 20); print(len(x))'; echo bomb=$?"
+    result = box.run(bomb, SWARM_SANDBOX_MEMORY="64M")
+    out = result["output"]
+    if "no cgroup limits" in result["summary"]:
+        assert box.user != "root", result["summary"]
+        assert "delegated cgroup" in result["summary"], result["summary"]
+        return
+    assert "bomb=137" in out, out
+    assert "memory limit of 64 MiB (SWARM_SANDBOX_MEMORY)" in out, out

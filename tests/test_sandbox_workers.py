@@ -34,7 +34,8 @@ NO_USERNS = {"FAILING_BWRAP": "1"}
 
 
 #: An operator's key file, only root may read it (as /etc/swarm/worker.env would be).
-KEY_FILE = Path(f"/var/tmp/swarm-sandbox-workers-{os.getpid()}/worker.env")
+#: In /etc, which the box shows (read-only): the file is there, and refused.
+KEY_FILE = Path(f"/etc/swarm-sandbox-workers-{os.getpid()}/worker.env")
 
 
 def hunt(home: Path) -> str:
@@ -130,7 +131,8 @@ def test_a_default_workers_child_cannot_find_the_model_key(
         assert SECRET.encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes()
     stats = configure(url).control.inspect(timeout=5).stats() or {}
     assert [s["swarm_sandbox"] for s in stats.values()] == [
-        "bwrap (uid 65534, no capabilities, seccomp)"]
+        "bwrap (uid 65534, no capabilities, seccomp, network: user-mode, host and Redis "
+        "unreachable, cgroup: 2048 MiB, 1024 pids, cpu weight 100)"]
 
 
 @pytest.mark.parametrize("cluster", [NO_USERNS], indirect=True)

@@ -9,17 +9,21 @@ A sandboxed command runs (docs/deploy.md has the table of what is and is not con
   on the host, as the runner's uid, or, when the runner is root, as ``SWARM_SANDBOX_UID``
   (:data:`UID`; never 0, whose files the box could otherwise read wherever the owner may),
   given the workspace and its git folders by ACL entries (:mod:`swarm.agent.grants`);
-- on a read-only filesystem but for the workspace (a child also sees its parent's workspace,
-  read-only), with a private ``/tmp``, ``/dev/shm``
-  and ``$HOME`` (tmpfs of :data:`TMP_SIZE` bytes each) and ``SWARM_HOME`` and ``/run``
-  hidden under empty read-only tmpfs (the workspace is bound back when it lies under one);
+- seeing of the host's files only the system's folders (:data:`SYSTEM`, read-only), the
+  workspace (a child also sees its parent's workspace, read-only), with a private
+  ``/tmp``, ``/dev/shm`` and ``$HOME`` (tmpfs of :data:`TMP_SIZE` bytes each) and
+  ``SWARM_HOME`` and ``/run`` hidden under empty read-only tmpfs (the workspace is bound
+  back when it lies under one);
 - under a seccomp filter: the calls of :data:`REFUSED` and ``clone`` of a namespace fail
   with EPERM (``clone3`` with ENOSYS, so libc falls back to ``clone``);
 - with at most :data:`PIDS` processes and threads: ``RLIMIT_NPROC`` set inside the box, where
   it counts the box's own user namespace only (one per command; the kernel holds every
   host uid but 0 to it, and the box never runs as host uid 0);
 - with an environment built from :data:`PASSED` (plus ``SWARM_SANDBOX_ENV`` names);
-- with the network unless ``SWARM_SANDBOX_NETWORK=0`` (then a network namespace of its own).
+- in a network namespace of its own: user-mode internet from slirp4netns where the
+  worker's host and the swarm's Redis are unreachable (:mod:`swarm.agent.boxnet`), none
+  with ``SWARM_SANDBOX_NETWORK=0``, the host's with ``host``;
+- in a cgroup of its own with memory, pids and CPU limits (:mod:`swarm.agent.cgroups`).
 
 Whether this works here is tried once per process with a real command (:func:`probe`).
 Workers default to ``auto`` and refuse children when it fails (:func:`for_worker`); the
@@ -28,6 +32,7 @@ root in a terminal keeps the user's ``SWARM_SANDBOX`` (default ``none``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fnmatch
@@ -38,12 +43,16 @@ import stat
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from swarm.agent import boxnet, cgroups
+from swarm.agent.boxnet import Network
+from swarm.agent.cgroups import Limits
 from swarm.agent.grants import grant_search, grant_tree, inside, open_beneath
-from swarm.config import Settings
+from swarm.config import Settings, parse_size
 from swarm.errors import ConfigError
 
 UID = 65534
@@ -222,6 +231,33 @@ def _forget_pipe() -> None:
 
 os.register_at_fork(after_in_child=_forget_pipe)
 
+NO_NETWORK = Network("none", ())
+
+#: The host's folders a box sees (read-only), where they exist: the system's programs,
+#: libraries and configuration. Not ``/home``, ``/root``, ``/var``, ``/srv``, ``/mnt``,
+#: ``/media``: the worker's user's files, keys and env files stay out of sight.
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+          "/nix", "/sys")
+#: Folders of :data:`SYSTEM` hidden under an empty tmpfs: an operator's swarm settings.
+SYSTEM_HIDDEN = ("/etc/swarm",)
+
+
+def system_binds(show: Iterable[str] = ()) -> list[str]:
+    """bubblewrap's arguments showing :data:`SYSTEM` and ``show`` read-only (a link, as
+    ``/bin`` to ``usr/bin``, stays a link)."""
+    out: list[str] = []
+    for path in (*SYSTEM, *show):
+        if os.path.islink(path) and path in SYSTEM:
+            out += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            out += ["--ro-bind", path, path]
+    out += ["--dir", "/var", "--symlink", "../run", "/var/run"]
+    for path in SYSTEM_HIDDEN:
+        if os.path.isdir(path):
+            out += ["--tmpfs", path, "--remount-ro", path]
+    return out
+
+
 #: What git in a worktree writes in its repository's folder. The rest of it (``config``,
 #: ``hooks``, ``info``) stays read-only in the box: the worker's own git reads it.
 REPO_WRITABLE = ("objects", "refs", "logs")
@@ -338,7 +374,9 @@ class Box:
     """How to wrap a command in bubblewrap."""
 
     binary: str
-    network: bool = True
+    net: Network = NO_NETWORK
+    """Its network (:class:`~swarm.agent.boxnet.Network`): ``user`` (slirp4netns, the host
+    and Redis denied), ``none`` or ``host``."""
     hide: tuple[str, ...] = ()
     """Folders hidden under an empty read-only tmpfs (``SWARM_HOME``)."""
     home: str = ""
@@ -350,6 +388,16 @@ class Box:
     """The host uid (and gid) bubblewrap runs as: set when the runner is root. ``setpriv``
     switches to it (``subprocess``'s ``user=`` would fork the worker instead of vforking
     it: 48 ms a command instead of 15 with a 500 MB worker)."""
+    limits: Limits | None = None
+    """Its cgroup's limits (:mod:`swarm.agent.cgroups`); None: no cgroup."""
+    show: tuple[str, ...] = ()
+    """More host folders shown read-only (``SWARM_SANDBOX_SHOW``) beside :data:`SYSTEM`."""
+
+    @property
+    def handshake(self) -> bool:
+        """Whether the box's first process waits for the worker (:class:`Launch`): to get
+        its network or join its cgroup."""
+        return self.net.mode == "user" or self.limits is not None
 
     def prepare(self, workspace: Path, linked: Path | None = None,
                 beneath: Path | None = None) -> None:
@@ -400,18 +448,24 @@ class Box:
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,
              linked: Path | None = None, runner: int | None = None,
-             alive_fd: int | None = None) -> list[str]:
+             alive_fd: int | None = None, handshake: tuple[int, int, int] | None = None
+             ) -> list[str]:
         """bubblewrap's command line for ``command`` (``linked``: see :func:`git_dirs`).
         With ``runner`` (this process's pid: a worker's), the box never runs once the
         thread that starts it died (:data:`RUNNER_GUARD`); with ``alive_fd`` too (the
         runner's :func:`runner_pipe`, passed to the box), not once the runner died, and dies
-        with it (:data:`RUNNER_ALIVE`)."""
+        with it (:data:`RUNNER_ALIVE`). With ``handshake`` (the write end of the "up" pipe,
+        the read end of the "go" one and one holding its ``/etc/resolv.conf``:
+        :class:`Launch`), it starts in :func:`~swarm.agent.boxnet.wrapper`, which waits
+        for the worker."""
         ws = str(workspace.resolve())
         drop = [] if self.run_as is None else [
             f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups"]
         guard = runner is not None and bool(pdeathsig_setpriv())
         # The parent-death signal is set after the uid change, which would clear it.
-        box = ["setpriv", *drop, *(["--pdeathsig", "KILL"] if guard else []), "--"] \
+        box = [] if handshake is None else boxnet.wrapper(
+            *handshake[:2], self.net if self.net.mode == "user" else None)
+        box += ["setpriv", *drop, *(["--pdeathsig", "KILL"] if guard else []), "--"] \
             if drop or guard else []
         if guard:
             box += ["/bin/sh", "-c", RUNNER_GUARD, "sh", str(runner)]
@@ -420,15 +474,13 @@ class Box:
                # where the box has no capability, so it cannot set the host's name either way.
                "--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try",
                "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-               "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+               *system_binds(self.show), "--dev", "/dev", "--proc", "/proc",
                "--size", str(TMP_SIZE), "--tmpfs", "/tmp", "--remount-ro", "/dev",
                "--size", str(TMP_SIZE), "--tmpfs", "/dev/shm",
                # /run holds sockets (docker's, D-Bus) and secrets (/run/secrets); DNS stays.
                "--tmpfs", "/run", "--ro-bind-try", "/run/systemd/resolve",
                "/run/systemd/resolve", "--remount-ro", "/run"]
         hidden = [str(Path(f).resolve()) for f in self.hide if os.path.isdir(f)]
-        if not os.path.islink("/var/run") and os.path.isdir("/var/run"):
-            hidden.append("/var/run")
         # Outer folders first: the workspace bound back into a hidden SWARM_HOME or home,
         # or SWARM_HOME hidden again inside a workspace that holds it. A hidden folder is
         # made read-only before anything is mounted in it (a remount reaches submounts).
@@ -468,9 +520,12 @@ class Box:
                           and Path(m).is_relative_to(path)]
                 box += ["--tmpfs", path, *(a for m in inside for a in ("--dir", m)),
                         "--remount-ro", path]
-        box += ["--chdir", ws, "--seccomp", str(seccomp_fd)]
-        if not self.network:
+        box += ["--remount-ro", "/", "--chdir", ws, "--seccomp", str(seccomp_fd)]
+        if self.net.mode == "none" or (self.net.mode == "user" and handshake is None):
             box.append("--unshare-net")
+        elif self.net.mode == "user":
+            assert handshake is not None
+            box += ["--ro-bind-data", str(handshake[2]), "/etc/resolv.conf"]
         # The limit is set inside the box, where the count is of the box's namespace only,
         # by a line of the command's own shell (no second shell to start).
         alive = RUNNER_ALIVE.format(fd=alive_fd) if alive_fd is not None else ""
@@ -478,12 +533,111 @@ class Box:
         return box
 
 
+@functools.cache
+def cgroup_tree(limits: Limits) -> cgroups.Tree | str:
+    """This process's cgroup subtree for boxes with ``limits`` (made once, removed at
+    exit), or why there is none and how to fix it."""
+    try:
+        tree = cgroups.Tree(limits)
+    except (cgroups.Unavailable, OSError) as exc:
+        return str(exc)
+    atexit.register(tree.remove)
+    return tree
+
+
+def data_fd(data: bytes) -> int:
+    """A pipe's read end holding ``data`` (well under a pipe's buffer)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return read
+
+
+class Launch:
+    """A box command started: its process, and, for a box that waits for its worker
+    (:attr:`Box.handshake`), its cgroup joined and its network served by slirp4netns
+    before it is let go. :meth:`finish` once the command ended: it stops slirp4netns,
+    removes the cgroup and says which limit, if any, the kernel enforced."""
+
+    def __init__(self, box: Box, build: Callable[[tuple[int, int, int] | None], list[str]],
+                 pass_fds: tuple[int, ...] = (), **popen: Any) -> None:
+        """Start ``build(handshake)``'s command (``handshake``: see :meth:`Box.argv`; None
+        for a box that waits for nothing) with ``popen`` (:class:`subprocess.Popen`'s
+        arguments); OSError when its cgroup cannot be made or it cannot start."""
+        self.slirp: boxnet.Slirp | None = None
+        self.group: cgroups.Group | None = None
+        self.notes: list[str] = []
+        if not box.handshake:
+            self.proc: subprocess.Popen[Any] = subprocess.Popen(
+                build(None), pass_fds=pass_fds, **popen)
+            return
+        tree = cgroup_tree(box.limits) if box.limits is not None else None
+        if isinstance(tree, cgroups.Tree):
+            self.group = tree.group()
+        elif tree is not None:
+            self.notes.append(f"[no cgroup limits: {tree}]")
+        up_r, up_w = os.pipe()
+        go_r, go_w = os.pipe()
+        resolv = data_fd(boxnet.RESOLV.encode())
+        try:
+            self.proc = subprocess.Popen(build((up_w, go_r, resolv)),
+                                         pass_fds=(*pass_fds, up_w, go_r, resolv), **popen)
+        except BaseException:
+            for fd in (up_r, go_w):
+                os.close(fd)
+            self._drop_group()
+            raise
+        finally:
+            for fd in (up_w, go_r, resolv):
+                os.close(fd)
+        try:
+            if boxnet.await_word(up_r):
+                if self.group is not None:
+                    try:
+                        self.group.join(self.proc.pid)
+                    except OSError as exc:  # it runs nothing without its limits
+                        self.notes.append(f"[the box could not join its cgroup: {exc}]")
+                        return
+                if box.net.mode == "user":
+                    self.slirp = boxnet.Slirp(self.proc.pid)
+                    if self.slirp.error:
+                        self.notes.append(f"[no network: {self.slirp.error}; "
+                                          f"{boxnet.SLIRP_FIX}]")
+                os.write(go_w, b"go\n")
+        finally:
+            os.close(up_r)
+            os.close(go_w)
+
+    def _drop_group(self) -> None:
+        if self.group is not None:
+            self.group.remove()
+            self.group = None
+
+    def finish(self) -> str:
+        """Stop what served the box; a line on what stopped it or what it lacked, or ""."""
+        if self.slirp is not None:
+            self.slirp.stop()
+            self.slirp = None
+        verdict = self.group.verdict() if self.group is not None else ""
+        if self.group is not None:
+            self.group.remove_soon()
+            self.group = None
+        return "\n".join([*self.notes, *([verdict] if verdict else [])])
+
+
 @dataclass(frozen=True)
 class Probe:
-    """What a trial command in the box showed: ``ok``, else why not and how to fix it."""
+    """What a trial command in the box showed: ``ok``, else why not and how to fix it;
+    the network its boxes get (``user`` falls back to ``none`` where slirp4netns fails,
+    ``net_note`` says why) and, where its cgroup limits cannot be had, why."""
 
     ok: bool
     reason: str = ""
+    net: Network | None = None
+    net_note: str = ""
+    limits_note: str = ""
 
 
 def run_as(uid: int = UID) -> int | None:
@@ -491,11 +645,31 @@ def run_as(uid: int = UID) -> int | None:
     return uid if os.geteuid() == 0 else None
 
 
+def network_mode(value: bool | str) -> str:
+    """``SWARM_SANDBOX_NETWORK``'s box network: ``user`` (1, the default), ``none`` (0)
+    or ``host``."""
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on", "user"):
+        return "user"
+    if text in ("0", "false", "no", "off", "none"):
+        return "none"
+    if text == "host":
+        return "host"
+    raise ConfigError(f"SWARM_SANDBOX_NETWORK={value!r} is not one of 1, 0, host")
+
+
+_NET_TRIAL = ('while read -r i d _; do [ "$i $d" = "tap0 00000000" ] && echo net-up; '
+              'done < /proc/net/route\n')
+
+
 @functools.cache
-def probe(network: bool = True, uid: int = UID, base: Path | None = None) -> Probe:
-    """Run a trial command in the box (as host ``uid`` when root) and check it is confined
-    (once per process). The trial's workspace is made in ``base`` (a worker's
-    ``SWARM_HOME``, where its children's are) when that exists, else in the temp folder."""
+def probe(net: Network | None = None, uid: int = UID, base: Path | None = None,
+          limits: Limits | None = None, show: tuple[str, ...] = ()) -> Probe:
+    """Run a trial command in the box (as host ``uid`` when root; with network ``net``,
+    default ``user``, and cgroup ``limits``) and check it is confined (once per process).
+    The trial's workspace is made in ``base`` (a worker's ``SWARM_HOME``, where its
+    children's are) when that exists, else in the temp folder."""
+    net = net if net is not None else Network()
     binary = shutil.which("bwrap")
     if binary is None:
         return Probe(False, f"bubblewrap is not installed: {_FIX}")
@@ -504,13 +678,19 @@ def probe(network: bool = True, uid: int = UID, base: Path | None = None) -> Pro
     except (ImportError, OSError, RuntimeError, ValueError) as exc:
         return Probe(False, f"no seccomp filter ({type(exc).__name__}: {exc}): install "
                             "libseccomp2 (apt-get install libseccomp2) and pyseccomp")
-    box = Box(binary, network, run_as=run_as(uid))
+    box = Box(binary, net, run_as=run_as(uid), limits=limits, show=show)
     fix = _FIX if box.run_as is None else f"{_FIX}; {_USERNS_FIX}"
     if box.run_as is not None and shutil.which("setpriv") is None:
         os.close(fd)
         return Probe(False, "setpriv is not installed (a root worker starts the box as "
                             "SWARM_SANDBOX_UID with it): apt-get install util-linux")
+    if net.mode == "user" and net.rules() and shutil.which("nft") is None:
+        os.close(fd)
+        return Probe(False, "SWARM_SANDBOX_ALLOW names ports, which the box's network "
+                            "namespace filters with nftables: apt-get install nftables, or "
+                            "allow whole addresses")
     where = str(base) if base is not None and base.is_dir() else None
+    launch: Launch | None = None
     with tempfile.TemporaryDirectory(prefix="swarm-sandbox-trial-", dir=where) as trial:
         try:
             box.prepare(Path(trial))
@@ -522,26 +702,44 @@ def probe(network: bool = True, uid: int = UID, base: Path | None = None) -> Pro
             os.close(fd)
             return Probe(False, f"cannot give uid {box.run_as} a workspace ({exc}): {_ACL_FIX}")
         try:
-            done = subprocess.run(box.argv(_TRIAL, Path(trial), fd), cwd=trial,
-                                  capture_output=True, text=True, timeout=30,
-                                  stdin=subprocess.DEVNULL, pass_fds=(fd,),
-                                  env=environment(os.environ))
+            trial_command = (_NET_TRIAL if net.mode == "user" else "") + _TRIAL
+            launch = Launch(box, lambda hs: box.argv(trial_command, Path(trial), fd,
+                                                     handshake=hs),
+                            pass_fds=(fd,), cwd=trial, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env=environment(os.environ))
+            stdout, stderr = launch.proc.communicate(timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
+            if launch is not None:
+                launch.proc.kill()
+                launch.proc.wait()
             return Probe(False, f"bubblewrap did not run ({exc}): {fix}")
         finally:
             os.close(fd)
-        out = done.stdout.split()
+            notes = launch.finish() if launch is not None else ""
+        out = stdout.split()
         owner = (Path(trial) / "trial").stat().st_uid if (Path(trial) / "trial").exists() \
             else None
-    if done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    if launch.proc.returncode != 0:
+        said = (stderr.strip().splitlines() or notes.splitlines()
+                or [f"exit code {launch.proc.returncode}"])[-1]
         return Probe(False, f"bubblewrap failed here ({said}): {fix}")
+    net_up = "net-up" in out
+    out = [w for w in out if w != "net-up"]
     expected = [str(UID), "CapEff:", "0000000000000000", "NoNewPrivs:", "1", "Seccomp:", "2"]
     if out[:7] != expected or "root-writable" in out or "secret-readable" in out \
             or out[-1:] != ["workspace-writable"] or owner != (box.run_as or os.geteuid()):
         return Probe(False, f"a trial command was not confined as expected ({' '.join(out)}; "
                             f"its file's owner: uid {owner})")
-    return Probe(True)
+    net_note = ""
+    if net.mode == "user" and not net_up:
+        found = [line for line in notes.splitlines() if line.startswith("[no network")]
+        net_note = found[0].strip("[]") if found else \
+            f"no network: slirp4netns gave the box no route; {boxnet.SLIRP_FIX}"
+        net = NO_NETWORK
+    limits_note = next((line.strip("[]") for line in notes.splitlines()
+                        if line.startswith("[no cgroup")), "")
+    return Probe(True, net=net, net_note=net_note, limits_note=limits_note)
 
 
 @dataclass(frozen=True)
@@ -553,6 +751,8 @@ class Choice:
     """Set on a worker that cannot sandbox: why, and how to fix it (it runs no children)."""
     notice: str = ""
     """A line to tell the person or the log when commands run unconfined."""
+    lacks: tuple[str, ...] = ()
+    """What the box goes without here (its network, its cgroup limits): why, and the fix."""
 
     @property
     def summary(self) -> str:
@@ -562,29 +762,44 @@ class Choice:
         if self.box is None:
             return "none (commands run unconfined)"
         host = self.box.run_as
-        return f"bwrap (uid {UID}{'' if host in (None, UID) else f', host uid {host}'}, " \
-            "no capabilities, seccomp)"
+        net = {"user": "network: user-mode, host and Redis unreachable",
+               "none": "no network", "host": "network: the host's (its ports exposed)"}
+        limits = self.box.limits
+        parts = [f"uid {UID}{'' if host in (None, UID) else f', host uid {host}'}",
+                 "no capabilities", "seccomp", net[self.box.net.mode]]
+        if limits is not None:
+            memory = f"{limits.memory >> 20} MiB" if limits.memory else "no memory limit"
+            parts.append(f"cgroup: {memory}, {limits.pids} pids, cpu weight {limits.cpu}")
+        return f"bwrap ({', '.join(parts)}){''.join(f'; {n}' for n in self.lacks)}"
 
 
-def choose(mode: str, *, worker: bool = False, network: bool = True,
+def choose(mode: str, *, worker: bool = False, network: bool | str | Network = True,
            hide: Iterable[Path] = (), read_only: Iterable[Path] = (), uid: int = UID,
-           trial_in: Path | None = None) -> Choice:
+           trial_in: Path | None = None, limits: Limits | None = None,
+           show: Iterable[str] = ()) -> Choice:
     """The sandbox for ``SWARM_SANDBOX`` ``mode`` (run as host ``uid`` when root; tried in
-    ``trial_in`` when given: :func:`probe`). ``auto``
-    uses bubblewrap when the trial works; when it does not, a worker refuses children and a
-    root runs unconfined with a notice. ``bwrap`` that does not work raises
+    ``trial_in`` when given: :func:`probe`; ``network``: a :class:`Network`, or
+    ``SWARM_SANDBOX_NETWORK``'s value, then denying this host; ``limits``: its cgroup's).
+    ``auto`` uses bubblewrap when the trial works; when it does not, a worker refuses
+    children and a root runs unconfined with a notice. ``bwrap`` that does not work raises
     :class:`ConfigError` (refuses, on a worker)."""
     unconfined = (f"commands run unconfined as uid {os.getuid()} (SWARM_SANDBOX=none); "
                   "SWARM_SANDBOX=auto runs them in bubblewrap")
     if mode == "none":
         return Choice(None, notice=unconfined)
-    found = probe(network, uid, trial_in)
+    net = network if isinstance(network, Network) else Network(network_mode(network))
+    if net.mode != "user":
+        net = Network(net.mode, ())
+    shown = tuple(show)
+    found = probe(net, uid, trial_in, limits, shown)
     if found.ok:
         binary = shutil.which("bwrap")
         assert binary is not None
-        return Choice(Box(binary, network, tuple(str(p) for p in hide),
+        lacks = tuple(n for n in (found.net_note, found.limits_note) if n)
+        return Choice(Box(binary, found.net or net, tuple(str(p) for p in hide),
                           os.environ.get("HOME", ""), tuple(str(p) for p in read_only),
-                          run_as(uid)))
+                          run_as(uid), None if found.limits_note else limits, shown),
+                      lacks=lacks)
     if worker:
         return Choice(None, refuse=f"{found.reason}; or set SWARM_SANDBOX=none on this "
                                    "worker to run commands unconfined")
@@ -594,8 +809,34 @@ def choose(mode: str, *, worker: bool = False, network: bool = True,
     return Choice(None, notice=f"commands run unconfined: {found.reason}")
 
 
+def network_of(settings: Settings) -> Network:
+    """The box network ``settings`` ask for: ``user`` denies this host, the Redis hosts
+    of ``SWARM_REDIS_URL``, link-local addresses and ``SWARM_SANDBOX_DENY``."""
+    mode = network_mode(settings.sandbox_network)
+    if mode != "user":
+        return Network(mode, ())
+    return Network(mode, boxnet.deny_list(settings.redis_url, _listed(settings.sandbox_deny)),
+                   _listed(settings.sandbox_allow))
+
+
+def limits_of(settings: Settings) -> Limits:
+    """The cgroup limits of each box (``SWARM_SANDBOX_MEMORY``, ``_PIDS``, ``_CPU``)."""
+    return Limits(parse_size(settings.sandbox_memory), settings.sandbox_pids,
+                  settings.sandbox_cpu)
+
+
+def shown_of(settings: Settings) -> tuple[str, ...]:
+    """``SWARM_SANDBOX_SHOW``'s folders."""
+    return _listed(settings.sandbox_show)
+
+
+def _listed(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
 def for_worker(settings: Settings) -> Choice:
     """A worker's sandbox: its own ``SWARM_SANDBOX`` (never a swarm's), ``auto`` when unset."""
     mode = settings.sandbox if "sandbox" in settings.explicit else "auto"
-    return choose(mode, worker=True, network=settings.sandbox_network, hide=(settings.home,),
-                  uid=settings.sandbox_uid, trial_in=settings.home)
+    return choose(mode, worker=True, network=network_of(settings), hide=(settings.home,),
+                  uid=settings.sandbox_uid, trial_in=settings.home,
+                  limits=limits_of(settings), show=shown_of(settings))

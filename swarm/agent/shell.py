@@ -7,6 +7,7 @@ command gets ``cwd=`` instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import selectors
 import signal
@@ -17,9 +18,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from swarm import procs
+from swarm.agent.boxnet import Network
+from swarm.agent.cgroups import Limits
 from swarm.agent.protocols import CommandResult
 from swarm.agent.sandbox import (
     UID,
+    Launch,
     add_git_stat_check,
     choose,
     environment,
@@ -212,7 +216,7 @@ class LocalEnvironment:
         cancel: threading.Event | None = None,
         extra_env: dict[str, str] | None = None,
         sandbox: str = "none",
-        network: bool = True,
+        network: bool | str | Network = True,
         hide: tuple[Path, ...] = (),
         pass_env: tuple[str, ...] = (),
         read_only: tuple[Path, ...] = (),
@@ -220,6 +224,8 @@ class LocalEnvironment:
         die_with_runner: bool = False,
         linked: Path | None = None,
         beneath: Path | None = None,
+        limits: Limits | None = None,
+        show: tuple[str, ...] = (),
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -228,9 +234,10 @@ class LocalEnvironment:
         self.cancel = cancel
         self.extra_env = dict(extra_env or {})
         self.choice = choose(sandbox, network=network, hide=hide, read_only=read_only,
-                             uid=sandbox_uid)
+                             uid=sandbox_uid, limits=limits, show=show)
         """Where commands run (``SWARM_SANDBOX``: ``none``, ``auto`` or ``bwrap``; as host
-        uid ``sandbox_uid`` when this process is root)."""
+        uid ``sandbox_uid`` when this process is root; ``network``: the box's, see
+        :func:`~swarm.agent.sandbox.choose`; ``limits``: its cgroup's)."""
         self._prepared = False
         self.pass_env = pass_env
         self.die_with_runner = die_with_runner
@@ -287,19 +294,18 @@ class LocalEnvironment:
                                 "run the worker as a user of its own") from exc
             self._prepared = True
         fd = program_fd() if box is not None else -1
-        argv = self.argv(command, fd)
         alive = (runner_pipe(),) if box is not None and self.die_with_runner else ()
+        launch: Launch | None = None
         try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=self.workspace,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=self.env(),
-                pass_fds=((fd,) if fd >= 0 else ()) + alive,
-            )
+            popen = {"cwd": self.workspace, "stdin": subprocess.DEVNULL,
+                     "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT,
+                     "start_new_session": True, "env": self.env()}
+            if box is None:
+                proc = subprocess.Popen(self.argv(command, fd), **popen)  # type: ignore[call-overload]
+            else:
+                launch = Launch(box, lambda hs: self.argv(command, fd, hs),
+                                pass_fds=(fd, *alive), **popen)
+                proc = launch.proc
         except OSError as exc:
             raise ToolError(f"cannot start bash: {exc}; is bash installed and on PATH?") from exc
         except ValueError as exc:  # a NUL byte in the environment or the workspace path
@@ -307,18 +313,28 @@ class LocalEnvironment:
         finally:
             if fd >= 0:
                 os.close(fd)
-        return self._run(proc, timeout)
+        try:
+            result = self._run(proc, timeout)
+        finally:
+            said = launch.finish() if launch is not None else ""
+        if said:
+            sep = "" if not result.output or result.output.endswith("\n") else "\n"
+            result = dataclasses.replace(result, output=f"{result.output}{sep}{said}")
+        return result
 
-    def argv(self, command: str, seccomp_fd: int = -1) -> list[str]:
-        """How ``command`` starts: in its box (``seccomp_fd``: the filter's pipe), in a
-        shell that dies with this process (:func:`unconfined_argv`), or in plain bash."""
+    def argv(self, command: str, seccomp_fd: int = -1,
+             handshake: tuple[int, int, int] | None = None) -> list[str]:
+        """How ``command`` starts: in its box (``seccomp_fd``: the filter's pipe;
+        ``handshake``: see :meth:`~swarm.agent.sandbox.Box.argv`), in a shell that dies
+        with this process (:func:`unconfined_argv`), or in plain bash."""
         box = self.choice.box
         if box is None:
             return unconfined_argv(command) if self.die_with_runner else ["bash", "-c", command]
         if not self.die_with_runner:
-            return box.argv(command, self.workspace, seccomp_fd, self.linked)
+            return box.argv(command, self.workspace, seccomp_fd, self.linked,
+                            handshake=handshake)
         return box.argv(command, self.workspace, seccomp_fd, self.linked, runner=os.getpid(),
-                        alive_fd=runner_pipe())
+                        alive_fd=runner_pipe(), handshake=handshake)
 
     def _run(self, proc: subprocess.Popen[bytes], timeout: int) -> CommandResult:
         """Collect the output of the started ``proc`` (see :meth:`execute`)."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from swarm.agent import sandbox
 from swarm.agent.approval import ApprovalGate, LLMReviewer
 from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
@@ -112,7 +113,9 @@ def build_agent(
     return Agent(
         model=model,
         env=LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
-                             sandbox=settings.sandbox, network=settings.sandbox_network,
+                             sandbox=settings.sandbox, network=sandbox.network_of(settings),
+                             limits=sandbox.limits_of(settings),
+                             show=sandbox.shown_of(settings),
                              hide=(settings.home,), read_only=read_only,
                              sandbox_uid=settings.sandbox_uid, pass_env=tuple(
                                  n.strip() for n in settings.sandbox_env.split(",") if n.strip()),
