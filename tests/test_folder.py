@@ -188,6 +188,9 @@ def test_broken_tools_are_skipped_with_reasons(tmp_path: Path) -> None:
             return ""
     """)
     _write(tools_dir / "waits.py", "async def run() -> str:\n    return ''\n")
+    _write(tmp_path.parent / f"{tmp_path.name}-key.py", '"""sk-a-key-only-root-reads"""\n'
+           "def run() -> str:\n    return ''\n")
+    (tools_dir / "linked.py").symlink_to(tmp_path.parent / f"{tmp_path.name}-key.py")
     tools, errors = AgentFolder(tmp_path).typed_tools()
     assert [t.name for t in tools] == ["good"]
     assert tools[0].description == "Shout."
@@ -209,6 +212,7 @@ def test_broken_tools_are_skipped_with_reasons(tmp_path: Path) -> None:
         ".swarm/tools/imported.py skipped: run's parameter 'where': the type Path is "
         f"imported from pathlib, and {how}",
         ".swarm/tools/imports.py skipped: it defines no function run(...)",
+        ".swarm/tools/linked.py skipped: it is a link to a file outside the workspace",
         ".swarm/tools/no_hint.py skipped: run's parameter 'items' has no type hint",
         ".swarm/tools/no_run.py skipped: it defines no function run(...)",
         ".swarm/tools/odd_type.py skipped: run's parameter 'items': "

@@ -37,6 +37,8 @@ BUILTIN_TOOLS = frozenset({"run_cli", "agent", "load_skill", "leave_memory_hints
 TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
 OUTPUT_CAP = 20_000
 """Characters of a typed tool's result kept (head and tail), so no tool floods the context."""
+SOURCE_MAX = 1_000_000
+"""Bytes of a tool file read to describe it."""
 ARGUMENTS_MAX = 100_000
 """Bytes of a call's arguments (as JSON): they travel on the runner's command line, where
 one argument holds at most 128 KiB."""
@@ -236,10 +238,15 @@ class AgentFolder:
             return [], []
         tools: list[TypedTool] = []
         errors: list[str] = []
+        top = self.workspace.resolve()
         for path in sorted(folder.glob("*.py")):
             if path.name == "__init__.py" or not path.is_file():
                 continue
             try:
+                if not path.resolve().is_relative_to(top):
+                    # Read by the worker, as root on a root worker: never a file outside
+                    # the workspace (a link to a key), whose text would become the schema.
+                    raise _Skip("it is a link to a file outside the workspace")
                 tools.append(_load_tool(path))
             except _Skip as exc:
                 errors.append(f"{TOOLS_DIR}/{path.name} skipped: {exc}")
@@ -284,6 +291,9 @@ def _load_tool(path: Path) -> TypedTool:
     if name in BUILTIN_TOOLS:
         raise _Skip(f"the name {name!r} clashes with the built-in tool {name}; rename the file")
     try:
+        size = path.stat().st_size
+        if size > SOURCE_MAX:
+            raise _Skip(f"it is {size} bytes, over the {SOURCE_MAX} a tool's file may have")
         source = path.read_bytes()
     except OSError as exc:
         raise _Skip(f"it cannot be read: {exc.strerror or exc}") from None
@@ -291,8 +301,8 @@ def _load_tool(path: Path) -> TypedTool:
         tree = ast.parse(source, str(path))
     except SyntaxError as exc:
         raise _Skip(f"SyntaxError at line {exc.lineno}: {exc.msg}") from None
-    except ValueError as exc:  # a NUL byte
-        raise _Skip(f"SyntaxError: {exc}") from None
+    except (ValueError, MemoryError, RecursionError) as exc:  # a NUL byte, too deep
+        raise _Skip(f"it cannot be parsed: {type(exc).__name__}: {exc}") from None
     scope = _Scope(tree)
     fn = scope.bound.get("run")
     if isinstance(fn, ast.AsyncFunctionDef):

@@ -93,7 +93,7 @@ class Service:
         else:
             workspace = new_job_folder(self.root)
         return submit_job(self.ledger, self.celery, body.task, workspace,
-                          self.job_settings(body), source=source)
+                          self.job_settings(body), source=source, home=self.settings.home)
 
     def job(self, job_id: str) -> Job:
         """The job as it stands; 404 when there is none."""
