@@ -144,6 +144,9 @@ def test_typed_tools_schema_and_call(tmp_path: Path) -> None:
         tool.call({"path": "doc.txt", "bogus": 1}, LocalEnvironment(tmp_path))
     with pytest.raises(ToolError, match="count_words: bad arguments at min_len"):
         tool.call({"path": "doc.txt", "min_len": "two"}, LocalEnvironment(tmp_path))
+    for big in ("x" * 100_001, "'" * 30_000):  # quoted, each ' takes five bytes
+        with pytest.raises(ToolError, match="write the data to a file in the workspace"):
+            tool.call({"path": "doc.txt", "note": big}, env)
 
 
 def test_broken_tools_are_skipped_with_reasons(tmp_path: Path) -> None:

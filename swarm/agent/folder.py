@@ -41,7 +41,8 @@ SOURCE_MAX = 1_000_000
 """Bytes of a tool file read to describe it."""
 ARGUMENTS_MAX = 100_000
 """Bytes of a call's arguments (as JSON): they travel on the runner's command line, where
-one argument holds at most 128 KiB."""
+one argument holds at most 128 KiB (:data:`COMMAND_MAX` for the whole, quoted)."""
+COMMAND_MAX = 120_000
 _SUMMARY_MAX = 200
 
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
@@ -126,11 +127,12 @@ class TypedTool:
         for name in self.nullable:
             kwargs.setdefault(name, None)
         payload = json.dumps({"kwargs": kwargs, "workspace": self.wants_workspace})
-        if len(payload.encode()) > ARGUMENTS_MAX:
-            raise ToolError(f"{self.name}: its arguments are {len(payload.encode())} bytes as "
-                            f"JSON, over the {ARGUMENTS_MAX} a call may pass; write the data "
-                            "to a file in the workspace and pass its path")
         command = runner_command(self.path, payload, env.workspace, output_cap, self.name)
+        if len(payload.encode()) > ARGUMENTS_MAX or len(command.encode()) > COMMAND_MAX:
+            raise ToolError(f"{self.name}: its arguments are {len(payload.encode())} bytes as "
+                            f"JSON, more than a call may pass (at most {ARGUMENTS_MAX}, less "
+                            "with many quotes); write the data to a file in the workspace "
+                            "and pass its path")
         # Room for the envelope around a result of output_cap characters, each of which
         # JSON may write as six (a control character's \uXXXX).
         done = env.execute(command, timeout, output_cap=6 * output_cap + 4096)
