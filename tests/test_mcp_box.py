@@ -75,6 +75,10 @@ def check_boxed(seen: dict[str, Any], home: Path) -> None:
     assert seen["env"]["MIN_TOKEN"] == TOKEN  # its configured env, from the worker's
     assert KEY not in json.dumps(seen)
     assert "SWARM_API_KEY" not in seen["env"] and "SWARM_REDIS_URL" not in seen["env"]
+    # What a stdio server got before (the MCP SDK's few variables and its own), what the
+    # box's shell sets, and python's locale coercion (PEP 538).
+    assert set(seen["env"]) <= {"PATH", "HOME", "USER", "SHELL", "TERM", "LOGNAME",
+                                "MIN_TOKEN", "PWD", "SHLVL", "_", "LC_CTYPE"}
 
 
 @needs_sandbox

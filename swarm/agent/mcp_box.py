@@ -3,8 +3,9 @@
 A server's command comes from the swarm's recorded configuration (what the user gave when
 the swarm started or the job was submitted), but it is a program the worker starts on the
 model's behalf, next to the workspaces its boxes write: it runs in bubblewrap like a
-command (:meth:`swarm.agent.sandbox.Box.argv`: uid 65534, no capabilities, seccomp, the
-allowlisted environment plus the server's own ``env``), in a folder the worker makes for
+command (:meth:`swarm.agent.sandbox.Box.argv`: uid 65534, no capabilities, seccomp; the
+environment the MCP SDK gives a server, ``PATH``, ``HOME``, ``USER`` and the like, plus
+its own ``env``), in a folder the worker makes for
 it under ``SWARM_HOME/mcp`` (never a child's workspace), so it reads neither the worker's
 memory nor its files. One server per configuration per worker, shared by its children, as
 before (:mod:`swarm.mcp_client.pool`).
