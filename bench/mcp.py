@@ -76,7 +76,10 @@ def servers_under(pid: int) -> list[int]:
             cmdline = Path(f"/proc/{p}/cmdline").read_bytes()
         except OSError:
             continue
-        if str(NOTES).encode() in cmdline:
+        # The server itself, not the bubblewrap processes of its box (a worker's servers
+        # run in one), whose command lines hold its command too.
+        if str(NOTES).encode() in cmdline and \
+                not cmdline.split(b"\0")[0].endswith(b"bwrap"):
             out.append(p)
     return out
 
@@ -99,13 +102,24 @@ def shared(n: int, turns: int, latency: float) -> dict[str, Any]:
         times = analyse(script, run)
         servers = servers_under(worker)
         server_rss = sum(rss_kb(p) for p in servers)
+        boxed = [boxed_process(p) for p in servers]
         after = rss_kb(worker)
     spawn, plain_spawn = sorted(times.spawn), sorted(base.spawn)
     return {"n": n, "turns": turns, "mcp_calls": n * turns, "job_wall": run.wall,
             "server_processes_on_worker": len(servers), "server_rss_mib": server_rss / 1024,
+            "servers_in_a_box": sum(boxed),
             "worker_rss_rest_mib": min(rest) / 1024, "worker_rss_after_mib": after / 1024,
             "first_request_after_fanout_s": spread(spawn),
             "without_mcp_first_request_after_fanout_s": spread(plain_spawn)}
+
+
+def boxed_process(pid: int) -> bool:
+    """Whether process ``pid`` runs in a box (``no_new_privs`` and a seccomp filter)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status
 
 
 def spread(xs: list[float]) -> dict[str, float]:
@@ -177,7 +191,8 @@ def report(out: dict[str, Any]) -> list[str]:
         f"(tests/mcp_notes_server.py), {s['turns']} MCP call(s) each",
         f"  one server, cold: {start['seconds_median']:.2f} s to start and list its tools "
         f"(median of {len(start['seconds_all'])}), {start['server_rss_mib']:.0f} MiB RSS",
-        f"  shared:    {s['server_processes_on_worker']} server process(es) on the worker, "
+        f"  shared:    {s['server_processes_on_worker']} server process(es) on the worker"
+        f" ({s.get('servers_in_a_box', 0)} in a box), "
         f"{s['server_rss_mib']:.0f} MiB; worker {s['worker_rss_rest_mib']:.0f} -> "
         f"{s['worker_rss_after_mib']:.0f} MiB; job {s['job_wall']:.2f} s; children's first "
         f"model call {first.get('min', 0):.2f} / {first.get('median', 0):.2f} / "

@@ -160,8 +160,11 @@ def test_a_server_that_dies_mid_call_is_an_error_result_and_the_loop_goes_on(
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     home = tmp_path_factory.mktemp("mcp-home")
-    # The secret is in the worker's environment only, as in a deployment.
-    with local_swarm(home, env={"MCP_NOTES_TOKEN": TOKEN}) as url:
+    # The secret is in the worker's environment only, as in a deployment. Unconfined: the
+    # notes server needs this python's MCP SDK, which a box need not see (it may lie under
+    # the worker's home), and it writes its pid where the tests look; a worker's box for
+    # its servers is tests/test_mcp_box.py's.
+    with local_swarm(home, env={"MCP_NOTES_TOKEN": TOKEN, "SWARM_SANDBOX": "none"}) as url:
         yield url, home
 
 
@@ -281,7 +284,7 @@ def test_a_childs_mcp_call_waits_for_a_person_by_its_policy(
 
 
 @pytest.mark.slow
-def test_a_jobs_root_reads_its_folders_servers_and_its_children_inherit_them(
+def test_a_jobs_root_gets_its_folders_servers_and_its_children_inherit_them(
         cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
     from swarm.broker.app import configure
     from swarm.runtime.jobs import job_state, submit_job

@@ -307,7 +307,7 @@ class Agent:
             return "Memory hints saved. The conversation is being compacted now."
         if self.mcp is not None and call.name in self.mcp:
             return self.mcp.call(call.name, args)
-        return self._typed[call.name].call(args, self.env.workspace)
+        return self._typed[call.name].call(args, self.env, timeout=self.config.command_timeout)
 
     # -- tools and context -----------------------------------------------------------------
 

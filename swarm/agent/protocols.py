@@ -69,9 +69,11 @@ class Environment(Protocol):
 
     workspace: Path
 
-    def execute(self, command: str, timeout: int) -> CommandResult:
+    def execute(self, command: str, timeout: int, *,
+                output_cap: int | None = None) -> CommandResult:
         """Run ``command`` with ``bash -c`` in the workspace; never raises for the command's own
-        failure. Ctrl-C (KeyboardInterrupt) kills the command's process group and re-raises."""
+        failure. Ctrl-C (KeyboardInterrupt) kills the command's process group and re-raises.
+        ``output_cap``: characters of output kept, instead of the environment's own cap."""
         ...
 
 

@@ -265,8 +265,10 @@ class LocalEnvironment:
                 add_git_stat_check(self._env)
         return self._env
 
-    def execute(self, command: str, timeout: int) -> CommandResult:
-        """Run ``command`` in the workspace for at most ``timeout`` seconds.
+    def execute(self, command: str, timeout: int, *,
+                output_cap: int | None = None) -> CommandResult:
+        """Run ``command`` in the workspace for at most ``timeout`` seconds, keeping
+        ``output_cap`` characters of its output (default: :attr:`output_cap`).
 
         Never raises for the command's own failure; raises :class:`ToolError` when the
         workspace is missing, and re-raises KeyboardInterrupt after killing the command.
@@ -314,7 +316,7 @@ class LocalEnvironment:
             if fd >= 0:
                 os.close(fd)
         try:
-            result = self._run(proc, timeout)
+            result = self._run(proc, timeout, output_cap or self.output_cap)
         finally:
             said = launch.finish() if launch is not None else ""
         if said:
@@ -336,10 +338,11 @@ class LocalEnvironment:
         return box.argv(command, self.workspace, seccomp_fd, self.linked, runner=os.getpid(),
                         alive_fd=runner_pipe(), handshake=handshake)
 
-    def _run(self, proc: subprocess.Popen[bytes], timeout: int) -> CommandResult:
+    def _run(self, proc: subprocess.Popen[bytes], timeout: int,
+             output_cap: int) -> CommandResult:
         """Collect the output of the started ``proc`` (see :meth:`execute`)."""
         assert proc.stdout is not None
-        buffer = _CappedBuffer(self.output_cap)
+        buffer = _CappedBuffer(output_cap)
         try:
             exit_code, note, timed_out = self._collect(proc, buffer, timeout)
         except BaseException:

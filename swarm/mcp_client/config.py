@@ -9,7 +9,10 @@ The format is the one users already keep for other agents (``.mcp.json``)::
                  "headers": {"Authorization": "Bearer ${DOCS_TOKEN}"}}}}
 
 Files, a later one replacing a server of the same name: ``SWARM_HOME/mcp.json`` (the
-user's), ``.mcp.json`` at the workspace root, ``.swarm/mcp.json``. ``${VAR}`` and
+user's), ``.mcp.json`` at the workspace root, ``.swarm/mcp.json``. They are read where the
+user starts the swarm: by a root in a terminal as it starts, by the process that submits a
+job (``swarm serve``; a schedule's firing reads ``SWARM_HOME/mcp.json`` only), and recorded
+with the swarm; a worker never reads them from a workspace, which its boxes write. ``${VAR}`` and
 ``${VAR:-default}`` are expanded from the environment of the process that starts the server,
 when it starts (:meth:`ServerSpec.expand`): a :class:`McpConfig` holds the references, never
 their values, so it travels to children (in the swarm's record) without a secret.
@@ -99,11 +102,14 @@ class McpConfig:
         return cls(tuple(servers), tuple(problems))
 
 
-def load(workspace: Path, home: Path) -> McpConfig:
-    """The servers of ``SWARM_HOME/mcp.json``, ``.mcp.json`` and ``.swarm/mcp.json``."""
+def load(workspace: Path | None, home: Path | None) -> McpConfig:
+    """The servers of ``SWARM_HOME/mcp.json``, ``.mcp.json`` and ``.swarm/mcp.json`` (those
+    of ``home`` and ``workspace``; None: none of its files)."""
     merged: dict[str, ServerSpec] = {}
     problems: list[str] = []
-    for path in (home / USER_FILE, *(workspace / rel for rel in WORKSPACE_FILES)):
+    files = ([home / USER_FILE] if home is not None else []) + \
+        ([workspace / rel for rel in WORKSPACE_FILES] if workspace is not None else [])
+    for path in files:
         if not path.is_file():
             continue
         try:

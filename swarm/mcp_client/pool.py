@@ -19,7 +19,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx2
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
@@ -43,17 +43,44 @@ CLIENT_INFO = Implementation(name="swarm", version=__version__)
 
 @dataclass(frozen=True)
 class Key:
-    """What makes two servers the same process: the expanded spec (not its name) and cwd."""
+    """What makes two servers the same process: the expanded spec (not its name), cwd and
+    how it is started (:attr:`Launcher.key`)."""
 
     spec: ServerSpec
     cwd: str
+    launcher: str = ""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a stdio server's process starts: the program and its arguments, and its folder."""
+
+    command: str
+    args: tuple[str, ...]
+    cwd: Path
+
+
+class Launcher(Protocol):
+    """Starts stdio servers otherwise than as plain child processes of this one: a worker's
+    in its box (:class:`swarm.agent.mcp_box.BoxedServers`)."""
+
+    @property
+    def key(self) -> str:
+        """Servers started by launchers of the same key are the same (shared)."""
+        ...
+
+    def __call__(self, spec: ServerSpec) -> Launch:
+        """How ``spec`` (expanded) starts; ``OSError`` when it cannot."""
+        ...
 
 
 class Connection:
     """One running server and the client talking to it."""
 
-    def __init__(self, spec: ServerSpec, cwd: Path | None, log_dir: Path) -> None:
+    def __init__(self, spec: ServerSpec, cwd: Path | None, log_dir: Path,
+                 launcher: Launcher | None = None) -> None:
         self.spec, self.cwd, self.log_dir = spec, cwd, log_dir
+        self.launcher = launcher
         self.client: Client | None = None
         self.tools: list[Tool] = []
         self.error = ""
@@ -109,8 +136,13 @@ class Connection:
             return streamable_http_client(spec.url, http_client=http)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         errlog = stack.enter_context(self.log_path.open("a", encoding="utf-8"))
-        params = StdioServerParameters(command=spec.command, args=list(spec.args),
-                                       env=dict(spec.env) or None, cwd=self.cwd)
+        if self.launcher is not None:
+            launch = self.launcher(spec)
+            params = StdioServerParameters(command=launch.command, args=list(launch.args),
+                                           env=dict(spec.env) or None, cwd=launch.cwd)
+        else:
+            params = StdioServerParameters(command=spec.command, args=list(spec.args),
+                                           env=dict(spec.env) or None, cwd=self.cwd)
         return stdio_client(params, errlog=errlog)
 
     def _describe(self, exc: BaseException) -> str:
@@ -171,9 +203,11 @@ class Pool:
     _failed: dict[Key, tuple[float, str]] = field(default_factory=dict)
 
     async def connect(self, spec: ServerSpec, cwd: Path | None, log_dir: Path,
-                      timeout: float) -> Connection:
-        """The running server of ``spec`` (expanded), started if it is not."""
-        key = Key(replace(spec, name=""), str(cwd or ""))
+                      timeout: float, launcher: Launcher | None = None) -> Connection:
+        """The running server of ``spec`` (expanded), started (by ``launcher`` when
+        given) if it is not."""
+        key = Key(replace(spec, name=""), str(cwd or ""),
+                  launcher.key if launcher is not None and spec.transport == "stdio" else "")
         conn = self.connections.get(key)
         if conn is not None and conn.alive:
             return conn
@@ -182,14 +216,15 @@ class Pool:
             raise McpServerError(failed[1])
         pending = self._starting.get(key)
         if pending is None:
-            pending = asyncio.ensure_future(self._start(key, spec, cwd, log_dir, timeout))
+            pending = asyncio.ensure_future(self._start(key, spec, cwd, log_dir, timeout,
+                                                        launcher))
             self._starting[key] = pending
             pending.add_done_callback(lambda _: self._starting.pop(key, None))
         return await asyncio.shield(pending)
 
     async def _start(self, key: Key, spec: ServerSpec, cwd: Path | None, log_dir: Path,
-                     timeout: float) -> Connection:
-        conn = Connection(spec, cwd, log_dir)
+                     timeout: float, launcher: Launcher | None) -> Connection:
+        conn = Connection(spec, cwd, log_dir, launcher)
         try:
             await conn.start(timeout)
         except McpServerError as exc:

@@ -27,7 +27,7 @@ from mcp.types import Tool
 from swarm.errors import ConfigError, McpServerError
 from swarm.mcp_client import bridge
 from swarm.mcp_client.config import McpConfig, ServerSpec
-from swarm.mcp_client.pool import Connection, Pool, closed_connection, pool
+from swarm.mcp_client.pool import Connection, Launcher, Pool, closed_connection, pool
 from swarm.mcp_client.results import as_text
 
 PREFIX = "mcp__"
@@ -67,8 +67,11 @@ class McpTools:
     def __init__(self, config: McpConfig, *, log_dir: Path, output_cap: int = 20_000,
                  call_timeout: float = 300.0, start_timeout: float = 30.0,
                  cancel: threading.Event | None = None,
-                 environ: Mapping[str, str] | None = None, servers: Pool | None = None) -> None:
+                 environ: Mapping[str, str] | None = None, servers: Pool | None = None,
+                 launcher: Launcher | None = None) -> None:
         self.config = config
+        self.launcher = launcher
+        """Starts the stdio servers (a worker's: in its box); None: as plain processes."""
         self.log_dir, self.output_cap = log_dir, output_cap
         self.call_timeout, self.start_timeout = call_timeout, start_timeout
         self.cancel = cancel
@@ -110,7 +113,8 @@ class McpTools:
 
         async def connect_all() -> list[Connection | BaseException]:
             return await asyncio.gather(
-                *(self.pool.connect(s, self.config.cwd, self.log_dir, self.start_timeout)
+                *(self.pool.connect(s, self.config.cwd, self.log_dir, self.start_timeout,
+                                    self.launcher)
                   for s in expanded), return_exceptions=True)
 
         try:
@@ -174,7 +178,7 @@ class McpTools:
         server = tool.server.name
         try:
             conn = await self.pool.connect(tool.server, self.config.cwd, self.log_dir,
-                                           self.start_timeout)
+                                           self.start_timeout, self.launcher)
         except McpServerError as exc:
             raise McpServerError(f"MCP server {server} is not running and did not start "
                                  f"again: {exc}") from None

@@ -27,6 +27,7 @@ from swarm.agent.loop import Agent, AgentConfig, Observer
 from swarm.agent.probe import probe_environment, tool_versions
 from swarm.agent.prompts import PromptParts, system_prompt
 from swarm.agent.protocols import Approver, HintStore, Model, SessionStore, Spawner
+from swarm.agent.sandbox import Box
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
 from swarm.domain import history
@@ -97,30 +98,33 @@ def build_agent(
     die_with_runner: bool = False,
     linked: Path | None = None,
     beneath: Path | None = None,
+    boxed_mcp: bool = False,
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
     ``cancel`` kills a running command (and abandons an MCP call) when set; ``guard`` and
     ``before_step`` are the agent's (:class:`Agent`): the root's session lock, a child's
     limits. ``mcp`` lists its MCP servers (a root reads them from its folder, a child
-    inherits its swarm's). ``read_only`` folders are seen by sandboxed commands (a child's
-    parent's workspace). With ``die_with_runner`` (a worker's children) an unconfined
+    inherits its swarm's). ``read_only`` folders are seen by sandboxed commands (the objects
+    a child's repository borrows). With ``die_with_runner`` (a worker's children) an unconfined
     command dies with the process that runs it. ``linked``: a view's upper folder, where its
     git worktree is registered; ``beneath``: the folder the workspace must lie in, opened
     from there following no symbolic link before the sandbox grants it (a job's jobs root)
-    (:class:`LocalEnvironment`)."""
+    (:class:`LocalEnvironment`). With ``boxed_mcp`` (a worker's children) its stdio MCP
+    servers start in the box its commands run in, when they run in one
+    (:mod:`swarm.agent.mcp_box`)."""
     folder = AgentFolder(workspace)
+    env = LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
+                           sandbox=settings.sandbox, network=sandbox.network_of(settings),
+                           limits=sandbox.limits_of(settings), show=sandbox.shown_of(settings),
+                           hide=(settings.home,), read_only=read_only,
+                           sandbox_uid=settings.sandbox_uid, pass_env=tuple(
+                               n.strip() for n in settings.sandbox_env.split(",") if n.strip()),
+                           die_with_runner=die_with_runner, linked=linked, beneath=beneath)
+    box = env.choice.box if boxed_mcp else None
     return Agent(
         model=model,
-        env=LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
-                             sandbox=settings.sandbox, network=sandbox.network_of(settings),
-                             limits=sandbox.limits_of(settings),
-                             show=sandbox.shown_of(settings),
-                             hide=(settings.home,), read_only=read_only,
-                             sandbox_uid=settings.sandbox_uid, pass_env=tuple(
-                                 n.strip() for n in settings.sandbox_env.split(",") if n.strip()),
-                             die_with_runner=die_with_runner, linked=linked,
-                             beneath=beneath),
+        env=env,
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
         system_prompt=prompt_builder(workspace, folder, extra_prompt, tools_cache(settings)),
@@ -138,21 +142,24 @@ def build_agent(
         spawner=spawner,
         guard=guard,
         before_step=before_step,
-        mcp=mcp_tools(settings, mcp, cancel) if mcp is not None else None,
+        mcp=mcp_tools(settings, mcp, cancel, box) if mcp is not None else None,
     )
 
 
-def mcp_tools(settings: Settings, mcp: McpConfig, cancel: threading.Event | None
-              ) -> McpTools | None:
-    """The agent's MCP tools; None without servers, and then the MCP SDK (seconds to
-    import) is not loaded."""
+def mcp_tools(settings: Settings, mcp: McpConfig, cancel: threading.Event | None,
+              box: Box | None = None) -> McpTools | None:
+    """The agent's MCP tools (stdio servers started in ``box`` when given, each in a
+    folder under ``SWARM_HOME/mcp``); None without servers, and then the MCP SDK (seconds
+    to import) is not loaded."""
     if not (mcp.servers or mcp.problems):
         return None
+    from swarm.agent.mcp_box import BoxedServers
     from swarm.mcp_client.tools import McpTools
 
     return McpTools(mcp, log_dir=settings.home / "logs", output_cap=settings.output_cap,
                     call_timeout=settings.command_timeout,
-                    start_timeout=settings.mcp_start_timeout, cancel=cancel)
+                    start_timeout=settings.mcp_start_timeout, cancel=cancel,
+                    launcher=BoxedServers(box, settings.home / "mcp") if box else None)
 
 
 @dataclass

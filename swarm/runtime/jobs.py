@@ -7,13 +7,18 @@ the swarm's queue; the swarm's state follows the root's run.
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
 
+from swarm.mcp_client import config as mcp_config
+from swarm.mcp_client.config import McpConfig
 from swarm.store.ledger import Ledger, RunRecord, new_swarm_id
+
+log = logging.getLogger(__name__)
 
 
 def job_run_id(swarm_id: str) -> str:
@@ -22,17 +27,27 @@ def job_run_id(swarm_id: str) -> str:
 
 def submit_job(ledger: Ledger, app: Celery, task: str, workspace: Path,
                settings: dict[str, Any], source: str = "api", owner: str = "",
-               jobs_root: Path | None = None) -> str:
+               jobs_root: Path | None = None, *, mcp: McpConfig | None = None,
+               home: Path | None = None) -> str:
     """Record a job's swarm and root, and enqueue the root; returns the swarm id. ``owner``:
     the id of the API token that submits it; ``jobs_root``: the folder ``workspace`` was
-    checked to lie beneath (the worker opens it from there, following no symbolic link)."""
+    checked to lie beneath (the worker opens it from there, following no symbolic link).
+
+    The job's MCP servers are fixed now, with the swarm: ``mcp``, else those of ``home``'s
+    ``mcp.json`` and of the workspace's files as they are at submission. The workers never
+    read them from the workspace, which the job's commands write."""
+    if mcp is None:
+        mcp = mcp_config.load(workspace, home)
+    for problem in mcp.problems:
+        log.warning("job for %s: %s", workspace, problem)
     swarm_id = new_swarm_id()
     run = RunRecord(id=job_run_id(swarm_id), agent=swarm_id, request="", call_id="",
                     message=task, state="queued", swarm=swarm_id)
     ledger.create_swarm(swarm_id, swarm_id, str(workspace), task, settings,
                         socket.gethostname(), swarm_id, kind="job", state="queued", job=run,
                         source=source, owner=owner,
-                        jobs_root=str(jobs_root) if jobs_root is not None else "")
+                        jobs_root=str(jobs_root) if jobs_root is not None else "",
+                        mcp=mcp.to_json())
     app.send_task("swarm.agent.run", args=[run.id], task_id=run.id,
                   shadow=f"job {swarm_id}: {' '.join(task.split()[:8])}"[:200],
                   argsrepr=repr((run.id,)), kwargsrepr="{}", ignore_result=True,

@@ -14,6 +14,7 @@ import redis
 from celery import Celery
 from redbeat.schedulers import REDBEAT_SENTINEL_KEY, RedBeatConfig, RedBeatSchedulerEntry
 
+from swarm.mcp_client import config as mcp_config
 from swarm.runtime.jobs import submit_job
 from swarm.schedules.spec import Schedule, ScheduleError, folder_source, load_folder, parse_cron
 from swarm.serve.jobs import jobs_root, new_job_folder
@@ -155,8 +156,11 @@ def fire(redis_: redis.Redis, app: Celery, name: str, fire_id: str, home: Path
     root = None if schedule.workspace else jobs_root(home).resolve()
     workspace = new_job_folder(root) if root is not None else Path(schedule.workspace)
     settings = {**schedule.settings, "yes": schedule.approve == "all"}
+    # Fired on a worker: its own SWARM_HOME/mcp.json (no box sees it), never the files of a
+    # folder earlier firings' commands wrote.
     job_id = submit_job(Ledger(redis_), app, schedule.task, workspace, settings,
-                        source=f"schedule:{name}", jobs_root=root)
+                        source=f"schedule:{name}", jobs_root=root,
+                        mcp=mcp_config.load(None, home))
     schedule.last_job, schedule.last_fired = job_id, time.time()
     if redis_.hexists(keys.schedules(), name):  # not removed meanwhile
         redis_.hset(keys.schedules(), name, json.dumps(schedule.to_dict(), ensure_ascii=False))

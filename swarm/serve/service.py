@@ -99,7 +99,7 @@ class Service:
             workspace = new_job_folder(self.root)
         return submit_job(self.ledger, self.celery, body.task, workspace,
                           self.job_settings(body), source=source, owner=caller.id,
-                          jobs_root=root)
+                          jobs_root=root, home=self.settings.home)
 
     def visible(self, job_id: str, caller: Caller) -> dict[str, str]:
         """The job's swarm record when ``caller`` may see it; else 404, the same as for a

@@ -440,11 +440,11 @@ class Ledger:
                      jobs_root: str = "") -> None:
         """Create a swarm and its root agent (idempotent). ``kind`` is ``root`` for a root
         in a terminal, ``job`` for a root that runs as a task (HTTP jobs, schedules),
-        whose queued ``job`` run is written in the same transaction. ``mcp`` is the root's
-        MCP configuration for its children (a job's root records its own when it starts:
-        :meth:`record_mcp`). A job's ``owner`` is the id of the API token that submitted
-        it; its ``jobs_root`` the folder its workspace must stay beneath (the worker opens
-        the workspace from there, never through a symbolic link)."""
+        whose queued ``job`` run is written in the same transaction. ``mcp`` is the swarm's
+        MCP configuration, fixed for its agents (a root's as it started, a job's as it was
+        submitted). A job's ``owner`` is the id of the API token that submitted it; its
+        ``jobs_root`` the folder its workspace must stay beneath (the worker opens the
+        workspace from there, never through a symbolic link)."""
         now = time.time()
         with self.redis.pipeline() as pipe:
             pipe.hsetnx(keys.swarm(swarm_id), "id", swarm_id)
@@ -491,15 +491,6 @@ class Ledger:
         """The MCP configuration recorded with the swarm; None before it is recorded."""
         raw = self.redis.hget(keys.swarm(swarm_id), "mcp")
         return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else None
-
-    def record_mcp(self, swarm_id: str, config: dict[str, Any]) -> dict[str, Any]:
-        """Record a job root's MCP configuration for its children, unless one is recorded
-        already (a replayed or taken-over root): returns the one recorded."""
-        with self.redis.pipeline() as pipe:
-            pipe.hsetnx(keys.swarm(swarm_id), "mcp", json.dumps(config))
-            pipe.hget(keys.swarm(swarm_id), "mcp")
-            _, raw = pipe.execute()
-        return cast("dict[str, Any]", json.loads(raw))
 
     def latest_swarm(self) -> str | None:
         ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), 0, 0))

@@ -46,7 +46,6 @@ from swarm.errors import (
     WorkspaceLost,
 )
 from swarm.errors import StoreError as SwarmStoreError
-from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
 from swarm.runtime import homecoming, parked, sweep, views
 from swarm.runtime.build import build_agent, new_session
@@ -256,12 +255,13 @@ class ChildRunner:
                 cancel=control.event,
                 guard=control.check_lease,
                 before_step=control.before_step,
-                mcp=self.mcp_servers(swarm_id, record, workspace.path, settings),
+                mcp=self.mcp_servers(swarm_id),
                 # Its repository borrows the objects of the one its seed is in.
                 read_only=(workspace.odb / "objects",) if workspace.odb is not None else (),
                 die_with_runner=True,
                 linked=upper(workspace.view) if workspace.view is not None else None,
                 beneath=self._jobs_root(swarm_id) if record.kind == "job" else None,
+                boxed_mcp=True,
             )
             # Its children's work lands before it goes on (a check runs in its box).
             landing = homecoming.bring_home(
@@ -373,22 +373,19 @@ class ChildRunner:
         return self._settings.get_or_load(swarm_id,
                                           lambda: self.ledger.swarm_settings(swarm_id))
 
-    def mcp_servers(self, swarm_id: str, record: AgentRecord, workspace: Path,
-                    settings: Settings) -> McpConfig:
-        """The MCP servers recorded with the swarm (as configured, ``${VAR}`` unexpanded:
-        they expand from this worker's environment). A job's root reads them from its
-        workspace and ``SWARM_HOME`` and records them for its children."""
+    def mcp_servers(self, swarm_id: str) -> McpConfig:
+        """The MCP servers recorded with the swarm when it was started or submitted (as
+        configured, ``${VAR}`` unexpanded: they expand from this worker's environment).
+        Never read from a workspace: its commands write it (a ``.mcp.json`` planted there
+        would have this worker start a program of their choosing)."""
         cached = self._mcp.get(swarm_id)
         if cached is not None:
             return cached
         raw = self.ledger.swarm_mcp(swarm_id)
-        if raw is None and record.kind == "job":
-            read = mcp_config.load(workspace, settings.home)
-            for problem in read.problems:
-                log.warning("job %s: %s", swarm_id, problem)
-            raw = self.ledger.record_mcp(swarm_id, read.to_json())
-        if raw is None:  # a swarm from before swarms recorded their MCP servers
-            return McpConfig()
+        if raw is None:  # a swarm from before swarms (and jobs) recorded their MCP servers
+            log.warning("swarm %s has no MCP configuration recorded: its agents get no MCP "
+                        "servers", swarm_id)
+            raw = {"mcpServers": {}}
         config = McpConfig.from_json(raw)
         self._mcp.put(swarm_id, config)
         return config
