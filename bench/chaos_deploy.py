@@ -336,7 +336,9 @@ class Deployment:
         env = host_env(spec, self._env(
             SWARM_HOME=str(self.home), SWARM_BASE_URL=self.model.base_url,
             SWARM_API_KEY=SECRET, SWARM_RETRIES="10", SWARM_BACKOFF_MAX="2",
-            SWARM_SANDBOX=self.plan.sandbox))
+            SWARM_SANDBOX=self.plan.sandbox,
+            # The boxes show only system folders unless told: the collector's socket too.
+            SWARM_SANDBOX_SHOW=str(self.collector.folder)))
         argv = host_argv(spec, [sys.executable, "-m", "swarm", "worker", "--concurrency",
                                 str(self.plan.concurrency), "--loglevel", "WARNING",
                                 "--hostname", f"w@{spec.name}"])

@@ -31,9 +31,9 @@ Why this path, not a file the command appends to, nor TCP to the laptop:
   line's own time (taken before sending) would still be needed. A Unix socket is reached
   through the filesystem, which every simulated host shares with the laptop, whatever
   their network namespaces do: the evidence is an observer outside the network under test,
-  as the shared journal file was before. It sits under ``/var/tmp`` (not hidden from the
-  box, unlike ``/tmp``, ``/run`` and ``SWARM_HOME``), writable by anyone (the box runs as
-  ``SWARM_SANDBOX_UID``): docs/deploy.md lists such sockets as not confined.
+  as the shared journal file was before. It sits under ``/var/tmp``, writable by anyone
+  (the box runs as ``SWARM_SANDBOX_UID``); a box shows its folder only when told
+  (``SWARM_SANDBOX_SHOW``, which the campaign gives its workers).
 
 A line whose sender was gone before its ancestors could be read (its box killed with its
 worker in that very instant) gets pid 0: the checks then know its time but not its

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis as redis_py
@@ -124,7 +125,8 @@ def test_a_stopped_client_sends_nothing(model_server: ScriptedModelServer) -> No
 @pytest.fixture
 def cut_redis(redis_server: str) -> Iterator[tuple[TcpProxy, redis_py.Redis]]:
     """A client of the test server through a link that can be cut."""
-    host, port = redis_server.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    parts = urlsplit(redis_server)  # redis://:PASSWORD@HOST:PORT/0
+    host, port = str(parts.hostname), str(parts.port)
     with TcpProxy(host, int(port)) as link:
         client_ = connect(redis_server.replace(f":{port}", f":{link.port}", 1), retries=0,
                           socket_timeout=0.5, connect_timeout=0.5)

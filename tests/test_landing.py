@@ -269,3 +269,33 @@ def test_a_lone_landing_that_fails_the_check_leaves_the_tree_as_it_was(swarm: Sw
                            lambda command: (False, "no"), "false")
     assert body["landing"] == "check failed" and done.files == 0
     assert {p.name: p.read_bytes() for p in swarm.repo.iterdir() if p.is_file()} == before
+
+
+def test_a_continued_child_starts_from_the_parents_files_with_its_own_changes_reapplied(
+        swarm: Swarm) -> None:
+    seeds = swarm.here
+    ws = seeds.child(SWARM, "cc", swarm.sid)
+    replace_line(ws.path / "shared.py", "line 5\n", "line 5 by the child\n")
+    replace_line(ws.path / "shared.py", "line 18\n", "line 18 by the child\n")
+    (ws.path / "childs.txt").write_text("the child's own file\n")
+    (ws.path / "other.txt").write_text("the child's other\n")
+    # Meanwhile the parent changed one of those places, and a file of its own.
+    replace_line(swarm.repo / "shared.py", "line 18\n", "line 18 by the parent\n")
+    (swarm.repo / "parents.txt").write_text("the parent's new file\n")
+    again = seeds.take(swarm.repo, SWARM, tree_of=swarm.tree)
+    new, kept = homecoming.rebase(seeds, ws, again, SWARM, "cc")
+    assert kept == ["shared.py"]
+    assert new.seed == again and (new.path / ".git").is_dir()
+    shared = (new.path / "shared.py").read_text()
+    # Where its change no longer fits, the parent's version; no conflict marker.
+    assert "line 18 by the parent\n" in shared and "<<<<<<<" not in shared
+    assert (new.path / "parents.txt").read_text() == "the parent's new file\n"
+    assert (new.path / "childs.txt").read_text() == "the child's own file\n"
+    assert (new.path / "other.txt").read_text() == "the child's other\n"
+    # What it now sends home is measured against the new seed: its re-applied changes.
+    delta = seeds.capture(new, SWARM)
+    body = {"agent_id": "cc", "delta": delta, "seed": new.seed}
+    swarm.land(body)
+    assert body["landing"] == "landed"
+    assert (swarm.repo / "childs.txt").read_text() == "the child's own file\n"
+    assert "line 18 by the parent\n" in (swarm.repo / "shared.py").read_text()

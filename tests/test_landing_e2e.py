@@ -150,3 +150,55 @@ def test_a_childs_landing_that_fails_its_check_is_taken_back(
     assert "bad.txt breaks it" in results[1]["check_output"]
     assert (repo / "good.txt").exists() and not (repo / "bad.txt").exists()
     assert "failed the check" in result.stderr
+
+
+def test_a_conflicting_child_continued_redoes_its_change_over_the_parents_files_and_lands(
+        cluster: tuple[str, Path], tmp_path: Path) -> None:
+    url, home = cluster
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "shared.py").write_text("".join(f"line {n}\n" for n in range(1, 21)))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    seen: dict[str, Any] = {}
+
+    def continue_the_conflict(request: dict[str, Any]) -> Reply:
+        results = [json.loads(t) for t in tool_results(request)]
+        seen["first"] = [r["landing"] for r in results]
+        return Reply(tool_calls=[ToolCall("agent", {
+            "message": "REDO yours on line 16 instead", "agent_id": results[1]["agent_id"]},
+            id="c2")])
+
+    def redo(request: dict[str, Any]) -> Reply:
+        seen["told"] = request["messages"][-1]["content"]
+        return command("cat shared.py | grep -c 'by a child'; "
+                       "sed -i 's/^line 16$/line 16 by another child/' shared.py")
+
+    def root_ends(request: dict[str, Any]) -> Reply:
+        seen["then"] = [json.loads(t)["landing"] for t in tool_results(request)]
+        return Reply(content="done")
+
+    with ScriptedModelServer() as model:
+        model.responder = ByTask({
+            "ROOT": [Reply(tool_calls=[
+                ToolCall("agent", {"message": "EDIT line 15"}, id="c0"),
+                ToolCall("agent", {"message": "CLASH on line 15"}, id="c1")]),
+                continue_the_conflict, root_ends],
+            "EDIT": [command("sed -i 's/^line 15$/line 15 by a child/' shared.py"),
+                     Reply(content="edited")],
+            "CLASH": [command("sed -i 's/^line 15$/line 15 by another child/' shared.py"),
+                      Reply(content="clashed"), redo, Reply(content="redone")],
+        })
+        env = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+        env.update(SWARM_BASE_URL=model.base_url, SWARM_REDIS_URL=url, SWARM_HOME=str(home),
+                   SWARM_RETRIES="1")
+        result = CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C", str(repo),
+                                           "ROOT"], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    assert seen["first"] == ["landed", "conflict"] and seen["then"] == ["landed"]
+    # It was told, and found its sibling's landed line in its files.
+    assert "except in shared.py, where your parent's version is kept" in seen["told"]
+    shared = (repo / "shared.py").read_text()
+    assert "line 15 by a child\n" in shared and "line 16 by another child\n" in shared
+    assert "line 15 by another child" not in shared

@@ -217,7 +217,8 @@ class Coordinator:
                 agent_id = derive_id("a", parent_id, turn, call["call_id"])
             run = RunRecord(id=run_id, agent="" if refusal else agent_id, request=request_id,
                             call_id=call["call_id"], message=call["message"], state="queued",
-                            output_schema=call.get("output_schema") or None)
+                            output_schema=call.get("output_schema") or None,
+                            rebase=str(call.get("seed") or "") if target else "")
             if refusal:
                 self.ledger.refuse(run, refusal)
                 continue

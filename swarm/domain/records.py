@@ -51,6 +51,9 @@ class RunRecord:
     """The W3C trace context of the parent's ``agent`` call (OpenTelemetry), or ""."""
     swarm: str = ""
     """The swarm of the run's agent ("" in records written before runs carried it)."""
+    rebase: str = ""
+    """A continuation's: the snapshot of its parent's workspace as the parent called it
+    again, which its workspace is brought up to before it runs ("": none)."""
 
     @classmethod
     def from_hash(cls, run_id: str, row: dict[str, str]) -> RunRecord | None:
@@ -66,7 +69,7 @@ class RunRecord:
             start_index=_int(row.get("start_index"), -1),
             attempts=_int(row.get("attempts")),
             traceparent=row.get("traceparent", ""),
-            swarm=row.get("swarm", ""))
+            swarm=row.get("swarm", ""), rebase=row.get("rebase", ""))
 
     def to_hash(self, now: float) -> dict[str, str | float]:
         """The fields written when the run is created."""
@@ -79,6 +82,8 @@ class RunRecord:
             fields["traceparent"] = self.traceparent
         if self.swarm:
             fields["swarm"] = self.swarm
+        if self.rebase:
+            fields["rebase"] = self.rebase
         return fields
 
 

@@ -453,3 +453,40 @@ def _files_aside(seeds: Seeds, body: dict[str, Any], delta: str, swarm_id: str,
         shutil.rmtree(dest)
     g.checkout_files(repo, delta, dest, files)
     body["files_at"] = str(dest)
+
+
+def rebase(seeds: Seeds, ws: Workspace, seed: str, swarm_id: str,
+           agent_id: str) -> tuple[Workspace, list[str]]:
+    """A continued child's workspace ``ws`` made anew from its parent's snapshot ``seed``
+    (a repository of its own again), its own changes over its old seed re-applied by a
+    three-way merge; the files where they did not fit (the parent's version is there)."""
+    old = ws.seed
+    delta = seeds.capture(ws, swarm_id)
+    seeds.release(ws)
+    top = ws.top
+    seeds.release_view(top.parent / ".views" / top.name, top, remove=True)
+    shutil.rmtree(top, ignore_errors=True)
+    new = seeds.child(swarm_id, agent_id, seed)
+    if not delta or new.odb is None:
+        return new, []
+    odb = new.odb
+    seeds.fetch(delta, odb)
+    fresh = g.git("rev-parse", f"{seed}^{{tree}}", repo=odb)
+    mine = g.commit(odb, fresh, [old], "swarm: the parent's workspace")
+    merged, conflicts = g.merge_trees(odb, mine, delta)
+    if conflicts:  # the parent's version of those files, no conflict marker
+        with tempfile.TemporaryDirectory(prefix="swarm-rebase-") as tmp:
+            env = {"GIT_DIR": str(odb), "GIT_COMMON_DIR": str(odb),
+                   "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            g.git("read-tree", merged, env=env, cwd=odb)
+            g.git("rm", "-q", "--cached", "--ignore-unmatch", "--", *conflicts, env=env,
+                  cwd=odb)
+            listed = g.git("ls-tree", "-r", "-z", fresh, "--", *conflicts, repo=odb)
+            lines = [f"{line.split(chr(9), 1)[0].split()[0]} "
+                     f"{line.split(chr(9), 1)[0].split()[2]}\t{line.split(chr(9), 1)[1]}\n"
+                     for line in listed.split("\0") if "\t" in line]
+            if lines:
+                g.git("update-index", "--index-info", env=env, cwd=odb, input="".join(lines))
+            merged = g.git("write-tree", env=env, cwd=odb)
+    write_changes(odb, new.top, fresh, merged)
+    return new, conflicts

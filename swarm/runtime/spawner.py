@@ -56,11 +56,12 @@ class RedisSpawner:
         return derive_id("q", self.agent_id, turn, *(c.call_id for c in calls))
 
     def prepare(self, calls: list[SpawnCall]) -> tuple[list[SpawnCall], dict[str, str]]:
-        """New children that do not ask to start empty get the snapshot of the parent's
-        workspace, taken once for the request; if it cannot be taken, those calls are
-        answered with the reason instead."""
+        """New children that do not ask to start empty, and continued ones, get the
+        snapshot of the parent's workspace, taken once for the request (a continued child's
+        workspace is brought up to it); if it cannot be taken, those calls are answered
+        with the reason instead."""
         self._ensure()  # the swarm's record (and its counters) come first
-        wanted = [c for c in calls if not c.agent_id and not c.empty]
+        wanted = [c for c in calls if not c.empty]
         self.snapshot = self.state = ""
         if (not wanted and not self.keep_state) or self.seeder is None:
             return calls, {}

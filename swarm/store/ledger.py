@@ -808,6 +808,11 @@ class Ledger:
             fields["ws_state"] = state
         self.redis.hset(keys.agent(agent_id), mapping=fields)
 
+    def reseed(self, agent_id: str, seed: str) -> None:
+        """A continued child's workspace now starts from the snapshot ``seed`` (its
+        parent's as it was called again): its work is taken against it from now on."""
+        self.redis.hset(keys.agent(agent_id), "seed", seed)
+
     def landed(self, states: dict[str, str]) -> None:
         """How each child's work came home in its parent's workspace (by agent id): for
         the views; nothing else reads it."""

@@ -49,7 +49,7 @@ from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client.config import McpConfig
 from swarm.runtime import homecoming, parked, sweep, views
 from swarm.runtime.build import build_agent, new_session
-from swarm.runtime.seed import Seeds, upper
+from swarm.runtime.seed import EMPTY, Seeds, upper
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, QueueApprover
@@ -192,6 +192,9 @@ class ChildRunner:
                       settings.snapshot_swarm_max, view=self.settings.seed_view,
                       box_uid=self.sandbox.box.run_as if self.sandbox.box else None)
         workspace = self._workspace(record, swarm_id, seeds)
+        if run.rebase and run.rebase not in (workspace.seed, EMPTY) and workspace.seed \
+                and not resume and run.start_index < 0:
+            workspace, run = self._rebase(workspace, seeds, run, record)
         # Its boxes copy its thread's mounts: there, no other child's view.
         isolated = workspace.view is not None and self.sandbox.box is not None and \
             views.isolate(self.settings.home / "workspaces", workspace.top)
@@ -389,6 +392,20 @@ class ChildRunner:
         config = McpConfig.from_json(raw)
         self._mcp.put(swarm_id, config)
         return config
+
+    def _rebase(self, workspace: ws.Workspace, seeds: Seeds, run: RunRecord,
+                record: AgentRecord) -> tuple[ws.Workspace, RunRecord]:
+        """A continued child's workspace brought up to its parent's as the parent called it
+        again (``run.rebase``), its own earlier changes re-applied where they still fit;
+        the run's message says where they did not."""
+        workspace, kept = homecoming.rebase(seeds, workspace, run.rebase, record.swarm,
+                                            record.id)
+        self.ledger.reseed(record.id, run.rebase)
+        note = ("[Your workspace now holds your parent's files as they are now; your earlier "
+                "changes were applied over them"
+                + (f", except in {', '.join(kept[:20])}, where your parent's version is kept"
+                   if kept else "") + ".]\n\n")
+        return workspace, dataclasses.replace(run, message=note + run.message)
 
     def _workspace(self, record: AgentRecord, swarm_id: str, seeds: Seeds) -> ws.Workspace:
         """The agent's workspace on this host: found where it was made, restored from the

@@ -52,7 +52,7 @@ def test_a_boxed_commands_line_reaches_the_collector_with_its_workers_pid(
     """The box has its own pid namespace, /tmp and an allowlisted environment (and runs as
     SWARM_SANDBOX_UID under a root runner): the line still arrives, with this process's
     pid, which the box cannot see."""
-    choice = sandbox.choose("auto", worker=True)
+    choice = sandbox.choose("auto", worker=True, show=(str(collector.folder),))
     if choice.box is None:
         pytest.skip(f"no sandbox here: {choice.refuse}")
     workspace = tmp_path / "ws"

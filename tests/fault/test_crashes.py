@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner, Result
@@ -231,7 +232,8 @@ def test_a_worker_cut_off_from_redis_stops_its_command_before_its_lease_runs_out
                    Reply(content="victim recovered")],
     })
     swarm.start("coordinator", "coord")
-    host, port = swarm.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    parts = urlsplit(swarm.url)  # redis://:PASSWORD@HOST:PORT/0
+    host, port = str(parts.hostname), str(parts.port)
     with TcpProxy(host, int(port)) as link:
         swarm.start("worker", "cut", SWARM_LEASE="4",
                     SWARM_REDIS_URL=swarm.url.replace(f":{port}", f":{link.port}", 1))
