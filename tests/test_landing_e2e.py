@@ -16,6 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from swarm.cli import main
+from swarm.runtime.jobs import job_state
+from swarm.store.connection import connect
+from swarm.store.ledger import Ledger
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
@@ -92,9 +95,17 @@ def test_children_land_in_the_users_dirty_tree_and_a_conflict_is_named(
     assert [r["landing"] for r in results] == ["landed", "landed", "conflict"]
     assert results[2]["conflicts"] == ["shared.py"] and "+line 15 by another child" in \
         results[2]["hunks"]
-    agents = {a["id"]: a for a in json.loads(status.stdout)["agents"]}
+    shown = json.loads(status.stdout)
+    agents = {a["id"]: a for a in shown["agents"]}
     assert sorted(a["landing"] or "" for a in agents.values()) == \
         ["", "conflict", "landed", "landed"]
+    # The HTTP API's job and its event stream (SSE) carry them too.
+    ledger = Ledger(connect(url))
+    swarm_id = str(shown["swarm"]["id"])
+    api = {a["id"]: a["landing"] for a in job_state(ledger, swarm_id)["agents"]}
+    assert sorted(v or "" for v in api.values()) == ["", "conflict", "landed", "landed"]
+    events = [f for _, f in ledger.events_since(swarm_id, "0-0") if f["kind"] == "landed"]
+    assert sorted(e["landing"] for e in events) == ["conflict", "landed", "landed"]
     # The conflicting child's changes are kept, and can be shown and landed later.
     clash = results[2]["agent_id"]
     shown = CliRunner().invoke(main, ["land", clash, "--show", "-C", str(repo)], env=env)

@@ -74,4 +74,4 @@ def job_state(ledger: Ledger, swarm_id: str) -> dict[str, Any]:
     return {"id": swarm_id, "state": state, "answer": result.get("answer"),
             "error": result.get("error"), "usage": usage,
             "agents": [{"id": a.id, "parent": a.parent, "depth": a.depth, "state": a.state,
-                        "label": a.label} for a in agents]}
+                        "label": a.label, "landing": a.landing or None} for a in agents]}

@@ -181,7 +181,7 @@ class RootSwarm:
                 check=self.settings.land_check)
             if landing is not None:
                 sessions.save(loaded)
-                self.ledger.landed(dict(landing.children))
+                self.ledger.landed(self.swarm_id, dict(landing.children))
                 if landing.summary():
                     self.notice(landing.summary())
             agent.session = loaded
@@ -261,6 +261,8 @@ def describe(event: dict[str, Any]) -> str:
         return f"[{who}] queued at depth {event.get('depth', '?')} by {event.get('parent', '?')}"
     if kind == "settled":
         return f"[{who}] {event.get('state', '')}"
+    if kind == "landed":
+        return f"[{who}] its work: {event.get('landing', '')}"
     if kind in ("spawn", "dispatched", "joined"):
         count = str(event.get("children", ""))
         children = plural(int(count), "child", "children") if count.isdigit() else "children"

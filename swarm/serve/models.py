@@ -80,6 +80,9 @@ class AgentInfo(BaseModel):
     depth: int
     state: str
     label: str
+    landing: str | None = Field(default=None, description=(
+        "how a child's work came home in its parent's workspace: landed, conflict, kept, "
+        "no changes, check failed, failed (null until its parent took it)"))
 
 
 class Job(BaseModel):

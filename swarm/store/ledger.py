@@ -813,14 +813,16 @@ class Ledger:
         parent's as it was called again): its work is taken against it from now on."""
         self.redis.hset(keys.agent(agent_id), "seed", seed)
 
-    def landed(self, states: dict[str, str]) -> None:
-        """How each child's work came home in its parent's workspace (by agent id): for
-        the views; nothing else reads it."""
+    def landed(self, swarm_id: str, states: dict[str, str]) -> None:
+        """How each child's work came home in its parent's workspace (by agent id): on
+        its record and as a ``landed`` event of the swarm (``swarm status``, the report,
+        the HTTP API and its SSE)."""
         if not states:
             return
         with self.redis.pipeline(transaction=False) as pipe:
             for agent_id, state in states.items():
                 pipe.hset(keys.agent(agent_id), "landing", state)
+                self._event(pipe, swarm_id, "landed", agent_id, landing=state)
             pipe.execute()
 
     def renew(self, run_id: str, token: str, lease: float, *, client: Any = None) -> bool:

@@ -273,7 +273,7 @@ class ChildRunner:
                 check=settings.land_check) if resume else None
             if landing is not None:
                 self.sessions.save(session)
-                self.ledger.landed(dict(landing.children))
+                self.ledger.landed(swarm_id, dict(landing.children))
             state, result = self._answer(agent, run, resume)
         except Parked:
             self.ledger.event(swarm_id, "parked", run.agent)
