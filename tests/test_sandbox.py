@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis as redis_lib
 
 from swarm.agent import grants as sandbox_grants
 from swarm.agent import sandbox
@@ -368,6 +369,43 @@ def test_a_childs_parent_workspace_is_shown_read_only_even_in_swarm_home(
     assert result.output.startswith("from the parent\n"), result.output
     assert "Read-only file system" in result.output and "w=1" in result.output
     assert (ws / "mine.txt").read_text() == "mine\n" and not (parent / "new.txt").exists()
+
+
+@needs_sandbox
+def test_a_childs_box_cannot_read_its_parents_env_in_place(
+        redis: redis_lib.Redis, outside_tmp: Path) -> None:
+    """A same-host child's box hides its parent's folder (its .env, what seeding left out)
+    even where the box shows the folder that holds it, as a deployment's /opt or
+    SWARM_SANDBOX_SHOW would; the objects its own repository borrows from the parent's
+    stay readable, so its git works."""
+    from swarm.runtime import gitstate as g
+    from swarm.runtime.build import build_agent, new_session
+    from swarm.runtime.seed import Seeds
+    from swarm.store.snapshots import SnapshotStore
+    from tests.helpers import MemoryHints
+
+    parent, home = outside_tmp / "project", outside_tmp / "home"
+    parent.mkdir()
+    subprocess.run(["git", "init", "-q", str(parent)], check=True)
+    (parent / "app.py").write_text("print('app')\n")
+    subprocess.run(["git", "-C", str(parent), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(parent), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-qm", "base"], check=True)
+    (parent / ".env").write_text("PARENT_SECRET=1\n")
+    seeds = Seeds(SnapshotStore(redis), home, "here", view="checkout")
+    sid = seeds.take(parent, "sx", tree_of=g.discover(parent))
+    child = seeds.child("sx", "cx", sid)
+    assert child.odb is not None
+    settings = Settings(home=home, sandbox="bwrap", sandbox_show=str(outside_tmp))
+    agent = build_agent(settings, child.path, None, new_session(child.path),  # type: ignore[arg-type]
+                        store=None, hints=MemoryHints(), approver=lambda r: "y",
+                        read_only=(child.odb / "objects",), hidden=(parent,))
+    result = agent.env.execute(f"cat {parent}/.env; echo env=$?; git log --format=%s; "
+                               "cat app.py; ls .env; echo ls=$?", 10)
+    assert "PARENT_SECRET" not in result.output and "env=1" in result.output, result.output
+    assert "base" in result.output and "print('app')" in result.output  # its git works
+    assert "ls=2" in result.output  # seeding left the .env out, too
 
 
 @needs_sandbox

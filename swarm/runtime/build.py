@@ -99,6 +99,7 @@ def build_agent(
     linked: Path | None = None,
     beneath: Path | None = None,
     boxed_mcp: bool = False,
+    hidden: tuple[Path, ...] = (),
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
@@ -112,12 +113,13 @@ def build_agent(
     from there following no symbolic link before the sandbox grants it (a job's jobs root)
     (:class:`LocalEnvironment`). With ``boxed_mcp`` (a worker's children) its stdio MCP
     servers start in the box its commands run in, when they run in one
-    (:mod:`swarm.agent.mcp_box`)."""
+    (:mod:`swarm.agent.mcp_box`). ``hidden`` folders are hidden from its sandboxed
+    commands like ``SWARM_HOME`` (a same-host child's parent's workspace)."""
     folder = AgentFolder(workspace)
     env = LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
                            sandbox=settings.sandbox, network=sandbox.network_of(settings),
                            limits=sandbox.limits_of(settings), show=sandbox.shown_of(settings),
-                           hide=(settings.home,), read_only=read_only,
+                           hide=(settings.home, *hidden), read_only=read_only,
                            sandbox_uid=settings.sandbox_uid, pass_env=tuple(
                                n.strip() for n in settings.sandbox_env.split(",") if n.strip()),
                            die_with_runner=die_with_runner, linked=linked, beneath=beneath)
