@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import textwrap
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -92,16 +89,6 @@ def run(
             "flag": flag, "tags": tags, "where": workspace}
 '''
 
-
-@pytest.fixture
-def outside_tmp() -> Iterator[Path]:
-    """A folder anyone may enter, outside /tmp (which the box replaces)."""
-    folder = Path(tempfile.mkdtemp(prefix="swarm-folder-test-", dir="/var/tmp"))
-    folder.chmod(0o755)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_typed_tools_schema_and_call(tmp_path: Path) -> None:

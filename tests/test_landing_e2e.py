@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from swarm.cli import main
 from swarm.runtime.jobs import job_state
@@ -42,15 +42,37 @@ def command(text: str) -> Reply:
     return Reply(tool_calls=[ToolCall("run_cli", {"command": text})])
 
 
-def test_children_land_in_the_users_dirty_tree_and_a_conflict_is_named(
-        cluster: tuple[str, Path], tmp_path: Path) -> None:
-    url, home = cluster
+def committed(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A repository holding ``files``, committed."""
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q")
-    (repo / "shared.py").write_text("".join(f"line {n}\n" for n in range(1, 21)))
+    for name, text in files.items():
+        (repo / name).write_text(text)
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "base")
+    return repo
+
+
+def env_of(cluster: tuple[str, Path], model: ScriptedModelServer) -> dict[str, str]:
+    env = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    env.update(SWARM_BASE_URL=model.base_url, SWARM_REDIS_URL=cluster[0],
+               SWARM_HOME=str(cluster[1]), SWARM_RETRIES="1")
+    return env
+
+
+def swarm_run(env: dict[str, str], repo: Path) -> Result:
+    return CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C", str(repo), "ROOT"],
+                              env=env, catch_exceptions=False)
+
+
+LINES = "".join(f"line {n}\n" for n in range(1, 21))
+
+
+def test_children_land_in_the_users_dirty_tree_and_a_conflict_is_named(
+        cluster: tuple[str, Path], tmp_path: Path) -> None:
+    url = cluster[0]
+    repo = committed(tmp_path, {"shared.py": LINES})
     (repo / "shared.py").write_text((repo / "shared.py").read_text()
                                     .replace("line 2\n", "line 2 by the user\n"))
     (repo / "mine.txt").write_text("untracked, the user's\n")
@@ -73,11 +95,8 @@ def test_children_land_in_the_users_dirty_tree_and_a_conflict_is_named(
             "CLASH": [command("sed -i 's/^line 15$/line 15 by another child/' shared.py"),
                       Reply(content="clashed")],
         })
-        env = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
-        env.update(SWARM_BASE_URL=model.base_url, SWARM_REDIS_URL=url, SWARM_HOME=str(home),
-                   SWARM_RETRIES="1")
-        result = CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C", str(repo),
-                                           "ROOT"], env=env, catch_exceptions=False)
+        env = env_of(cluster, model)
+        result = swarm_run(env, repo)
         assert result.exit_code == 0, result.stderr
         status = CliRunner().invoke(main, ["status", "--json"], env=env)
     shared = (repo / "shared.py").read_text()
@@ -127,13 +146,7 @@ def test_children_land_in_the_users_dirty_tree_and_a_conflict_is_named(
 
 def test_a_childs_landing_that_fails_its_check_is_taken_back(
         cluster: tuple[str, Path], tmp_path: Path) -> None:
-    url, home = cluster
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    (repo / "app.py").write_text("print('app')\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "base")
+    repo = committed(tmp_path, {"app.py": "print('app')\n"})
     seen: list[list[dict[str, Any]]] = []
 
     def root_sums_up(request: dict[str, Any]) -> Reply:
@@ -150,11 +163,7 @@ def test_a_childs_landing_that_fails_its_check_is_taken_back(
             "GOOD": [command("echo good > good.txt"), Reply(content="good")],
             "BAD": [command("echo bad > bad.txt"), Reply(content="bad")],
         })
-        env = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
-        env.update(SWARM_BASE_URL=model.base_url, SWARM_REDIS_URL=url, SWARM_HOME=str(home),
-                   SWARM_RETRIES="1")
-        result = CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C", str(repo),
-                                           "ROOT"], env=env, catch_exceptions=False)
+        result = swarm_run(env_of(cluster, model), repo)
     assert result.exit_code == 0, result.stderr
     (results,) = seen
     assert [r["landing"] for r in results] == ["landed", "check failed"]
@@ -165,13 +174,7 @@ def test_a_childs_landing_that_fails_its_check_is_taken_back(
 
 def test_a_conflicting_child_continued_redoes_its_change_over_the_parents_files_and_lands(
         cluster: tuple[str, Path], tmp_path: Path) -> None:
-    url, home = cluster
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    (repo / "shared.py").write_text("".join(f"line {n}\n" for n in range(1, 21)))
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "base")
+    repo = committed(tmp_path, {"shared.py": LINES})
     seen: dict[str, Any] = {}
 
     def continue_the_conflict(request: dict[str, Any]) -> Reply:
@@ -201,11 +204,7 @@ def test_a_conflicting_child_continued_redoes_its_change_over_the_parents_files_
             "CLASH": [command("sed -i 's/^line 15$/line 15 by another child/' shared.py"),
                       Reply(content="clashed"), redo, Reply(content="redone")],
         })
-        env = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
-        env.update(SWARM_BASE_URL=model.base_url, SWARM_REDIS_URL=url, SWARM_HOME=str(home),
-                   SWARM_RETRIES="1")
-        result = CliRunner().invoke(main, ["run", "--yes", "--workers", "0", "-C", str(repo),
-                                           "ROOT"], env=env, catch_exceptions=False)
+        result = swarm_run(env_of(cluster, model), repo)
     assert result.exit_code == 0, result.stderr
     assert seen["first"] == ["landed", "conflict"] and seen["then"] == ["landed"]
     # It was told, and found its sibling's landed line in its files.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,16 +44,6 @@ def stop_servers() -> Iterator[None]:
     yield
     pool_module.shutdown()
 
-
-@pytest.fixture
-def outside_tmp() -> Iterator[Path]:
-    """A folder anyone may enter, outside /tmp (which the box replaces)."""
-    folder = Path(tempfile.mkdtemp(prefix="swarm-mcp-box-", dir="/var/tmp"))
-    folder.chmod(0o755)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def min_server(folder: Path) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -33,16 +32,6 @@ needs_sandbox = pytest.mark.skipif(not sandbox.probe().ok,
                                    reason=f"no sandbox here: {sandbox.probe().reason}")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a root runner's box needs root")
 
-
-@pytest.fixture
-def outside_tmp() -> Iterator[Path]:
-    """A folder anyone may enter, outside /tmp (which the box replaces)."""
-    folder = Path(tempfile.mkdtemp(prefix="swarm-sandbox-test-", dir="/var/tmp"))
-    folder.chmod(0o755)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @needs_sandbox
