@@ -16,6 +16,7 @@ import redis as redis_lib
 from click.testing import CliRunner
 
 from swarm.cli import main
+from swarm.store.connection import mask_url
 from swarm.testing.scripts import DEMO_CHILD, DemoTally, demo_responder, demo_task
 from swarm.testing.server import Reply, ScriptedModelServer
 
@@ -70,7 +71,8 @@ def test_demo_refuses_a_deployment(redis_server: str, redis: redis_lib.Redis,
     result = CliRunner().invoke(main, ["demo", "-C", str(tmp_path), "--latency", "0"],
                                 env=env, catch_exceptions=False)
     assert result.exit_code == 1
-    assert f"SWARM_REDIS_URL is set\n({redis_server})" in result.stderr
+    assert f"SWARM_REDIS_URL is set\n({mask_url(redis_server)})" in result.stderr
+    assert "redis://:***@" in result.stderr  # the server's password is never shown
     assert "env -u SWARM_REDIS_URL swarm demo" in result.stderr
     assert "This is a demo" not in result.stderr  # no banner about a server it does not use
     assert redis.dbsize() == 0  # nothing was sent to the deployment
