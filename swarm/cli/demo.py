@@ -91,7 +91,10 @@ def demo(folder: Path, workers: int, latency: float, flower_port: int | None) ->
         if flower_port:
             flower = _start_flower(flower_port)
         try:
-            answer = run_job(settings, folder, demo_task([str(f) for f in files]),
+            # Relative: each child counts its copy of the file in its own workspace (a
+            # child's box shows no folder of its parent's).
+            answer = run_job(settings, folder,
+                             demo_task([str(f.relative_to(folder)) for f in files]),
                              workers=workers, new=True)
         finally:
             if flower is not None:
