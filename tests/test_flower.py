@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -144,10 +145,10 @@ def swarm_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     the URL yielded), the worker holding the planted :data:`API_KEY`."""
     home = tmp_path_factory.mktemp("flower-home")
     server = EmbeddedServer(home)
-    plain = server.ensure()
-    url = plain.replace("redis://", f"redis://:{REDIS_PASSWORD}@", 1)
+    own = server.ensure()  # redis://:ITS_OWN_PASSWORD@127.0.0.1:PORT/0
+    url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{urlsplit(own).port}/0"
     try:
-        with connect(plain) as admin:
+        with connect(own) as admin:
             admin.config_set("requirepass", REDIS_PASSWORD)
         cluster = LocalCluster(url, home, workers=1, concurrency=16,
                                env={"SWARM_API_KEY": API_KEY}).start()
@@ -158,7 +159,8 @@ def swarm_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
             cluster.stop()
     finally:
         with contextlib.suppress(redis.RedisError), connect(url) as admin:
-            admin.config_set("requirepass", "")  # so the server stops by SHUTDOWN, at once
+            # Its own again, so the server stops by SHUTDOWN, at once.
+            admin.config_set("requirepass", str(urlsplit(own).password))
         server.stop()
 
 

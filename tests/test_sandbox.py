@@ -398,6 +398,19 @@ def test_a_childs_box_cannot_read_its_parents_env_in_place(
 
 
 @needs_sandbox
+def test_a_hidden_folder_inside_another_hidden_one_is_hidden_with_it(tmp_path: Path) -> None:
+    """A job's child: its parent's folder (hidden) is inside SWARM_HOME (hidden too)."""
+    home = tmp_path / "home"
+    parent, ws = home / "jobs" / "j1", home / "workspaces" / "s1" / "a1"
+    for folder in (parent, ws):
+        folder.mkdir(parents=True)
+    (parent / ".env").write_text("SECRET=1\n")
+    result = LocalEnvironment(ws, sandbox="bwrap", hide=(home, parent)).execute(
+        f"cat {parent}/.env; echo mine > mine.txt && echo wrote", 10)
+    assert "SECRET" not in result.output and "wrote" in result.output, result.output
+
+
+@needs_sandbox
 def test_a_swarm_home_inside_the_workspace_stays_hidden(tmp_path: Path) -> None:
     home = tmp_path / ".swarm"
     home.mkdir()

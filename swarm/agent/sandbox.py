@@ -481,6 +481,10 @@ class Box:
                "--tmpfs", "/run", "--ro-bind-try", "/run/systemd/resolve",
                "/run/systemd/resolve", "--remount-ro", "/run"]
         hidden = [str(Path(f).resolve()) for f in self.hide if os.path.isdir(f)]
+        # A folder inside another hidden one is hidden with it (and bubblewrap could not
+        # make its mount point in the other's read-only tmpfs).
+        hidden = [h for h in hidden
+                  if not any(o != h and Path(h).is_relative_to(o) for o in hidden)]
         # Outer folders first: the workspace bound back into a hidden SWARM_HOME or home,
         # or SWARM_HOME hidden again inside a workspace that holds it. A hidden folder is
         # made read-only before anything is mounted in it (a remount reaches submounts).
