@@ -299,3 +299,16 @@ def test_a_continued_child_starts_from_the_parents_files_with_its_own_changes_re
     assert body["landing"] == "landed"
     assert (swarm.repo / "childs.txt").read_text() == "the child's own file\n"
     assert "line 18 by the parent\n" in (swarm.repo / "shared.py").read_text()
+
+
+def test_siblings_adding_one_file_land_once_and_identical_additions_agree(
+        swarm: Swarm) -> None:
+    bodies = [swarm.child(lambda p, n=n: (p / "out.txt").write_text(f"child {n}\n"))
+              for n in range(4)]
+    same = [swarm.child(lambda p: (p / "same.txt").write_text("agreed\n")) for _ in range(2)]
+    swarm.land(*bodies, *same)
+    assert [b["landing"] for b in bodies] == ["landed", "conflict", "conflict", "conflict"]
+    assert all(b["conflicts"] == ["out.txt"] and "+child" in b["hunks"] for b in bodies[1:])
+    assert (swarm.repo / "out.txt").read_text() == "child 0\n"
+    assert [b["landing"] for b in same] == ["landed", "landed"]
+    assert (swarm.repo / "same.txt").read_text() == "agreed\n"

@@ -184,14 +184,17 @@ def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]], swar
     odb = parent.odb
 
     def fetch(body: dict[str, Any]) -> None:
-        if body.get("delta") and seeds is not None:
-            try:
-                seeds.fetch(str(body["delta"]), odb)
-            except WorkspaceError as exc:
-                body["home_error"] = f"its work could not be brought home: {exc}"
+        try:
+            assert seeds is not None
+            seeds.fetch(str(body["delta"]), odb)
+        except WorkspaceError as exc:
+            body["home_error"] = f"its work could not be brought home: {exc}"
 
-    with ThreadPoolExecutor(max_workers=min(8, len(bodies) or 1)) as pool:
-        list(pool.map(fetch, bodies))
+    present = _present(odb, [str(b["delta"]) for b in bodies if b.get("delta")])
+    missing = [b for b in bodies if b.get("delta") and str(b["delta"]) not in present]
+    if missing and seeds is not None:
+        with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
+            list(pool.map(fetch, missing))
     tree = _Tree(parent)
     tree.changes = _changes(odb, [str(b["delta"]) for b in bodies
                                   if b.get("delta") and "home_error" not in b])
@@ -207,11 +210,51 @@ def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]], swar
         if state == CONFLICT:
             done.conflicts.append({"agent_id": agent, "conflicts": body["conflicts"],
                                    "show": body["show"]})
+    _hunks(odb, [b for b in bodies if b.get("landing") == CONFLICT])
     if tree.refs:
         g.git("update-ref", "--stdin", repo=odb,
               input="".join(f"update {ref} {sha}\n" for ref, sha in tree.refs))
     done.files = tree.finish()
     return done
+
+
+def _present(repo: Path, commits: list[str]) -> set[str]:
+    """Which of ``commits`` ``repo`` has (one git process)."""
+    if not commits:
+        return set()
+    out = g.git("cat-file", "--batch-check=%(objectname) %(objecttype)", repo=repo,
+                input="".join(f"{c}\n" for c in commits))
+    return {line.split()[0] for line in out.splitlines() if line.endswith(" commit")}
+
+
+def _hunks(repo: Path, bodies: list[dict[str, Any]]) -> None:
+    """Each conflicting result's ``hunks``: its own changes to the files in conflict (its
+    capture against its seed, capped), for all of them in one git process."""
+    if not bodies:
+        return
+    deltas = {str(b.pop("delta_of_hunks")): b for b in bodies}
+    paths = sorted({p for b in bodies for p in b["conflicts"]})
+    out = g.git("diff-tree", "--stdin", "-p", "--no-renames", "--no-ext-diff", "--no-textconv",
+                "--", *paths, repo=repo, input="".join(f"{d}\n" for d in deltas))
+    found: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in out.splitlines(keepends=True):
+        key = line.strip()
+        if key in deltas:
+            current = found.setdefault(key, [])
+        elif current is not None:
+            current.append(line)
+    for delta, body in deltas.items():
+        mine = set(body["conflicts"])
+        text, keep = "", False
+        for line in found.get(delta, []):
+            if line.startswith("diff --git "):
+                keep = line.rstrip("\n").rsplit(" b/", 1)[-1] in mine
+            if keep:
+                text += line
+        if len(text) > HUNKS_CAP:
+            text = text[:HUNKS_CAP] + f"\n[... {len(text) - HUNKS_CAP} more characters cut]"
+        body["hunks"] = text.rstrip("\n")
 
 
 def checker(env: Environment, timeout: int) -> Check:
@@ -290,11 +333,21 @@ class _Tree:
                                       seed, self.ours, repo=self.parent.odb).split("\0") if p}
             self._touched[seed] = (names, {str(d) for n in names for d in Path(n).parents})
         touched, folders = self._touched[seed]
-        for _, _, _, name in changes:
-            if name in touched or name in folders or name in self.pending or \
+        for change in changes:
+            name = change[3]
+            staged = self.pending.get(name)
+            if staged is not None and staged[:3] == change[:3]:
+                continue  # an earlier sibling made the very same change
+            if name in touched or name in folders or staged is not None or \
                     any(str(d) in touched for d in Path(name).parents):
                 return False
         return True
+
+    def clashes(self, changes: list[Change]) -> list[str]:
+        """Files ``changes`` add that an earlier sibling's staged landing added otherwise:
+        conflicts without a merge to ask."""
+        return [c[3] for c in changes if c[2] == "A" and c[3] in self.pending
+                and self.pending[c[3]][2] == "A" and self.pending[c[3]][:2] != c[:2]]
 
     def stage(self, changes: list[Change]) -> None:
         for change in changes:
@@ -349,14 +402,17 @@ def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, 
     delta, seed = str(body.pop("delta", "") or ""), str(body.pop("seed", "") or "")
     mode = body.pop("land", "merge")
     check = str(body.pop("check", "") or default_check)
-    body.pop("host", None)
+    host = body.pop("host", None)
     seed = "" if seed == EMPTY else seed
     if "home_error" in body:
         return FAILED
     if not delta:
         return NONE
     if not seed and seeds is not None:  # started empty: its files are kept aside
-        _files_aside(seeds, body, delta, swarm_id, agent)
+        if host == seeds.host and Path(str(body.get("workspace", ""))).is_dir():
+            body["files_at"] = str(body["workspace"])  # its own folder, here: nothing moves
+        else:
+            _files_aside(seeds, body, delta, swarm_id, agent)
         return KEPT
     ref = ref_of(swarm_id, agent)
     tree.refs.append((ref, delta))
@@ -370,9 +426,10 @@ def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, 
     if changes is None:
         changes = _changes(odb, [delta])[delta]
     gated = bool(check and run_check is not None)
-    conflicts: list[str] = []
-    if not gated and tree.apart(seed, changes):
-        merged = ""  # staged as it is, below
+    conflicts: list[str] = [] if gated else tree.clashes(changes)
+    merged = ""
+    if conflicts or (not gated and tree.apart(seed, changes)):
+        pass  # a clash of added files is reported below; apart, staged as it is
     else:
         ours = tree.now()
         mine = g.commit(odb, ours, [seed], "swarm: the parent's workspace")
@@ -382,11 +439,8 @@ def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, 
         conflicts = [c[3] for c in changes if c[2] == "A"
                      and os.path.lexists(parent.top / c[3]) and not tree.listed(c[3])]
     if conflicts:
-        hunks = g.git("diff", "--no-ext-diff", "--no-textconv", seed, delta, "--", *conflicts,
-                      repo=odb)
-        if len(hunks) > HUNKS_CAP:
-            hunks = hunks[:HUNKS_CAP] + f"\n[... {len(hunks) - HUNKS_CAP} more characters cut]"
-        body.update(conflicts=conflicts, hunks=hunks, how=(
+        body["delta_of_hunks"] = delta  # its hunks, for all conflicts at once (_hunks)
+        body.update(conflicts=conflicts, how=(
             "not landed: these files changed in your workspace too. Continue this child "
             "(agent_id) to redo its change over your workspace as it is now, or make it "
             "yourself"))
