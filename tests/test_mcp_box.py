@@ -68,6 +68,11 @@ def check_boxed(seen: dict[str, Any], home: Path) -> None:
     # box's shell sets, and python's locale coercion (PEP 538).
     assert set(seen["env"]) <= {"PATH", "HOME", "USER", "SHELL", "TERM", "LOGNAME",
                                 "MIN_TOKEN", "PWD", "SHLVL", "_", "LC_CTYPE"}
+    # The box's own network, as its commands get: user-mode (slirp4netns's tap0) where the
+    # worker can serve it (root here), else none; never the host's.
+    expected = ["lo", "tap0"] if sandbox.probe().net is not None and \
+        sandbox.probe().net.mode == "user" else ["lo"]
+    assert seen["interfaces"] == expected, seen["interfaces"]
 
 
 @needs_sandbox

@@ -19,10 +19,12 @@ import json
 import os
 import re
 import shlex
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swarm.agent.boxlaunch import write_spec
 from swarm.agent.sandbox import Box, seccomp_program
 
 if TYPE_CHECKING:  # the MCP SDK takes seconds to import: only agents with servers load it
@@ -34,6 +36,8 @@ if TYPE_CHECKING:  # the MCP SDK takes seconds to import: only agents with serve
 #: and passes it no descriptor of ours).
 SECCOMP_FD = 3
 PROGRAM_FILE = "seccomp.bpf"
+#: The spec of a server's launch (:mod:`swarm.agent.boxlaunch`), in the server's folder.
+LAUNCH_FILE = "launch.json"
 OPEN_PROGRAM = 'exec 3<"$0" || exit 126; exec "$@"'
 
 _LOCK = threading.Lock()
@@ -60,6 +64,10 @@ class BoxedServers:
         self.box.prepare(where)
         program = self._program()
         command = "exec " + shlex.join([spec.command, *spec.args])
+        if self.box.handshake:  # its network and cgroup need the worker's half: a launcher
+            launch = where / LAUNCH_FILE
+            write_spec(launch, self.box, command, where, program)
+            return Launch(sys.executable, ("-m", "swarm.agent.boxlaunch", str(launch)), where)
         argv = self.box.argv(command, where, SECCOMP_FD)
         return Launch("/bin/sh", ("-c", OPEN_PROGRAM, str(program), *argv), where)
 
