@@ -144,3 +144,19 @@ def test_processes_without_mcp_servers_do_not_load_the_sdk() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize("var", ["SWARM_API_KEY", "OPENAI_API_KEY", "EVA_API_KEY",
+                                 "SWARM_REDIS_URL", "SWARM_SERVE_TOKEN"])
+def test_no_server_is_given_the_swarms_own_credentials(var: str) -> None:
+    environ = {var: "the-secret", "MINE": "fine"}
+    for spec in (ServerSpec("gh", "stdio", command="npx", env=(("TOKEN", f"${{{var}}}"),)),
+                 ServerSpec("gh", "stdio", command="npx", args=(f"--key=${{{var}}}",)),
+                 ServerSpec("docs", "http", url="https://d.example/mcp",
+                            headers=(("Authorization", f"Bearer ${{{var}:-x}}"),))):
+        with pytest.raises(ConfigError) as refused:
+            spec.expand(environ)
+        assert "the swarm's own credentials" in str(refused.value)
+        assert "the-secret" not in str(refused.value)
+    mine = ServerSpec("gh", "stdio", command="npx", env=(("TOKEN", "${MINE}"),))
+    assert mine.expand(environ).env == (("TOKEN", "fine"),)

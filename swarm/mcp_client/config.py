@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from swarm.errors import ConfigError
+from swarm.secrets import SECRET_VARS
 from swarm.text import public_url
 
 USER_FILE = "mcp.json"
@@ -176,9 +177,19 @@ def _pairs(name: str, raw: dict[str, Any], field: str) -> Pairs:
     return tuple(sorted((str(k), v) for k, v in value.items()))
 
 
+#: The swarm's own credentials: never handed to an MCP server, whoever configured it (a
+#: configuration may come from a folder a box once wrote, and a server sees what it is given).
+REFUSED_VARS = (*SECRET_VARS, "SWARM_SERVE_TOKEN")
+
+
 def _expand(text: str, environ: Mapping[str, str], server: str) -> str:
     def sub(match: re.Match[str]) -> str:
         var, default = match[1], match[2]
+        if var in REFUSED_VARS:
+            raise ConfigError(
+                f"MCP server {server}: ${{{var}}} names the swarm's own credentials, which no "
+                f"MCP server is given; give the server a variable of its own (set "
+                f"{server.upper()}_API_KEY, say, and write ${{{server.upper()}_API_KEY}})")
         value = environ.get(var)
         if default is not None and not value:
             return default
