@@ -110,6 +110,10 @@ def test_children_land_in_the_users_dirty_tree_and_a_conflict_is_named(
     assert len(git(repo, "worktree", "list").splitlines()) == 1
     # The person is told; the root's model got each child's landing state, in call order.
     assert "2 children landed" in result.stderr and "conflicts in shared.py" in result.stderr
+    # It ends the run's output: what landed, in files and lines, and how to see the conflict.
+    last = result.stderr.strip().splitlines()[-1]
+    assert "2 children landed: 2 files changed in your working tree, +2 -1 lines" in last, last
+    assert "see: git diff" in last
     (results,) = seen
     assert [r["landing"] for r in results] == ["landed", "landed", "conflict"]
     assert results[2]["conflicts"] == ["shared.py"] and "+line 15 by another child" in \

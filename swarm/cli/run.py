@@ -161,6 +161,8 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
             finally:
                 for tree in trees:
                     tree.close()
+                if root.landed():  # what the children's work did to the folder, last
+                    view.on_notice(root.landed())
                 root.finish(state)
                 root.close()  # before the store closes: the local processes are told
                 telemetry.flush()

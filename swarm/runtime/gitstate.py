@@ -365,12 +365,6 @@ def changes(repo: Path, old: str, new: str) -> tuple[list[str], list[str]]:
     return changed, deleted
 
 
-def diffstat(repo: Path, old: str, new: str) -> str:
-    """``git diff --stat`` between two commits (its last 2000 characters)."""
-    return git("diff", "--stat", "--no-ext-diff", "--no-textconv", old, new,
-               repo=repo)[-2000:]
-
-
 def rev(repo: Path, name: str) -> str:
     """The commit ``name`` is, or ""."""
     try:

@@ -105,23 +105,37 @@ class Landing:
     children: list[tuple[str, str]] = field(default_factory=list)
     files: int = 0
     """Files written or removed in the parent's work tree."""
+    added: int = 0
+    removed: int = 0
+    """Lines the landings added and removed (text files)."""
     conflicts: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> str:
         """One line for a person ("" when no child sent changes)."""
-        landed = sum(1 for _, state in self.children if state == LANDED)
-        if not landed and not self.conflicts and \
-                all(state != CHECK_FAILED for _, state in self.children):
-            return ""
-        text = f"{landed} child{'ren' if landed != 1 else ''} landed ({self.files} files " \
-               "changed in your working tree, uncommitted)"
-        for item in self.conflicts:
-            text += (f"; {item['agent_id']} conflicts in {', '.join(item['conflicts'][:5])}"
-                     f" (see: {item['show']})")
-        for agent, state in self.children:
-            if state == CHECK_FAILED:
-                text += f"; {agent} failed the check (`swarm logs` shows its output)"
-        return text
+        return summary([self])
+
+
+def summary(landings: list[Landing]) -> str:
+    """One line on what ``landings`` did, with the command that shows each conflict ("" when
+    no child sent changes)."""
+    states = [state for one in landings for _, state in one.children]
+    landed = states.count(LANDED)
+    conflicts = [item for one in landings for item in one.conflicts]
+    failed = [agent for one in landings for agent, state in one.children
+              if state == CHECK_FAILED]
+    if not landed and not conflicts and not failed:
+        return ""
+    files = sum(one.files for one in landings)
+    text = (f"{landed} child{'ren' if landed != 1 else ''} landed: {files} "
+            f"file{'s' if files != 1 else ''} changed in your working tree, "
+            f"+{sum(one.added for one in landings)} -{sum(one.removed for one in landings)} "
+            "lines, uncommitted")
+    for item in conflicts:
+        text += (f"; {item['agent_id']} conflicts in {', '.join(item['conflicts'][:5])}"
+                 f" (see: {item['show']})")
+    for agent in failed:
+        text += f"; {agent} failed the check (`swarm logs {agent}` shows its output)"
+    return text
 
 
 def bring_home(seeds: Seeds, session: Session, workspace: Path, swarm_id: str,
@@ -214,7 +228,7 @@ def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]], swar
     if tree.refs:
         g.git("update-ref", "--stdin", repo=odb,
               input="".join(f"update {ref} {sha}\n" for ref, sha in tree.refs))
-    done.files = tree.finish()
+    done.files, done.added, done.removed = tree.finish()
     return done
 
 
@@ -382,16 +396,22 @@ class _Tree:
             write_changes(self.parent.odb, self.parent.top, self.written, tree)
             self.written = tree
 
-    def finish(self) -> int:
-        """Write what is left; how many paths the landings changed."""
+    def finish(self) -> tuple[int, int, int]:
+        """Write what is left; the paths the landings changed, and the lines they added
+        and removed."""
         if not self.ours:
-            return 0
+            return 0, 0, 0
         self.write(self.now())
         if self.ours == self.start:
-            return 0
-        return len([p for p in g.git("diff-tree", "-r", "-z", "--no-renames", "--name-only",
-                                     self.start, self.ours, repo=self.parent.odb).split("\0")
-                    if p])
+            return 0, 0, 0
+        files = added = removed = 0
+        for line in g.git("diff-tree", "-r", "--no-renames", "--numstat", self.start, self.ours,
+                          repo=self.parent.odb).splitlines():
+            plus, minus, _ = line.split("\t", 2)
+            files += 1
+            added += int(plus) if plus.isdigit() else 0
+            removed += int(minus) if minus.isdigit() else 0
+        return files, added, removed
 
 
 def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, Any],

@@ -71,6 +71,8 @@ class RootSwarm:
     _last_event: str = field(default="0-0", init=False)
     tree: g.WorkTree | None = field(default=None, init=False)
     """The git work tree of the root's folder, found before its commands ran."""
+    landings: list[homecoming.Landing] = field(default_factory=list, init=False)
+    """What each homecoming of its children's work did (:meth:`landed`)."""
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.store.redis)
@@ -182,8 +184,7 @@ class RootSwarm:
             if landing is not None:
                 sessions.save(loaded)
                 self.ledger.landed(self.swarm_id, dict(landing.children))
-                if landing.summary():
-                    self.notice(landing.summary())
+                self.landings.append(landing)
             agent.session = loaded
             try:
                 return agent.resume()
@@ -237,6 +238,10 @@ class RootSwarm:
         self.detached = True
         return (f"; its children keep running: `swarm attach {self.swarm_id}` collects the "
                 "answer, `swarm cancel` stops them")
+
+    def landed(self) -> str:
+        """A line on what its children's work did to its folder ("" when none sent any)."""
+        return homecoming.summary(self.landings)
 
     def finish(self, state: str) -> None:
         if self.detached:

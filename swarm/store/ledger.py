@@ -300,8 +300,8 @@ def result_text(run: RunRecord | None, call_id: str) -> str:
     if run is None:
         return json.dumps({"state": "failed", "error": f"no run was recorded for call {call_id}"})
     body: dict[str, Any] = {"agent_id": run.result.get("agent_id", run.agent), "state": run.state}
-    for name in ("error", "output", "answer", "workspace", "git_branch", "diffstat",
-                 "files_changed", "changes", "usage", "delta", "seed", "home_branch", "host"):
+    for name in ("error", "output", "answer", "workspace", "files_changed", "changes",
+                 "usage", "delta", "seed", "host"):
         if run.result.get(name) not in (None, "", [], {}):
             body[name] = run.result[name]
     if "output" in body:
