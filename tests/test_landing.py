@@ -6,6 +6,7 @@ real store, with children on the parent's host and on another one."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -312,3 +313,87 @@ def test_siblings_adding_one_file_land_once_and_identical_additions_agree(
     assert (swarm.repo / "out.txt").read_text() == "child 0\n"
     assert [b["landing"] for b in same] == ["landed", "landed"]
     assert (swarm.repo / "same.txt").read_text() == "agreed\n"
+
+
+def test_a_check_that_swaps_a_landed_folder_for_a_link_gets_nothing_outside_removed(
+        swarm: Swarm, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "x").mkdir(parents=True)
+    (outside / "x" / "precious").write_text("keep me\n")
+    body = swarm.child(lambda p: ((p / "evil").mkdir(), (p / "evil" / "x").write_text("1\n")))
+
+    def hostile_check(command: str) -> tuple[bool, str]:
+        shutil.rmtree(swarm.repo / "evil")  # the check's command, in the parent's folder
+        (swarm.repo / "evil").symlink_to(outside)
+        return False, "failed"
+
+    parent = homecoming.parent_of(swarm.here, swarm.repo, swarm.tree, None)
+    homecoming.land(swarm.here, parent, [body], SWARM, hostile_check, "make test")
+    assert body["landing"] == "check failed"
+    assert (outside / "x" / "precious").read_text() == "keep me\n"
+
+
+def test_odd_file_names_land_as_themselves(swarm: Swarm) -> None:
+    names = ['"quoted"', " leading space.txt", "tab\tname.txt", "new\nline.txt",
+             "caf\xe9.txt", "pages/[id].tsx"]
+
+    def edit(p: Path) -> None:
+        (p / "pages").mkdir()
+        for name in names:
+            (p / name).write_text(f"{name!r}\n")
+
+    body = swarm.child(edit)
+    swarm.land(body)
+    assert body["landing"] == "landed", body
+    for name in names:
+        assert (swarm.repo / name).read_text() == f"{name!r}\n"
+    assert (swarm.repo / "shared.py").read_text().startswith("line 1\n")  # untouched
+
+
+def test_an_edit_of_the_parent_to_a_file_named_with_a_leading_space_is_kept(
+        swarm: Swarm) -> None:
+    (swarm.repo / " notes.txt").write_text("base\n")
+    swarm.sid = swarm.here.take(swarm.repo, SWARM, tree_of=swarm.tree)
+    body = swarm.child(lambda p: (p / " notes.txt").write_text("the child's\n"))
+    (swarm.repo / " notes.txt").write_text("the user's, since the call\n")
+    swarm.land(body)
+    assert body["landing"] == "conflict" and body["conflicts"] == [" notes.txt"]
+    assert (swarm.repo / " notes.txt").read_text() == "the user's, since the call\n"
+
+
+def test_a_secret_file_where_a_child_wants_a_folder_is_kept(swarm: Swarm) -> None:
+    (swarm.repo / ".env").write_text("SECRET=mine\n")  # left out of the seed
+    body = swarm.child(lambda p: ((p / ".swarmignore").write_text("!.env*\n"),
+                                  (p / ".env").mkdir(), (p / ".env" / "x").write_text("1\n")))
+    swarm.land(body)
+    assert body["landing"] == "conflict" and ".env/x" in body["conflicts"]
+    assert (swarm.repo / ".env").read_text() == "SECRET=mine\n"
+
+
+def test_a_child_removing_a_submodule_leaves_the_users_checkout_of_it(
+        swarm: Swarm, tmp_path: Path) -> None:
+    sub = tmp_path / "sub-origin"
+    sub.mkdir()
+    sh(sub, "init", "-q")
+    (sub / "s.txt").write_text("s\n")
+    sh(sub, "add", "-A")
+    sh(sub, "commit", "-qm", "s")
+    sh(swarm.repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub),
+       "sub")
+    sh(swarm.repo, "commit", "-qm", "sub")
+    (swarm.repo / "sub" / "wip.txt").write_text("the user's uncommitted work\n")
+    swarm.sid = swarm.here.take(swarm.repo, SWARM, tree_of=swarm.tree)
+    body = swarm.child(lambda p: shutil.rmtree(p / "sub"))
+    swarm.land(body)
+    assert (swarm.repo / "sub" / "wip.txt").read_text() == "the user's uncommitted work\n"
+
+
+def test_children_of_two_calls_adding_a_file_and_a_folder_of_its_name_do_not_both_land(
+        swarm: Swarm) -> None:
+    first = swarm.child(lambda p: (p / "foo").write_text("a file\n"))
+    (swarm.repo / "other.txt").write_text("changed by the parent\n")
+    swarm.sid = swarm.here.take(swarm.repo, SWARM, tree_of=swarm.tree)
+    second = swarm.child(lambda p: ((p / "foo").mkdir(), (p / "foo" / "bar").write_text("b\n")))
+    swarm.land(first, second)
+    assert [first["landing"], second["landing"]] == ["landed", "conflict"]
+    assert (swarm.repo / "foo").read_text() == "a file\n"

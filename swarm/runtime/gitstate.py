@@ -67,29 +67,35 @@ _KEPT = ("GIT_AUTHOR_", "GIT_COMMITTER_", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTE
 def _environ(extra: dict[str, str] | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("GIT_") or k.startswith(_KEPT)}
-    env.update(GIT_TERMINAL_PROMPT="0", GIT_CONFIG_COUNT=str(len(SAFE)))
+    # A path given to git is that path, never a glob ("pages/[id].tsx").
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_LITERAL_PATHSPECS="1",
+               GIT_CONFIG_COUNT=str(len(SAFE)))
     for n, (key, value) in enumerate(SAFE):
         env[f"GIT_CONFIG_KEY_{n}"], env[f"GIT_CONFIG_VALUE_{n}"] = key, value
     return {**env, **(extra or {})}
 
 
 def git(*args: str, repo: Path | None = None, cwd: Path | None = None,
-        env: dict[str, str] | None = None, timeout: float = 300, input: str | None = None) -> str:
-    """``git ARGS`` (output stripped) in the repository ``repo`` (its git directory), or as
+        env: dict[str, str] | None = None, timeout: float = 300, input: str | None = None,
+        raw: bool = False) -> str:
+    """``git ARGS`` (output stripped, but with ``raw``: for ``-z`` output, where a name may
+    begin or end with a space) in the repository ``repo`` (its git directory), or as
     ``env`` says (``GIT_DIR`` and the rest), given ``input`` on its stdin;
-    :class:`WorkspaceError` with git's message."""
+    :class:`WorkspaceError` with git's message. Names that are not UTF-8 come back as
+    Python does file names (``surrogateescape``)."""
     if repo is not None:  # its config is its own (never a commondir file's)
         env = {"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo), **(env or {})}
         cwd = cwd or repo
     try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True,
+                             encoding="utf-8", errors="surrogateescape",
                              timeout=timeout, env=_environ(env), input=input,
                              stdin=subprocess.DEVNULL if input is None else None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise WorkspaceError(f"git {args[0]} failed: {exc}") from None
     if out.returncode != 0:
         raise WorkspaceError(f"git {' '.join(args[:2])} failed: {out.stderr.strip()[-500:]}")
-    return out.stdout.strip()
+    return out.stdout if raw else out.stdout.strip()
 
 
 def merge_trees(repo: Path, ours: str, theirs: str) -> tuple[str, list[str]]:
@@ -247,11 +253,12 @@ def _excludes(top: Path, into: Path) -> Path:
 
 
 def write_tree(top: Path | WorkTree, *, odb: Path | None = None,
-               index: Path | None = None) -> str:
+               index: Path | None = None, keep: Path | None = None) -> str:
     """The tree of a folder as its agent sees it. A git :class:`WorkTree` is read through
     a copy of its index (unchanged files are not hashed again); a plain folder ``top`` is
     read into the bare repository ``odb`` with ``index`` (kept between snapshots of the
-    same folder, for the same reason)."""
+    same folder, for the same reason). ``keep``: where to copy the index that holds the
+    tree, its entries' file times fresh (to write the folder from later)."""
     with tempfile.TemporaryDirectory(prefix="swarm-tree-") as tmp:
         if isinstance(top, WorkTree):
             temp = Path(tmp) / "index"
@@ -267,7 +274,10 @@ def write_tree(top: Path | WorkTree, *, odb: Path | None = None,
         excludes = _excludes(folder, Path(tmp))
         git("-c", f"core.excludesFile={excludes}", "-c", "core.autocrlf=false",
             "add", "-A", "--ignore-errors", "--", ".", cwd=folder, env=env)
-        return git("write-tree", cwd=folder, env=env)
+        tree = git("write-tree", cwd=folder, env=env)
+        if keep is not None:
+            shutil.copy2(env["GIT_INDEX_FILE"], keep)
+        return tree
 
 
 def commit(repo: Path, tree: str, parents: list[str], message: str,

@@ -69,13 +69,13 @@ class Parent:
     index: Path | None = None
     """The worker's own index of it (a child's, or a plain folder's)."""
 
-    def snapshot(self) -> str:
+    def snapshot(self, keep: Path | None = None) -> str:
         """Its tree as it is now (as its children were seeded: ignored and secret files
-        left out)."""
+        left out); ``keep``: where to copy the index that holds it (:func:`write_changes`)."""
         if self.tree_of is not None:
-            return g.write_tree(self.tree_of)
+            return g.write_tree(self.tree_of, keep=keep)
         assert self.index is not None
-        return g.write_tree(self.top, odb=self.odb, index=self.index)
+        return g.write_tree(self.top, odb=self.odb, index=self.index, keep=keep)
 
 
 def parent_of(seeds: Seeds, workspace: Path, tree_of: g.WorkTree | None,
@@ -228,7 +228,17 @@ def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]], swar
     if tree.refs:
         g.git("update-ref", "--stdin", repo=odb,
               input="".join(f"update {ref} {sha}\n" for ref, sha in tree.refs))
-    done.files, done.added, done.removed = tree.finish()
+    try:
+        done.files, done.added, done.removed = tree.finish()
+    except WorkspaceError as exc:  # a file changed or appeared meanwhile: nothing written
+        for i, (agent, state) in enumerate(done.children):
+            if state == LANDED:
+                done.children[i] = (agent, FAILED)
+        for body in bodies:
+            if body.get("landing") == LANDED:
+                body.update(landing=FAILED, home_error=(
+                    f"its work could not be written into your workspace ({exc}); it is "
+                    f"kept: `swarm land {body.get('agent_id', '')}` lands it later"))
     return done
 
 
@@ -246,7 +256,9 @@ def _hunks(repo: Path, bodies: list[dict[str, Any]]) -> None:
     capture against its seed, capped), for all of them in one git process."""
     if not bodies:
         return
-    deltas = {str(b.pop("delta_of_hunks")): b for b in bodies}
+    deltas: dict[str, list[dict[str, Any]]] = {}
+    for body in bodies:
+        deltas.setdefault(str(body.pop("delta_of_hunks")), []).append(body)
     paths = sorted({p for b in bodies for p in b["conflicts"]})
     out = g.git("diff-tree", "--stdin", "-p", "--no-renames", "--no-ext-diff", "--no-textconv",
                 "--", *paths, repo=repo, input="".join(f"{d}\n" for d in deltas))
@@ -258,7 +270,7 @@ def _hunks(repo: Path, bodies: list[dict[str, Any]]) -> None:
             current = found.setdefault(key, [])
         elif current is not None:
             current.append(line)
-    for delta, body in deltas.items():
+    for delta, body in ((d, b) for d, group in deltas.items() for b in group):
         mine = set(body["conflicts"])
         text, keep = "", False
         for line in found.get(delta, []):
@@ -290,7 +302,7 @@ def _changes(repo: Path, commits: list[str]) -> dict[str, list[Change]]:
     if not commits:
         return out
     raw = g.git("diff-tree", "--stdin", "-r", "-z", "--no-renames", "--raw", repo=repo,
-                input="".join(f"{c}\n" for c in commits))
+                input="".join(f"{c}\n" for c in commits), raw=True)
     tokens = raw.split("\0")
     current: list[Change] | None = None
     i = 0
@@ -315,16 +327,23 @@ class _Tree:
     def __init__(self, parent: Parent) -> None:
         self.parent = parent
         self.start = self.ours = self.written = ""
+        self._tmp = tempfile.TemporaryDirectory(prefix="swarm-land-")
+        self.index = Path(self._tmp.name) / "index"
+        """An index of ``written``, its file times fresh: what the work tree is written
+        through (:func:`write_changes`)."""
         self.pending: dict[str, Change] = {}
         self.changes: dict[str, list[Change]] = {}
         self.refs: list[tuple[str, str]] = []
         self._listing: set[str] | None = None
         self._touched: dict[str, tuple[set[str], set[str]]] = {}
 
+    def _begin(self) -> None:
+        if not self.ours:
+            self.start = self.ours = self.written = self.parent.snapshot(keep=self.index)
+
     def now(self) -> str:
         """The parent's tree, all landings so far in it."""
-        if not self.ours:
-            self.start = self.ours = self.written = self.parent.snapshot()
+        self._begin()
         if self.pending:
             self.flush()
         return self.ours
@@ -333,18 +352,36 @@ class _Tree:
         """Whether the parent's snapshot (before the landings) holds ``name``."""
         if self._listing is None:
             self._listing = set(g.git("ls-tree", "-r", "-z", "--name-only", self.start,
-                                      repo=self.parent.odb).split("\0"))
+                                      repo=self.parent.odb, raw=True).split("\0"))
         return name in self._listing
+
+    def in_the_way(self, name: str) -> bool:
+        """Whether writing ``name`` would replace something of the parent's its snapshot
+        left out (an ignored or secret file, or one such at a folder of its path)."""
+        top = self.parent.top
+        if os.path.lexists(top / name) and not self.listed(name):
+            return True
+        for folder in Path(name).parents:
+            part = str(folder)
+            if part == ".":
+                break
+            path = top / part
+            if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()) \
+                    and not self.listed(part):
+                return True
+        return False
 
     def apart(self, seed: str, changes: list[Change]) -> bool:
         """Whether no path of ``changes`` (or a folder of one, or one under it) differs
         between the seed and the parent's tree with what is staged: then they apply as
         they are, and a merge could only agree."""
-        if not self.ours:
-            self.start = self.ours = self.written = self.parent.snapshot()
+        self._begin()
         if seed not in self._touched:
+            if self.pending:  # a seed seen first now: measured against what is staged too
+                self.flush()
             names = {p for p in g.git("diff-tree", "-r", "-z", "--no-renames", "--name-only",
-                                      seed, self.ours, repo=self.parent.odb).split("\0") if p}
+                                      seed, self.ours, repo=self.parent.odb, raw=True
+                                      ).split("\0") if p}
             self._touched[seed] = (names, {str(d) for n in names for d in Path(n).parents})
         touched, folders = self._touched[seed]
         for change in changes:
@@ -374,13 +411,13 @@ class _Tree:
         """Make ``ours`` hold what is staged (one temporary index)."""
         gone = [c for c in self.pending.values() if c[2] == "D"]
         kept = [c for c in self.pending.values() if c[2] != "D"]
-        lines = [f"0 {'0' * 40}\t{c[3]}\n" for c in gone] + \
-            [f"{c[0]} {c[1]}\t{c[3]}\n" for c in kept]
+        lines = [f"0 {'0' * 40}\t{c[3]}\0" for c in gone] + \
+            [f"{c[0]} {c[1]}\t{c[3]}\0" for c in kept]
         with tempfile.TemporaryDirectory(prefix="swarm-land-") as tmp:
             env = {"GIT_DIR": str(self.parent.odb), "GIT_COMMON_DIR": str(self.parent.odb),
                    "GIT_INDEX_FILE": str(Path(tmp) / "index")}
             g.git("read-tree", self.ours, env=env, cwd=self.parent.odb)
-            g.git("update-index", "--index-info", env=env, cwd=self.parent.odb,
+            g.git("update-index", "-z", "--index-info", env=env, cwd=self.parent.odb,
                   input="".join(lines))
             self.ours = g.git("write-tree", env=env, cwd=self.parent.odb)
         self.pending = {}
@@ -393,15 +430,19 @@ class _Tree:
     def write(self, tree: str) -> None:
         """Make the work tree hold ``tree`` now."""
         if tree != self.written:
-            write_changes(self.parent.odb, self.parent.top, self.written, tree)
+            write_changes(self.parent.odb, self.parent.top, self.written, tree, self.index)
             self.written = tree
 
     def finish(self) -> tuple[int, int, int]:
         """Write what is left; the paths the landings changed, and the lines they added
         and removed."""
         if not self.ours:
+            self._tmp.cleanup()
             return 0, 0, 0
-        self.write(self.now())
+        try:
+            self.write(self.now())
+        finally:
+            self._tmp.cleanup()
         if self.ours == self.start:
             return 0, 0, 0
         files = added = removed = 0
@@ -456,8 +497,7 @@ def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, 
         merged, conflicts = g.merge_trees(odb, mine, delta)
     if not conflicts:
         # A file the parent's snapshot leaves out (ignored, a secret) is never overwritten.
-        conflicts = [c[3] for c in changes if c[2] == "A"
-                     and os.path.lexists(parent.top / c[3]) and not tree.listed(c[3])]
+        conflicts = [c[3] for c in changes if c[2] != "D" and tree.in_the_way(c[3])]
     if conflicts:
         body["delta_of_hunks"] = delta  # its hunks, for all conflicts at once (_hunks)
         body.update(conflicts=conflicts, how=(
@@ -474,45 +514,33 @@ def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, 
         tree.write(merged)
         passed, output = run_check(check)
         if not passed:
-            tree.write(before)  # undone: the work tree as it was before this landing
-            body.update(check=check, check_output=output[-CHECK_TAIL:], how=(
-                "not landed: the check failed with its changes in your workspace (they were "
-                "taken back). Continue this child (agent_id) with the check's output, or "
-                "make the change yourself"))
+            body.update(check=check, check_output=output[-CHECK_TAIL:])
+            try:
+                tree.write(before)  # undone: the work tree as it was before this landing
+            except WorkspaceError as exc:  # the check changed the files it brought
+                tree.merged(merged)
+                body["how"] = (f"the check failed, and its changes could not be taken back "
+                               f"({exc}): they are in your workspace; fix them or undo them")
+                return CHECK_FAILED
+            body["how"] = ("not landed: the check failed with its changes in your workspace "
+                           "(they were taken back). Continue this child (agent_id) with the "
+                           "check's output, or make the change yourself")
             return CHECK_FAILED
     tree.merged(merged)
     return LANDED
 
 
-def write_changes(repo: Path, top: Path, old: str, new: str) -> int:
-    """Make the work tree ``top`` go from tree ``old`` to tree ``new`` of ``repo``, path
-    by path, through a temporary index (the work tree's own is not touched); the number
-    of paths written or removed."""
-    out = g.git("diff-tree", "-r", "-z", "--no-renames", "--name-status", old, new, repo=repo)
-    parts = out.split("\0")
-    pairs = list(zip(parts[::2], parts[1::2], strict=False))
-    gone = [name for status, name in pairs if status.startswith("D")]
-    written = [name for status, name in pairs if name and not status.startswith("D")]
-    for name in gone:
-        path = top / name
-        with contextlib.suppress(FileNotFoundError):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-        for folder in Path(name).parents:  # folders left empty go, as git's checkout does
-            if str(folder) == ".":
-                break
-            with contextlib.suppress(OSError):
-                (top / folder).rmdir()
-    if written:
-        with tempfile.TemporaryDirectory(prefix="swarm-land-") as tmp:
-            env = {"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo),
-                   "GIT_WORK_TREE": str(top), "GIT_INDEX_FILE": str(Path(tmp) / "index")}
-            g.git("read-tree", new, cwd=top, env=env)
-            for at in range(0, len(written), 500):
-                g.git("checkout-index", "-f", "--", *written[at:at + 500], cwd=top, env=env)
-    return len(gone) + len(written)
+def write_changes(repo: Path, top: Path, old: str, new: str, index: Path) -> None:
+    """Make the work tree ``top`` go from tree ``old`` to tree ``new`` of ``repo`` through
+    ``index`` (an index of ``old`` whose file times are the work tree's: the work tree's
+    own index is not touched), by git's two-tree merge: it writes and removes only the
+    paths that differ, never through a link in a folder of their path, never a file
+    changed since ``old`` was read or one it does not know (``WorkspaceError`` instead:
+    nothing is written), and leaves a folder that is not empty (a submodule's) in place.
+    ``index`` then holds ``new``."""
+    env = {"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo), "GIT_WORK_TREE": str(top),
+           "GIT_INDEX_FILE": str(index)}
+    g.git("read-tree", "-m", "-u", old, new, cwd=top, env=env)
 
 
 def _files_aside(seeds: Seeds, body: dict[str, Any], delta: str, swarm_id: str,
@@ -555,12 +583,23 @@ def rebase(seeds: Seeds, ws: Workspace, seed: str, swarm_id: str,
             g.git("read-tree", merged, env=env, cwd=odb)
             g.git("rm", "-q", "--cached", "--ignore-unmatch", "--", *conflicts, env=env,
                   cwd=odb)
-            listed = g.git("ls-tree", "-r", "-z", fresh, "--", *conflicts, repo=odb)
-            lines = [f"{line.split(chr(9), 1)[0].split()[0]} "
-                     f"{line.split(chr(9), 1)[0].split()[2]}\t{line.split(chr(9), 1)[1]}\n"
-                     for line in listed.split("\0") if "\t" in line]
+            listed = g.git("ls-tree", "-r", "-z", fresh, "--", *conflicts, repo=odb, raw=True)
+            lines = []
+            for entry in listed.split("\0"):
+                meta, tab, name = entry.partition("\t")
+                if tab:
+                    mode, _, sha = meta.split()
+                    lines.append(f"{mode} {sha}\t{name}\0")
             if lines:
-                g.git("update-index", "--index-info", env=env, cwd=odb, input="".join(lines))
+                g.git("update-index", "-z", "--index-info", env=env, cwd=odb,
+                      input="".join(lines))
             merged = g.git("write-tree", env=env, cwd=odb)
-    write_changes(odb, new.top, fresh, merged)
+    with tempfile.TemporaryDirectory(prefix="swarm-rebase-") as tmp:
+        index = Path(tmp) / "index"
+        assert new.index is not None
+        shutil.copy2(new.index, index)  # the fresh checkout's, file times included
+        env = {"GIT_DIR": str(odb), "GIT_COMMON_DIR": str(odb), "GIT_WORK_TREE": str(new.top),
+               "GIT_INDEX_FILE": str(index)}
+        g.ok("update-index", "-q", "--refresh", cwd=new.top, env=env)
+        write_changes(odb, new.top, fresh, merged, index)
     return new, conflicts
