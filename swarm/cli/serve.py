@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -76,6 +77,7 @@ class GracefulStop:
         self.server: uvicorn.Server | None = None
         self.done = False
         self._previous: dict[int, Any] = {}
+        self._stopping = False
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():  # else no signals here
@@ -102,8 +104,23 @@ class GracefulStop:
         if self.done:
             return
         if self.server is None:
+            if not self._stopping:
+                self._stopping = True
+                threading.Thread(target=self._insist, daemon=True,
+                                 name="swarm-stop").start()
             raise KeyboardInterrupt
         self.server.handle_exit(signum, frame)
+
+    def _insist(self) -> None:
+        """Signal this process again until what it serves has returned: a
+        KeyboardInterrupt raised where Python drops exceptions (a ``__del__`` the garbage
+        collector runs, an event loop starting) is lost, and ``swarm mcp`` went on serving
+        after SIGTERM. A real signal, not a simulated one: an event loop that handles
+        signals itself hears only those."""
+        while not self.done:
+            time.sleep(0.5)
+            if not self.done:
+                os.kill(os.getpid(), signal.SIGTERM)
 
 
 root_option = click.option(
@@ -222,6 +239,13 @@ def mcp(root: Path | None, workspace: Path | None, workers: int | None) -> None:
         click.echo(f"swarm mcp on stdio (store {store.masked_url}; jobs under {service.root})",
                    err=True)
         stop.call(lambda: run_stdio(service))
+    # Everything is cleaned up by now (local processes stopped, the embedded server left).
+    # A signal that stopped the server with its stdin open left AnyIO's worker thread
+    # blocked reading it, which the interpreter's exit would wait for forever, and an
+    # interrupt raised as the interpreter shut down made it die of SIGINT: it ends here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @click.group(context_settings=CTX)
