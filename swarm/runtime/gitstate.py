@@ -1,7 +1,8 @@
 """Git plumbing for workspaces that travel: trees of a folder as its agent sees it,
-deterministic commits of them, bundles, worktrees. Nothing here touches a user's index,
-``HEAD`` or branches other than ``swarm/*`` (each tree is written through a temporary
-index), and nothing here talks to Redis (:mod:`swarm.runtime.seed` does).
+deterministic commits of them, bundles, three-way merges in the object store, a child's
+repository of its own. Nothing here touches a user's index, ``HEAD`` or branches (each
+tree is written through a temporary index), and nothing here talks to Redis
+(:mod:`swarm.runtime.seed` does).
 
 What a tree holds: in a git repository, ``HEAD`` plus staged, unstaged and untracked
 files that no ignore rule excludes; in a plain folder, its files minus what
@@ -173,26 +174,6 @@ class WorkTree:
                 "GIT_INDEX_FILE": str(index or self.admin / "index")}
 
 
-def registered(repo: Path, top: Path) -> WorkTree | None:
-    """The worktree of ``repo`` registered on the folder ``top`` (read from the
-    repository's side: its ``worktrees/*/gitdir`` naming ``top/.git``), or None."""
-    want = os.path.join(os.path.realpath(top), ".git")
-    folder = repo / "worktrees"
-    likely = folder / top.name
-    try:
-        names = [likely, *sorted(p for p in folder.iterdir() if p != likely)]
-    except OSError:
-        return None
-    for admin in names:
-        try:
-            named = (admin / "gitdir").read_text(errors="replace").strip()
-        except OSError:
-            continue
-        if os.path.normpath(named) == want:
-            return WorkTree(top, repo, admin.name)
-    return None
-
-
 def discover(path: Path) -> WorkTree | None:
     """The work tree holding ``path`` and its repository, found from ``path`` as git finds
     them (None outside git): for a root in a terminal or a job, in its own folder, before
@@ -332,24 +313,6 @@ def keep(repo: Path, sha: str) -> None:
     git("update-ref", f"refs/swarm/snap/{sha}", sha, repo=repo)
 
 
-def worktree(repo: Path, path: Path, branch: str, start: str, checkout: bool = True) -> None:
-    """A worktree of ``repo`` at ``path`` on ``branch`` (made or reset at ``start``);
-    without ``checkout``, its files and index are left for the caller to provide."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    last: WorkspaceError | None = None
-    for _ in range(5):  # concurrent worktree adds on one repository can trip on locks
-        try:
-            git("worktree", "add", "-q", "-f", *(() if checkout else ("--no-checkout",)),
-                "-B", branch, str(path), start, repo=repo)
-            return
-        except WorkspaceError as exc:
-            last = exc
-            if path.exists() and (path / ".git").exists():
-                return
-    assert last is not None
-    raise last
-
-
 def checkout_files(repo: Path, sha: str, into: Path, files: list[str] | None = None) -> None:
     """Write the files of commit ``sha`` (or only ``files`` of it) under ``into``, through
     a temporary index (no ``.git`` there)."""
@@ -364,67 +327,9 @@ def checkout_files(repo: Path, sha: str, into: Path, files: list[str] | None = N
             git("checkout-index", "-f", "--", *files, cwd=into, env=env)
 
 
-def changes(repo: Path, old: str, new: str) -> tuple[list[str], list[str]]:
-    """(changed or added, deleted) paths between two commits."""
-    changed: list[str] = []
-    deleted: list[str] = []
-    parts = git("diff", "--no-renames", "--no-ext-diff", "--no-textconv", "--name-status",
-                "-z", old, new, repo=repo).split("\0")
-    for status, name in zip(parts[::2], parts[1::2], strict=False):
-        (deleted if status.startswith("D") else changed).append(name)
-    return changed, deleted
-
-
 def rev(repo: Path, name: str) -> str:
     """The commit ``name`` is, or ""."""
     try:
         return git("rev-parse", "--verify", "-q", f"{name}^{{commit}}", repo=repo)
     except WorkspaceError:
         return ""
-
-
-def index_tree(tree: WorkTree) -> str:
-    """The tree of the work tree's index as it is (what is staged), written from a copy
-    (the index itself is not touched); "" when it cannot be (a merge conflict)."""
-    with tempfile.TemporaryDirectory(prefix="swarm-index-") as tmp:
-        temp = Path(tmp) / "index"
-        with contextlib.suppress(FileNotFoundError):
-            shutil.copyfile(tree.admin / "index", temp)
-        try:
-            return git("write-tree", cwd=tree.top, env=tree.env(temp))
-        except WorkspaceError:
-            return ""
-
-
-#: Commits rewritten at most by :func:`transplant` (a longer history is not carried).
-TRANSPLANT_MAX = 500
-
-
-def transplant(repo: Path, tip: str, start: str, onto: str, memo: dict[str, str]) -> str:
-    """``tip`` with its history since ``start`` re-made over ``onto`` (same trees,
-    messages, authors and dates; ``memo`` maps old commits to new ones across calls);
-    "" when ``start`` is not an ancestor of ``tip`` or the history is too long."""
-    memo.setdefault(start, onto)
-    if tip in memo:
-        return memo[tip]
-    if not ok("merge-base", "--is-ancestor", start, tip, repo=repo):
-        return ""
-    lines = git("rev-list", "--reverse", "--topo-order", "--parents", tip, f"^{start}",
-                repo=repo).splitlines()
-    if len(lines) > TRANSPLANT_MAX:
-        return ""
-    for line in lines:
-        sha, *parents = line.split()
-        if sha in memo:
-            continue
-        fields = git("log", "-1", "--date=raw", "--format=%T%x00%an%x00%ae%x00%ad%x00%cn%x00"
-                     "%ce%x00%cd%x00%B", sha, repo=repo).split("\0", 7)
-        tree, an, ae, ad, cn, ce, cd, message = fields
-        args = ["commit-tree", tree, "-m", message or "-"]
-        for parent in parents:
-            if parent in memo:
-                args += ["-p", memo[parent]]
-        memo[sha] = git(*args, repo=repo, env={
-            "GIT_AUTHOR_NAME": an, "GIT_AUTHOR_EMAIL": ae, "GIT_AUTHOR_DATE": ad,
-            "GIT_COMMITTER_NAME": cn, "GIT_COMMITTER_EMAIL": ce, "GIT_COMMITTER_DATE": cd})
-    return memo.get(tip, "")
