@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,23 @@ def test_a_childs_mcp_server_and_typed_tool_run_in_its_workers_box(outside_tmp: 
     assert probe["uid"] == sandbox.UID
     assert probe["status"] == ["NoNewPrivs:\t1", "Seccomp:\t2"]
     assert KEY not in tool and "SWARM_API_KEY" not in probe["env"]
+
+
+def test_a_boxed_servers_launch_spec_is_out_of_its_boxs_reach(outside_tmp: Path) -> None:
+    """The launcher runs unconfined and obeys its spec: a box that could rewrite it (its
+    binary, its uid) would get a process of the worker's user out of the box."""
+    from swarm.agent.mcp_box import BoxedServers
+    from swarm.mcp_client.config import ServerSpec
+
+    choice = sandbox.choose("auto", worker=True)
+    if choice.box is None or not choice.box.handshake:
+        pytest.skip(f"no box with a handshake here: {choice.refuse}")
+    folder = outside_tmp / "home" / "mcp"
+    launch = BoxedServers(choice.box, folder)(ServerSpec("min", "stdio", command="true"))
+    spec = Path(launch.args[-1])
+    assert spec.is_file() and stat.S_IMODE(spec.stat().st_mode) == 0o600
+    where = Path(launch.cwd)
+    assert not spec.is_relative_to(where)  # the folder the box writes
+    shown = choice.box.argv("true", where, 3)
+    binds = {shown[i + 2] for i, a in enumerate(shown) if a == "--bind"}
+    assert not any(Path(b) == spec.parent or spec.is_relative_to(b) for b in binds)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the MCP SDK takes seconds to import: only agents with serve
 #: and passes it no descriptor of ours).
 SECCOMP_FD = 3
 PROGRAM_FILE = "seccomp.bpf"
-#: The spec of a server's launch (:mod:`swarm.agent.boxlaunch`), in the server's folder.
+#: The spec of a server's launch (:mod:`swarm.agent.boxlaunch`), named for its folder.
 LAUNCH_FILE = "launch.json"
 OPEN_PROGRAM = 'exec 3<"$0" || exit 126; exec "$@"'
 
@@ -65,7 +65,9 @@ class BoxedServers:
         program = self._program()
         command = "exec " + shlex.join([spec.command, *spec.args])
         if self.box.handshake:  # its network and cgroup need the worker's half: a launcher
-            launch = where / LAUNCH_FILE
+            # Beside the server's folder, never in it: the box writes that one, and the
+            # launcher (the worker's user, unconfined) obeys the spec.
+            launch = self.folder / f"{where.name}.{LAUNCH_FILE}"
             write_spec(launch, self.box, command, where, program)
             return Launch(sys.executable, ("-m", "swarm.agent.boxlaunch", str(launch)), where)
         argv = self.box.argv(command, where, SECCOMP_FD)
