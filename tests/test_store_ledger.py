@@ -9,6 +9,7 @@ import time
 import pytest
 import redis as redis_py
 
+from swarm.domain.records import RootEnd, RootStart
 from swarm.domain.session import Session
 from swarm.errors import LeaseLost
 from swarm.store import keys
@@ -416,3 +417,19 @@ def test_cancel_flags_the_subtree_and_settles_held_runs(redis: redis_py.Redis) -
     held = ledger.run("r2")
     assert held is not None and held.state == "cancelled"
     assert redis.llen(keys.swarm_waiting("s1")) == 0
+
+
+def test_a_settled_swarms_record_is_never_written_again(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s-kept", "s-kept", "/w", "task", {}, "h", "sess",
+                        start=RootStart({"total_tokens": 10}, 3, 1.5))
+    assert ledger.finish_swarm("s-kept", "cancelled", root_id="s-kept",
+                               end=RootEnd({"total_tokens": 5}, 1, 4, error="stopped"))
+    kept = (redis.hgetall(keys.swarm("s-kept")), redis.hgetall(keys.agent("s-kept")))
+    assert not ledger.finish_swarm("s-kept", "done", root_id="s-kept",
+                                   end=RootEnd({"total_tokens": 99}, 9, 9, answer="later"))
+    assert (redis.hgetall(keys.swarm("s-kept")), redis.hgetall(keys.agent("s-kept"))) == kept
+    root = ledger.agent("s-kept")
+    assert root is not None and root.kept and root.error == "stopped"
+    assert root.usage == {"total_tokens": 5} and root.base_turns == 3
+    assert kept[0]["state"] == "cancelled" and kept[0]["error"] == "stopped"

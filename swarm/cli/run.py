@@ -19,9 +19,10 @@ from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.session import Session
 from swarm.errors import Cancelled, Interrupted, TurnLimitReached
 from swarm.runtime.build import local_agent
-from swarm.runtime.root import RootSwarm
+from swarm.runtime.root import RootSwarm, moved_on
 from swarm.store.connection import Store, open_store
-from swarm.store.ledger import Ledger
+from swarm.store.ledger import SETTLED, AgentRecord, Ledger
+from swarm.store.sessions import RedisSessionStore
 
 if TYPE_CHECKING:  # rich: imported when the swarm is first shown
     from swarm.cli.live import LiveTree
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # rich: imported when the swarm is first shown
 EXIT_TURN_LIMIT = 3
 EXIT_CANCELLED = 4
 EXIT_INTERRUPTED = 130
+INTERRUPTED = "interrupted (Ctrl-C, SIGTERM or a closed terminal)"
 
 
 class TurnLimitExit(Abort):
@@ -142,7 +144,7 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
             if local.repaired:
                 view.on_notice("the last run stopped mid-step; its unfinished tool calls "
                                "were marked interrupted")
-            state = "failed"
+            state, error, answer = "failed", "", ""
             tools.prewarm()  # while the model thinks about its first answer
             try:
                 with telemetry.span("swarm", task=task[:200], workspace=str(workspace)):
@@ -150,20 +152,25 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
                               else root.run(local.agent, task, local.sessions))
                 state = "done"
             except TurnLimitReached as exc:
+                error = str(exc)
                 raise TurnLimitExit(str(exc)) from None
             except Cancelled as exc:
-                state = "cancelled"
+                state, error = "cancelled", str(exc)
                 raise CancelledExit(f"{exc}; the session is saved") from None
             except (Interrupted, KeyboardInterrupt):
-                state = "cancelled"
+                state, error = "cancelled", INTERRUPTED
                 raise InterruptedExit(
                     "interrupted; the session is saved" + root.on_interrupt()) from None
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                raise
             finally:
                 for tree in trees:
                     tree.close()
                 if root.landed():  # what the children's work did to the folder, last
                     view.on_notice(root.landed())
-                root.finish(state)
+                # Its record keeps what it did and how it ended, whatever comes later.
+                root.finish(state, local.agent.session, answer, error)
                 root.close()  # before the store closes: the local processes are told
                 telemetry.flush()
     finally:
@@ -183,7 +190,10 @@ def attach(swarm_id: str | None, yes: bool | None, workers: int | None) -> None:
     """Collect the answer of a swarm whose `swarm run` went away (default: the latest).
 
     Waits for its children (showing their progress and approval requests), resumes the
-    root agent in its workspace, and prints its answer on stdout.
+    root agent in its workspace, and prints its answer on stdout. A swarm that has
+    settled is not resumed: its kept answer is printed (exit 0), or how it ended is
+    said (exit 4 cancelled, 1 failed). Only the swarm's own conversation is resumed: if
+    a later run in its folder went on with it, attach refuses and changes nothing.
     """
     settings = settings_from(yes=yes)
     interrupt_on_term()
@@ -191,13 +201,37 @@ def attach(swarm_id: str | None, yes: bool | None, workers: int | None) -> None:
         ledger = Ledger(store.redis)
         swarm_id = swarm_id or ledger.latest_swarm()
         info = ledger.swarm(swarm_id) if swarm_id else {}
-    if not swarm_id or not info:
-        raise Abort(f"no swarm {swarm_id or ''!r} to attach to; `swarm status` lists them")
-    if info.get("state") not in ("running", "detached", "cancelled", "failed"):
-        raise Abort(f"swarm {swarm_id} is {info.get('state')}; nothing to collect "
-                    "(`swarm logs` shows its conversation)")
+        if not swarm_id or not info:
+            raise Abort(f"no swarm {swarm_id or ''!r} to attach to; `swarm status` lists them")
+        root = ledger.agent(info.get("root") or swarm_id)
+        if info.get("state") in SETTLED:
+            click.echo(settled_answer(swarm_id, info, root))
+            return
+        if root is None or root.kind != "root":
+            raise Abort(f"swarm {swarm_id} is a job run by the workers, not a terminal's root; "
+                        f"`swarm status {swarm_id}` follows it")
+        gone = moved_on(ledger, root, RedisSessionStore(store.redis).load(root.session_id))
+    if gone:
+        raise Abort(f"swarm {swarm_id} cannot be resumed: {gone}. `swarm status {swarm_id}` "
+                    "shows what its children did; `swarm land` lands their work")
     view = answer_view(settings)
     answer = run_job(settings, Path(info["workspace"]), "", workers=workers, attach=swarm_id,
                      view=view)
     if not view.shown(answer):
         click.echo(answer)
+
+
+def settled_answer(swarm_id: str, info: dict[str, str], root: AgentRecord | None) -> str:
+    """The answer of a swarm that settled, or an error saying how it ended (with the exit
+    code of a `swarm run` that ended so)."""
+    state = info.get("state", "")
+    why = (root.error if root is not None else "") or info.get("error", "")
+    if state == "done":
+        if root is not None and root.kept:
+            return root.answer
+        raise Abort(f"swarm {swarm_id} is done; its answer was not kept with it (a swarm "
+                    f"from before answers were): `swarm logs {swarm_id}` shows its conversation")
+    if state == "cancelled":
+        raise CancelledExit(f"swarm {swarm_id} was cancelled" + (f": {why}" if why else ""))
+    raise Abort(f"swarm {swarm_id} {state.replace('_', ' ')}: "
+                f"{why or 'no reason was recorded'}")

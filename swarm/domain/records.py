@@ -15,6 +15,23 @@ ACTIVE = ("queued", "waiting", "running", "parked")
 """States of a run that has not settled."""
 
 
+def usage_of(raw: object) -> dict[str, int]:
+    """Token counts from their JSON (a session's or a record's); {} for anything else."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw else {}
+        except ValueError:
+            return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): _int(str(v)) for k, v in raw.items()}
+
+
+def usage_since(now: dict[str, int], base: dict[str, int]) -> dict[str, int]:
+    """What ``now`` added to ``base`` (counts that only grow; never below zero)."""
+    return {k: max(0, v - base.get(k, 0)) for k, v in now.items()}
+
+
 def _int(value: str | None, default: int = 0) -> int:
     try:
         return int(value) if value not in (None, "") else default
@@ -124,15 +141,26 @@ class AgentRecord:
     landing: str = ""
     """How its work came home (:mod:`swarm.runtime.homecoming`): landed, conflict, kept,
     no changes, failed ("" until its parent took it)."""
+    answer: str = ""
+    error: str = ""
+    """A root in a terminal: its answer in this swarm, or why it ended (children keep
+    theirs in their run's result)."""
+    base_usage: dict[str, int] = field(default_factory=dict)
+    base_turns: int = 0
+    """A root in a terminal: its folder's session as this swarm began (the session goes
+    on with later runs; the swarm's figures are what it added)."""
+    session_created: float = 0.0
+    session_turns: int = 0
+    """A root in a terminal: which conversation of its folder was this swarm's, and its
+    turns when the root last stopped (``swarm attach`` resumes only that one)."""
+    kept: bool = False
+    """A root in a terminal whose figures, answer and error for this swarm were kept as
+    the swarm settled (:class:`RootEnd`)."""
 
     @classmethod
     def from_hash(cls, row: dict[str, str]) -> AgentRecord | None:
         if not row or not row.get("id"):
             return None
-        try:
-            usage = {k: int(v) for k, v in json.loads(row.get("usage") or "{}").items()}
-        except (ValueError, AttributeError):
-            usage = {}
         return cls(
             id=row["id"], swarm=row.get("swarm", ""), parent=row.get("parent", ""),
             depth=_int(row.get("depth")), kind=row.get("kind", "child"),
@@ -143,10 +171,46 @@ class AgentRecord:
             settled=_float(row.get("settled")),
             parent_workspace=row.get("parent_workspace", ""),
             parent_host=row.get("parent_host"), last=row.get("last", ""),
-            turns=_int(row.get("turns")), usage=usage, seed=row.get("seed", ""),
-            ws_host=row.get("ws_host", ""), ws_state=row.get("ws_state", ""),
-            landing=row.get("landing", ""))
+            turns=_int(row.get("turns")), usage=usage_of(row.get("usage")),
+            seed=row.get("seed", ""), ws_host=row.get("ws_host", ""),
+            ws_state=row.get("ws_state", ""), landing=row.get("landing", ""),
+            answer=row.get("answer", ""), error=row.get("error", ""),
+            base_usage=usage_of(row.get("base_usage")), base_turns=_int(row.get("base_turns")),
+            session_created=_float(row.get("session_created")),
+            session_turns=_int(row.get("session_turns")), kept=row.get("kept") == "1")
 
     @property
     def session_id(self) -> str:
         return self.session or self.id
+
+
+@dataclass(frozen=True)
+class RootEnd:
+    """What a root in a terminal did in its swarm, kept in its agent record as the swarm
+    settles or the root leaves: the folder's session goes on with later runs, the
+    swarm's record does not."""
+
+    usage: dict[str, int]
+    turns: int
+    session_turns: int
+    answer: str = ""
+    error: str = ""
+
+    def fields(self) -> dict[str, str]:
+        return {"usage": json.dumps(self.usage), "turns": str(self.turns),
+                "session_turns": str(self.session_turns), "answer": self.answer,
+                "error": self.error, "kept": "1"}
+
+
+@dataclass(frozen=True)
+class RootStart:
+    """A root's folder session as its swarm began: the swarm's figures are what the
+    session adds to these, and ``swarm attach`` resumes only that conversation."""
+
+    usage: dict[str, int]
+    turns: int
+    session_created: float
+
+    def fields(self) -> dict[str, str]:
+        return {"base_usage": json.dumps(self.usage), "base_turns": str(self.turns),
+                "session_created": repr(self.session_created)}

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import redis
 
-from swarm.domain.records import ACTIVE, SETTLED
+from swarm.domain.records import ACTIVE, SETTLED, AgentRecord, usage_of, usage_since
 from swarm.report.display import Prices, first_line, fmt_cost, fmt_duration, fmt_tokens
 from swarm.store import keys
 from swarm.text import plural
@@ -43,17 +43,6 @@ def _int(value: object) -> int:
         return int(str(value or 0))
     except ValueError:
         return 0
-
-
-def _usage(raw: object) -> dict[str, int]:
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw) if raw else {}
-        except ValueError:
-            return {}
-    if not isinstance(raw, dict):
-        return {}
-    return {str(k): _int(v) for k, v in raw.items()}
 
 
 @dataclass
@@ -86,17 +75,24 @@ class AgentView:
     """Indentation in the tree (its depth below the shown root)."""
     children: list[AgentView] = field(default_factory=list, repr=False)
 
+    base_usage: dict[str, int] = field(default_factory=dict)
+    base_turns: int = 0
+    """A root in a terminal: its folder's session as the swarm began."""
+    frozen: bool = False
+    """A settled root in a terminal whose figures for its swarm were kept as it settled
+    (its folder's session has gone on since)."""
+
     @classmethod
     def from_record(cls, row: Mapping[str, str]) -> AgentView:
+        rec = AgentRecord.from_hash(dict(row)) or AgentRecord(row.get("id", "?"), "")
         return cls(
-            id=row.get("id", "?"), parent=row.get("parent", ""), kind=row.get("kind", "child"),
-            state=row.get("state", "?"), depth=_int(row.get("depth")),
-            label=row.get("label", ""), host=row.get("host", ""),
-            workspace=row.get("workspace", ""), session=row.get("session", ""),
-            run=row.get("run", ""), created=_float(row.get("created")),
-            started=_float(row.get("started")), settled=_float(row.get("settled")),
-            turns=_int(row.get("turns")), usage=_usage(row.get("usage")),
-            last=row.get("last", ""), landing=row.get("landing", ""))
+            id=rec.id, parent=rec.parent, kind=rec.kind, state=rec.state or "?",
+            depth=rec.depth, label=rec.label, host=rec.host, workspace=rec.workspace,
+            session=rec.session, run=rec.run, created=rec.created, started=rec.started,
+            settled=rec.settled, turns=rec.turns, usage=rec.usage, last=rec.last,
+            landing=rec.landing, answer=rec.answer, error=rec.error,
+            base_usage=rec.base_usage, base_turns=rec.base_turns,
+            frozen=rec.kept and rec.state in SETTLED)
 
     @property
     def session_id(self) -> str:
@@ -363,15 +359,15 @@ class SnapshotReader:
         tree = build_tree(agents)
         if root_answer:
             for agent in tree:
-                if agent.kind == "root" and agent.is_settled:
-                    agent.answer = self._last_answer(agent.session_id)
+                if agent.kind == "root" and agent.is_settled and not agent.frozen:
+                    agent.answer = self._last_answer(agent.session_id)  # before it was kept
         return Snapshot(swarm_id, info, tree, time.time())
 
     def _details(self, agents: list[AgentView], swarm_info: dict[str, str]) -> None:
         for agent in agents:
             if agent.is_settled and agent.run in self._final:
                 agent.usage, agent.turns = self._final[agent.run]
-        metas = [a for a in agents if not (a.is_settled and a.run in self._final)]
+        metas = [a for a in agents if not (a.frozen or (a.is_settled and a.run in self._final))]
         runs = [a for a in agents if a.run and (
             a.run not in self._messages or (a.is_settled and a.run not in self._outcomes))]
         replies: list[Any] = []
@@ -388,9 +384,13 @@ class SnapshotReader:
             except ValueError:
                 meta = {}
             if isinstance(meta, dict):
+                usage, turns = usage_of(meta.get("usage")), _int(meta.get("turns"))
+                if agent.kind == "root":  # its folder's session: what this swarm added
+                    usage = usage_since(usage, agent.base_usage)
+                    turns = max(0, turns - agent.base_turns)
                 if not agent.usage or not agent.is_settled:
-                    agent.usage = _usage(meta.get("usage")) or agent.usage
-                agent.turns = max(agent.turns, _int(meta.get("turns")))
+                    agent.usage = usage or agent.usage
+                agent.turns = max(agent.turns, turns)
             if agent.is_settled and agent.run:
                 self._final[agent.run] = (agent.usage, agent.turns)
         for agent, (message, result, state) in zip(runs, replies[len(metas):], strict=True):
@@ -401,8 +401,9 @@ class SnapshotReader:
             agent.task = (swarm_info.get("task", "") if agent.kind == "root"
                           else self._messages.get(agent.run, ""))
             if agent.is_settled:
-                answer, agent.error = self._outcomes.get(agent.run, ("", ""))
+                answer, error = self._outcomes.get(agent.run, ("", ""))
                 agent.answer = agent.answer or answer
+                agent.error = error or agent.error
 
     def _last_answer(self, session_id: str) -> str:
         raw = self.redis.hget(keys.session(session_id), "messages")

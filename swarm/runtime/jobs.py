@@ -65,8 +65,12 @@ def job_state(ledger: Ledger, swarm_id: str) -> dict[str, Any]:
     state = {"queued": "queued", "done": "done", "cancelled": "cancelled",
              "timed_out": "failed", "failed": "failed", "refused": "failed"}.get(
         root_state, "running")
-    result = run.result if run is not None else {}
     agents = ledger.agents(swarm_id)
+    result: dict[str, Any] = run.result if run is not None else {}
+    if run is None:  # a `swarm run` root's swarm: its answer or error is kept with it
+        root = next((a for a in agents if a.id == info.get("root", swarm_id)), None)
+        result = {"answer": root.answer if root is not None and root.answer else None,
+                  "error": (root.error if root is not None else "") or info.get("error") or None}
     usage: dict[str, int] = {}
     for agent in agents:
         for k, v in agent.usage.items():

@@ -20,6 +20,7 @@ import redis
 from swarm.agent.loop import Agent
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.domain.records import AgentRecord, RootEnd, RootStart, usage_since
 from swarm.domain.session import Session
 from swarm.errors import Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
@@ -68,6 +69,8 @@ class RootSwarm:
     mcp: McpConfig = field(default_factory=McpConfig)
     """The root's MCP servers, recorded with the swarm for its children (as configured:
     ``${VAR}`` references, never their values)."""
+    start: RootStart | None = field(default=None, init=False)
+    """Its folder's session as this run began (the swarm's figures are what it adds)."""
     _last_event: str = field(default="0-0", init=False)
     tree: g.WorkTree | None = field(default=None, init=False)
     """The git work tree of the root's folder, found before its commands ran."""
@@ -82,6 +85,7 @@ class RootSwarm:
 
     def spawner(self, store: Store, session: Session) -> RedisSpawner:
         self.session = session
+        self.start = RootStart(dict(session.usage), session.turns, session.created)
         self.swarm_id = self.swarm_id or new_swarm_id()
         workspace = Path(session.workspace)
         # Its repository is found now, before its commands run, and kept.
@@ -99,7 +103,7 @@ class RootSwarm:
         if not self.ledger.swarm(self.swarm_id):
             self.ledger.create_swarm(self.swarm_id, self.swarm_id, self.session.workspace,
                                      self.task, inherited, socket.gethostname(), self.session.id,
-                                     mcp=self.mcp.to_json())
+                                     mcp=self.mcp.to_json(), start=self.start)
         self.ensure_runtime()
         # What swarms that ended long ago left in SWARM_HOME and the repository's refs.
         sweep.soon(self.settings.home, self.store.redis, (Path(self.session.workspace),))
@@ -204,8 +208,9 @@ class RootSwarm:
                 self.relay_events()
                 # Checked even when woken: a cancel settles the children fast enough for
                 # the join to wake the root before it looked; a cancelled root stops.
-                if self.ledger.is_cancelled(self.swarm_id):
-                    raise Cancelled(f"swarm {self.swarm_id} was cancelled")
+                reason = self.ledger.cancel_reason(self.swarm_id)
+                if reason is not None:
+                    raise Cancelled(f"swarm {self.swarm_id} was cancelled: {reason}")
                 if woken == request_id:
                     return
                 if self.ask is not None:
@@ -243,17 +248,42 @@ class RootSwarm:
         """A line on what its children's work did to its folder ("" when none sent any)."""
         return homecoming.summary(self.landings)
 
-    def finish(self, state: str) -> None:
+    def finish(self, state: str, session: Session | None = None, answer: str = "",
+               error: str = "") -> None:
+        """Settle its swarm (or mark it detached), keeping what the root did in it: the
+        folder's session goes on with later runs, the swarm's record does not."""
         if self.detached:
             state = "detached"
-        if self.session is not None and self.ledger.swarm(self.swarm_id):
-            self.ledger.finish_swarm(self.swarm_id, state, root_id=self.swarm_id)
+        record = self.ledger.agent(self.swarm_id) if self.session is not None else None
+        if record is None:
+            return
+        end = None
+        if session is not None:
+            end = RootEnd(usage_since(session.usage, record.base_usage),
+                          max(0, session.turns - record.base_turns), session.turns,
+                          answer=answer, error=error)
+        self.ledger.finish_swarm(self.swarm_id, state, root_id=self.swarm_id, end=end)
 
     def close(self) -> None:
         """Let the local processes go (they stop on their own; the process need not wait)."""
         if self.cluster is not None:
             self.cluster.release(self.store.redis)
             self.cluster = None
+
+
+def moved_on(ledger: Ledger, record: AgentRecord, session: Session | None) -> str:
+    """Why the folder's conversation is no longer the one the swarm of root ``record``
+    left ("" while it still is): ``swarm attach`` resumes only that one."""
+    if session is None:
+        return "its folder's conversation was deleted (`swarm sessions clear`)"
+    if record.session_created and abs(session.created - record.session_created) > 1e-3:
+        return "a later `swarm run --new` in its folder started another conversation"
+    if session.parked:
+        if ledger.request(session.parked).get("swarm", record.swarm) != record.swarm:
+            return "a later run in its folder is waiting for children of its own"
+    elif record.kept and session.turns != record.session_turns:
+        return "a later run in its folder went on with its conversation"
+    return ""
 
 
 def describe(event: dict[str, Any]) -> str:

@@ -62,7 +62,7 @@ import redis
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
-from swarm.domain.records import ACTIVE, SETTLED, AgentRecord, RunRecord
+from swarm.domain.records import ACTIVE, SETTLED, AgentRecord, RootEnd, RootStart, RunRecord
 from swarm.domain.session import Session
 from swarm.errors import LeaseLost
 from swarm.store import keys
@@ -205,6 +205,19 @@ return 0
 """
 
 # A call refused before it got an agent: its run is created settled, once.
+_FINISH = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state == false then return 0 end
+for _, s in ipairs(SETTLED_STATES) do
+  if state == s then return 0 end
+end
+for k, v in pairs(cjson.decode(ARGV[1])) do redis.call('HSET', KEYS[1], k, v) end
+for k, v in pairs(cjson.decode(ARGV[2])) do redis.call('HSET', KEYS[2], k, v) end
+return 1
+""".replace("SETTLED_STATES", _SETTLED_LUA)
+"""Settle a swarm (and its root in a terminal) unless it settled already: a settled
+swarm's record is frozen (a later run in its folder never changes it)."""
+
 _REFUSE = """
 if redis.call('HSETNX', KEYS[1], 'id', ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 5))
@@ -424,6 +437,7 @@ class Ledger:
         self._grace = redis_.register_script(_GRACE)
         self._pause = redis_.register_script(_PAUSE)
         self._holders = redis_.register_script(_HOLDERS)
+        self._finish = redis_.register_script(_FINISH)
 
     def _transaction(self, fn: Any, *watch: str) -> Any:
         """``fn(pipe)`` under WATCH of ``watch``: it reads, calls ``pipe.multi()``, queues
@@ -437,14 +451,15 @@ class Ledger:
                      kind: str = "root", state: str = "running",
                      job: RunRecord | None = None, source: str = "",
                      mcp: dict[str, Any] | None = None, owner: str = "",
-                     jobs_root: str = "") -> None:
+                     jobs_root: str = "", start: RootStart | None = None) -> None:
         """Create a swarm and its root agent (idempotent). ``kind`` is ``root`` for a root
         in a terminal, ``job`` for a root that runs as a task (HTTP jobs, schedules),
         whose queued ``job`` run is written in the same transaction. ``mcp`` is the swarm's
         MCP configuration, fixed for its agents (a root's as it started, a job's as it was
         submitted). A job's ``owner`` is the id of the API token that submitted it; its
         ``jobs_root`` the folder its workspace must stay beneath (the worker opens the
-        workspace from there, never through a symbolic link)."""
+        workspace from there, never through a symbolic link). ``start`` is a root's
+        folder session as the swarm began (:class:`~swarm.domain.records.RootStart`)."""
         now = time.time()
         with self.redis.pipeline() as pipe:
             pipe.hsetnx(keys.swarm(swarm_id), "id", swarm_id)
@@ -460,6 +475,9 @@ class Ledger:
                 "id": root_id, "swarm": swarm_id, "parent": "", "depth": 0, "kind": kind,
                 "state": state, "workspace": workspace, "label": label_of(task),
                 "created": now, "started": now, "host": host, "session": session_id})
+            if start is not None:
+                pipe.hset(keys.agent(root_id),
+                          mapping=cast("dict[FieldT, EncodableT]", start.fields()))
             pipe.zadd(keys.swarm_agents(swarm_id), {root_id: now}, nx=True)
             for key in (keys.swarm(swarm_id), keys.agent(root_id), keys.swarm_agents(swarm_id)):
                 pipe.expire(key, self.ttl)
@@ -471,14 +489,20 @@ class Ledger:
                 self._event(pipe, swarm_id, "queued", root_id, depth=0, parent="")
             pipe.execute()
 
-    def finish_swarm(self, swarm_id: str, state: str, root_id: str = "") -> None:
-        """The swarm (and, with ``root_id``, its root agent in a terminal) ended."""
-        now = time.time()
-        with self.redis.pipeline() as pipe:
-            pipe.hset(keys.swarm(swarm_id), mapping={"state": state, "settled": now})
-            if root_id:
-                pipe.hset(keys.agent(root_id), mapping={"state": state, "settled": now})
-            pipe.execute()
+    def finish_swarm(self, swarm_id: str, state: str, root_id: str = "",
+                     end: RootEnd | None = None) -> bool:
+        """The swarm (and, with ``root_id``, its root agent in a terminal, whose figures
+        and answer for this swarm ``end`` freezes) ended. Once a swarm has settled its
+        record never changes: False, and nothing written, if it had."""
+        fields: dict[str, Any] = {"state": state, "settled": time.time()}
+        root = dict(fields)
+        if end is not None:
+            fields["error"] = end.error
+            root.update(end.fields())
+        args = [json.dumps({k: str(v) for k, v in fields.items()}),
+                json.dumps({k: str(v) for k, v in root.items()} if root_id else {})]
+        return bool(self._finish(keys=[keys.swarm(swarm_id), keys.agent(root_id or swarm_id)],
+                                 args=args))
 
     def swarm(self, swarm_id: str) -> dict[str, str]:
         return _h(self.redis, keys.swarm(swarm_id))
@@ -557,6 +581,11 @@ class Ledger:
 
     def is_cancelled(self, agent_id: str) -> bool:
         return bool(self.redis.exists(keys.cancel(agent_id)))
+
+    def cancel_reason(self, agent_id: str) -> str | None:
+        """Why ``agent_id`` was cancelled; None if it was not."""
+        reason = self.redis.get(keys.cancel(agent_id))
+        return None if reason is None else str(reason)
 
     def cancelled(self, agent_ids: list[str]) -> list[bool]:
         """Which of ``agent_ids`` are flagged cancelled (one round trip)."""

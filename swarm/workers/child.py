@@ -34,6 +34,7 @@ from swarm.agent.output import ask_for, check_output, retry_message
 from swarm.cache import TTLCache
 from swarm.config import Settings
 from swarm.domain.history import repair
+from swarm.domain.records import usage_since
 from swarm.errors import (
     AgentStopped,
     Cancelled,
@@ -287,7 +288,7 @@ class ChildRunner:
         start_usage = run.result.get("usage_at_start") or {}
         changed, exact = self._changed(workspace, seeds, before, record)
         result.update(agent_id=run.agent, workspace=str(workspace.path), files_changed=changed,
-                      usage=_usage_delta(start_usage, session.usage))
+                      usage=usage_since(session.usage, start_usage))
         state_id = ""
         if changed or not exact:  # a workspace as it was seeded has nothing to send home
             try:
@@ -467,9 +468,5 @@ class ChildRunner:
             if isinstance(exc, FileNotFoundError) and not create:
                 return  # gone: restored from its snapshot, or lost (see _workspace)
             raise WorkspaceError(f"{path} cannot be opened: {exc.strerror or exc}") from None
-
-
-def _usage_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {k: int(v) - int(before.get(k, 0)) for k, v in after.items()}
 
 
