@@ -214,3 +214,45 @@ def test_task_file_errors_are_usage_errors_before_anything_runs(
     assert result.exit_code == 2, (why, result.output)
     assert expected in result.stderr, (why, result.stderr)
     assert model_server.requests == [] and model_server.models_requests == 0
+
+
+def test_an_oversized_task_is_refused_before_any_model_call(
+        model_server: ScriptedModelServer, cli_env: dict[str, str], tmp_path: Path) -> None:
+    """600 KB of task for a 32k-token model: refused with its size, the context and what to
+    do; nothing reaches the model and nothing is kept in the session."""
+    big = tmp_path / "dump.txt"
+    big.write_text("0123456789 abcdefghij\n" * 27_273)  # 600,006 characters
+    result = invoke(cli_env, "run", "-y", "-C", str(tmp_path), "summarize:", "-f", str(big))
+    assert result.exit_code == 1, result.stderr
+    assert "TaskTooLarge" in result.stderr
+    assert "about 150,004 tokens (600,017 characters" in result.stderr
+    assert "32,768 tokens" in result.stderr and "75%" in result.stderr
+    assert "file in the workspace" in result.stderr
+    assert model_server.requests == [] and model_server.review_requests == []
+    model_server.script(Reply(content="small is fine"))
+    result = invoke(cli_env, "run", "-y", "-C", str(tmp_path), "hi")
+    assert result.stdout == "small is fine\n"
+    assert [m["role"] for m in model_server.requests[0]["messages"]] == ["system", "user"]
+
+
+def test_a_task_over_half_the_context_runs_with_a_warning(
+        model_server: ScriptedModelServer, cli_env: dict[str, str], tmp_path: Path) -> None:
+    model_server.script(Reply(content="read it"))
+    result = invoke(cli_env, "run", "-y", "-C", str(tmp_path), "-",
+                    input="word " * 15_000)  # ~18,750 tokens of 32,768
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "read it\n"
+    assert "the task takes about 18,7" in result.stderr
+    assert "57% of the model's 32,768-token context" in result.stderr
+    assert len(model_server.requests) == 1
+
+
+def test_chat_refuses_a_message_too_large_and_goes_on(
+        model_server: ScriptedModelServer, cli_env: dict[str, str], tmp_path: Path) -> None:
+    model_server.script(Reply(content="pong"))
+    lines = "x" * 200_000 + "\nping\n"
+    result = invoke(cli_env, "chat", "-y", "-C", str(tmp_path), input=lines)
+    assert result.exit_code == 0, result.stderr
+    assert "TaskTooLarge" in result.stderr and "32,768 tokens" in result.stderr
+    assert "pong" in result.stdout + result.stderr
+    assert [sent_task(model_server)] == ["ping"] and len(model_server.requests) == 1

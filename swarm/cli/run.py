@@ -75,7 +75,10 @@ def run(task: tuple[str, ...], task_file: str | None, yes: bool | None, model: s
       git diff | swarm run "review this diff:" -
 
     A `-` among TASK's words (or `-f -`) reads the task from stdin; the text of the file
-    or of stdin follows the words after a blank line. An empty task is refused.
+    or of stdin follows the words after a blank line. An empty task is refused, and
+    so is one that would take SWARM_COMPACT_AT (75%) of the model's context or more, before
+    any model call (over half of it, a warning). The text of -f is the task itself: put
+    large material in a file in the workspace instead and tell the agent to read it.
 
     Thinking, commands and their output go to stderr, so `answer=$(swarm run "...")` gets
     the answer alone. Commands the safety reviewer does not pass as read-only are asked
