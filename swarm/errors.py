@@ -24,6 +24,7 @@ every message says what to check or how to fix it::
     │   │   └── TimedOut
     │   ├── BudgetExceeded          the swarm used its token budget
     │   ├── LeaseLost               a worker lost a child's lease (another worker has it)
+    │   ├── TaskTooLarge            the task alone would fill the model's context
     │   └── Parked                  the agent waits for its children (not a failure)
     ├── WorkspaceError              a workspace cannot be snapshotted, seeded or restored
     │   ├── SnapshotTooLarge        over SWARM_SNAPSHOT_MAX (or SWARM_SNAPSHOT_SWARM_MAX)
@@ -108,6 +109,12 @@ class TurnLimitReached(AgentStopped):
 
 class Interrupted(AgentStopped):
     """The user interrupted the current answer (Ctrl-C)."""
+
+
+class TaskTooLarge(AgentStopped):
+    """A task that would take more of the model's context than an agent can work with,
+    refused before any model call; the message says its estimated size, the context and
+    what to do instead (:func:`swarm.agent.compaction.check_task`)."""
 
 
 class Parked(AgentStopped):

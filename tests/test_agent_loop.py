@@ -17,7 +17,7 @@ from swarm.config import Settings
 from swarm.domain.history import problems
 from swarm.domain.messages import ChatResult, Message, OnEvent, StreamEvent
 from swarm.domain.spawn import SpawnCall
-from swarm.errors import Interrupted, LockError, TurnLimitReached
+from swarm.errors import Interrupted, LockError, TaskTooLarge, TurnLimitReached
 from swarm.llm.client import LLMClient
 from swarm.runtime.build import build_agent, new_session
 from swarm.store.sessions import RedisSessionStore
@@ -185,6 +185,29 @@ def test_compaction_end_to_end(model_server: ScriptedModelServer, tmp_path: Path
     assert compaction.NOTE in msgs[1]["content"] and "the task" in msgs[1]["content"]
     assert problems(msgs) == []
     assert "leave_memory_hints" not in {t["function"]["name"] for t in third["tools"]}
+
+
+def test_a_task_too_large_for_the_context_is_refused_before_any_model_call(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    """The check every task passes (a terminal's, a job's, a child's message): over
+    compact_at of the context it is refused, nothing added or sent; over half, a notice."""
+    model_server.context_length = 10_000
+    model_server.script(Reply(content="done"))
+    notices: list[str] = []
+
+    class Notices(Observer):
+        def on_notice(self, text: str) -> None:
+            notices.append(text)
+
+    agent = make_agent(model_server, tmp_path, observer=Notices())
+    with pytest.raises(TaskTooLarge, match=r"about 7,500 tokens .* at most 7,500 of the 10,000"):
+        agent.run("z" * 30_000)
+    assert model_server.requests == [] and agent.messages == [] and notices == []
+    assert agent.run("z" * 24_000) == "done"
+    assert notices == ["the task takes about 6,000 tokens, 60% of the model's 10,000-token "
+                       "context: little is left to work in before the conversation is "
+                       "compacted (material in a file in the workspace, which the agent reads "
+                       "as it needs, costs less)"]
 
 
 def test_a_429_closes_the_shared_rate_gate(model_server: ScriptedModelServer,

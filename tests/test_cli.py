@@ -147,3 +147,112 @@ def test_no_model_configured_points_to_the_demo(cli_env: dict[str, str], tmp_pat
     result = invoke(env, "run", "-C", str(tmp_path), "hi")
     assert result.exit_code == 1
     assert "SWARM_BASE_URL" in result.stderr and "swarm demo" in result.stderr
+
+
+# -- the task from a file or stdin, and its size ------------------------------------------
+
+
+def sent_task(server: ScriptedModelServer) -> str:
+    """The task the model received: the user message of the first chat request."""
+    return str(server.requests[0]["messages"][-1]["content"])
+
+
+def test_run_reads_the_task_from_a_file(model_server: ScriptedModelServer,
+                                        cli_env: dict[str, str], tmp_path: Path) -> None:
+    task = tmp_path / "task.md"
+    task.write_text("Résumé the notes ✓\n\n  - keep the indent\n", encoding="utf-8")
+    model_server.script(Reply(content="one"), Reply(content="two"))
+    result = invoke(cli_env, "run", "-y", "--new", "-C", str(tmp_path), "-f", str(task))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "one\n"
+    assert sent_task(model_server) == "Résumé the notes ✓\n\n  - keep the indent"
+    # Words first, then the file's text after a blank line.
+    result = invoke(cli_env, "run", "-y", "--new", "-C", str(tmp_path), "follow",
+                    "these:", "--task-file", str(task))
+    assert result.exit_code == 0, result.stderr
+    assert model_server.requests[1]["messages"][-1]["content"] == \
+        "follow these:\n\nRésumé the notes ✓\n\n  - keep the indent"
+
+
+def test_run_reads_the_task_from_stdin_with_a_dash(model_server: ScriptedModelServer,
+                                                   cli_env: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    model_server.script(Reply(content="one"), Reply(content="two"))
+    result = invoke(cli_env, "run", "-y", "--new", "-C", str(tmp_path), "-",
+                    input="the whole task\nfrom a pipe\n")
+    assert result.exit_code == 0, result.stderr
+    assert sent_task(model_server) == "the whole task\nfrom a pipe"
+    result = invoke(cli_env, "run", "-y", "--new", "-C", str(tmp_path), "review", "this:",
+                    "-", input="diff --git a/x b/x\n")
+    assert result.exit_code == 0, result.stderr
+    assert model_server.requests[1]["messages"][-1]["content"] == \
+        "review this:\n\ndiff --git a/x b/x"
+
+
+TASK_ERRORS: list[tuple[str, list[str], str | bytes, str]] = [
+    ("missing", ["-f", "{tmp}/nope.md"], "", "no file"),
+    ("a folder", ["-f", "{tmp}"], "", "is a folder"),
+    ("not UTF-8", ["-f", "{tmp}/latin1.txt"], "", "is not UTF-8 text (byte 0xe9 at offset 2)"),
+    ("stdin not UTF-8", ["-"], b"ok\xff", "stdin is not UTF-8 text"),
+    ("both", ["-f", "{tmp}/latin1.txt", "-"], "", "not both"),
+    ("empty file", ["-f", "{tmp}/empty.txt"], "", "the task is empty"),
+    ("empty stdin", ["-"], " \n\n", "the task is empty"),
+    ("no task", [], "", "the task is empty"),
+]
+
+
+@pytest.mark.parametrize(("why", "args", "stdin", "expected"), TASK_ERRORS,
+                         ids=[e[0] for e in TASK_ERRORS])
+def test_task_file_errors_are_usage_errors_before_anything_runs(
+        model_server: ScriptedModelServer, cli_env: dict[str, str], tmp_path: Path,
+        why: str, args: list[str], stdin: str | bytes, expected: str) -> None:
+    (tmp_path / "latin1.txt").write_bytes(b"ca\xe9f")
+    (tmp_path / "empty.txt").write_text("\n")
+    given = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    result = CliRunner().invoke(main, ["run", "-y", "-C", str(tmp_path), *given],
+                                env=cli_env, input=stdin, catch_exceptions=False)
+    assert result.exit_code == 2, (why, result.output)
+    assert expected in result.stderr, (why, result.stderr)
+    assert model_server.requests == [] and model_server.models_requests == 0
+
+
+def test_an_oversized_task_is_refused_before_any_model_call(
+        model_server: ScriptedModelServer, cli_env: dict[str, str], tmp_path: Path) -> None:
+    """600 KB of task for a 32k-token model: refused with its size, the context and what to
+    do; nothing reaches the model and nothing is kept in the session."""
+    big = tmp_path / "dump.txt"
+    big.write_text("0123456789 abcdefghij\n" * 27_273)  # 600,006 characters
+    result = invoke(cli_env, "run", "-y", "-C", str(tmp_path), "summarize:", "-f", str(big))
+    assert result.exit_code == 1, result.stderr
+    assert "TaskTooLarge" in result.stderr
+    assert "about 150,004 tokens (600,017 characters" in result.stderr
+    assert "32,768 tokens" in result.stderr and "75%" in result.stderr
+    assert "file in the workspace" in result.stderr
+    assert model_server.requests == [] and model_server.review_requests == []
+    model_server.script(Reply(content="small is fine"))
+    result = invoke(cli_env, "run", "-y", "-C", str(tmp_path), "hi")
+    assert result.stdout == "small is fine\n"
+    assert [m["role"] for m in model_server.requests[0]["messages"]] == ["system", "user"]
+
+
+def test_a_task_over_half_the_context_runs_with_a_warning(
+        model_server: ScriptedModelServer, cli_env: dict[str, str], tmp_path: Path) -> None:
+    model_server.script(Reply(content="read it"))
+    result = invoke(cli_env, "run", "-y", "-C", str(tmp_path), "-",
+                    input="word " * 15_000)  # ~18,750 tokens of 32,768
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "read it\n"
+    assert "the task takes about 18,7" in result.stderr
+    assert "57% of the model's 32,768-token context" in result.stderr
+    assert len(model_server.requests) == 1
+
+
+def test_chat_refuses_a_message_too_large_and_goes_on(
+        model_server: ScriptedModelServer, cli_env: dict[str, str], tmp_path: Path) -> None:
+    model_server.script(Reply(content="pong"))
+    lines = "x" * 200_000 + "\nping\n"
+    result = invoke(cli_env, "chat", "-y", "-C", str(tmp_path), input=lines)
+    assert result.exit_code == 0, result.stderr
+    assert "TaskTooLarge" in result.stderr and "32,768 tokens" in result.stderr
+    assert "pong" in result.stdout + result.stderr
+    assert [sent_task(model_server)] == ["ping"] and len(model_server.requests) == 1

@@ -144,6 +144,43 @@ def test_chat_ctrl_c_returns_to_the_prompt_and_ctrl_d_exits(
         os.close(fd)
 
 
+def test_with_the_task_on_stdin_approvals_are_asked_on_the_terminal(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    """`swarm run -` reads the task from a pipe, so the answer to an approval comes from the
+    terminal (/dev/tty), as sudo's password does."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    model_server.script(Reply(tool_calls=[ToolCall("run_cli", {"command": "touch approved"})]),
+                        Reply(content="made it"))
+    env = {**env_for(model_server, home), "SWARM_APPROVAL": "run_cli=always"}
+    task_out, task_in = os.pipe()
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdin a pipe, the pty its terminal (and stdout, stderr)
+        os.dup2(task_out, 0)
+        os.chdir(work)
+        os.execve(sys.executable, [sys.executable, "-m", "swarm", "run", "-"], env)
+    os.close(task_out)
+    os.write(task_in, b"make the file\n")
+    os.close(task_in)
+    term = Terminal(fd)
+    try:
+        term.expect(b"run_cli wants to run: touch approved")
+        term.expect(b"Allow?")
+        os.write(fd, b"y\r")
+        term.expect(b"made it")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
+    assert (work / "approved").exists()
+    assert model_server.requests[0]["messages"][-1]["content"] == "make the file"
+
+
 def test_berserk_on_the_embedded_default_starts_and_stops_everything(
         model_server: ScriptedModelServer, tmp_path: Path) -> None:
     from swarm.testing.scripts import ByTask, tool_results

@@ -110,6 +110,16 @@ def test_add_list_and_remove(redis: redis_lib.Redis, redis_server: str) -> None:
     assert code == 1 and "no schedule 'tidy'" in err
 
 
+def test_a_task_too_large_for_the_model_is_not_scheduled(
+        redis: redis_lib.Redis, redis_server: str, model_server: ScriptedModelServer) -> None:
+    code, _, err = cli(redis_server, "schedule", "add", "@daily", "q" * 100_000,
+                       "--name", "huge", SWARM_BASE_URL=model_server.base_url,
+                       SWARM_MODEL=model_server.models[0])
+    assert code == 1, err
+    assert "about 25,000 tokens" in err and "32,768 tokens" in err
+    assert not redis.hexists(keys.schedules(), "huge") and model_server.requests == []
+
+
 def test_folder_files_are_synced(store: ScheduleStore, tmp_path: Path) -> None:
     folder = tmp_path / "agent"
     nightly = write(folder, "nightly", 'cron = "0 2 * * *"\ntask = "check the backups"\n')

@@ -276,6 +276,45 @@ def test_a_10_mb_task_and_broken_json_are_refused(api: TestClient, redis: redis_
     assert nothing_queued(redis)
 
 
+def test_a_task_too_large_for_the_model_gets_413_before_anything_starts(
+        redis: redis_lib.Redis, redis_server: str, tmp_path: Path,
+        model_server: ScriptedModelServer) -> None:
+    """The service asks the model's endpoint for its context (32,768 tokens here) once, and
+    refuses a task that alone would take most of it: no folder, no job, no model call."""
+    root = tmp_path / "jobs"
+    app = make_app(redis, redis_server, root, SWARM_BASE_URL=model_server.base_url,
+                   SWARM_MODEL=model_server.models[0])
+    with TestClient(app) as api:
+        for source in ("api", "mcp"):
+            if source == "api":
+                response = api.post("/v1/jobs", headers=AUTH,
+                                    json={"task": "y" * 200_000, "approve": "all"})
+                assert response.status_code == 413, response.text
+                detail = response.json()["detail"]
+            else:
+                detail = mcp_error(api, {"task": "y" * 200_000})
+            assert "about 50,000 tokens (200,000 characters" in detail
+            assert "at most 24,576 of the 32,768 tokens" in detail
+            assert "file in the workspace" in detail
+        assert nothing_queued(redis) and not any(root.iterdir())
+        assert model_server.requests == [] and model_server.models_requests == 1
+        fits = api.post("/v1/jobs", headers=AUTH, json={"task": "y" * 40_000})
+        assert fits.status_code == 201, fits.text
+    assert model_server.models_requests == 1  # the context is remembered
+
+
+def mcp_error(api: TestClient, arguments: dict[str, Any]) -> str:
+    """The error text of a ``submit_job`` call over /mcp (stateless: no session needed)."""
+    response = api.post("/mcp", headers={**AUTH, "Accept": "application/json, text/event-stream"},
+                        json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                              "params": {"name": "submit_job", "arguments": arguments}})
+    assert response.status_code == 200, response.text
+    (data,) = [json.loads(line[5:]) for line in response.text.splitlines()
+               if line.startswith("data:")]
+    assert data["result"]["isError"] is True, data
+    return str(data["result"]["content"][0]["text"])
+
+
 def test_workspaces_outside_the_root_are_refused(api: TestClient, redis: redis_lib.Redis,
                                                  tmp_path: Path) -> None:
     root = tmp_path / "jobs"

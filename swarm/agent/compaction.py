@@ -15,6 +15,7 @@ import json
 
 from swarm.domain.history import repair
 from swarm.domain.messages import Message
+from swarm.errors import TaskTooLarge
 
 EMERGENCY = """[EMERGENCY: your context is nearly full. Your memory will be wiped soon.]
 Do these now, in order, before anything else:
@@ -29,6 +30,10 @@ NOTE = ("[Your memory was compacted: the earlier conversation was dropped. Your 
         "of the conversation, tool outputs shortened. Check the state of the task and carry on.]")
 
 TOOL_RESULT_CHARS = 200
+#: The rough estimate used where a server's count is not at hand.
+CHARS_PER_TOKEN = 4
+#: A task over this share of the context is taken with a warning.
+WARN_AT = 0.5
 
 
 def used_fraction(tokens: int, context_length: int) -> float:
@@ -37,7 +42,34 @@ def used_fraction(tokens: int, context_length: int) -> float:
 
 def estimate_tokens(messages: list[Message]) -> int:
     """A rough count (4 characters a token) for servers that report no usage."""
-    return len(json.dumps(messages, ensure_ascii=False)) // 4
+    return len(json.dumps(messages, ensure_ascii=False)) // CHARS_PER_TOKEN
+
+
+def check_task(task: str, context_length: int, compact_at: float) -> str:
+    """Refuse a task that alone takes ``compact_at`` of the context or more: the loop would
+    compact at every step (compaction always keeps the task), or the first call would not
+    fit at all. Returns a one-line warning for a task over :data:`WARN_AT` of it, else "".
+
+    The one check of every way a task comes in (``swarm run``, ``swarm chat``, a job of
+    the API or a schedule, a child's message), made before any model call."""
+    if context_length <= 0:
+        return ""
+    tokens = len(task) // CHARS_PER_TOKEN
+    limit = int(context_length * compact_at)
+    if tokens >= limit:
+        raise TaskTooLarge(
+            f"the task is too large for the model's context: about {tokens:,} tokens "
+            f"({len(task):,} characters at {CHARS_PER_TOKEN} a token), and a task may take at most "
+            f"{limit:,} of the {context_length:,} tokens the model holds ({compact_at:.0%}, "
+            "SWARM_COMPACT_AT: past that the conversation is compacted at every step, and the "
+            "task is always kept). Put the material in a file in the workspace and give a "
+            "short task that tells the agent to read it, e.g. \"summarize notes.txt\"")
+    if tokens > context_length * WARN_AT:
+        return (f"the task takes about {tokens:,} tokens, {tokens / context_length:.0%} of the "
+                f"model's {context_length:,}-token context: little is left to work in before "
+                "the conversation is compacted (material in a file in the workspace, which the "
+                "agent reads as it needs, costs less)")
+    return ""
 
 
 def _groups(messages: list[Message]) -> list[list[Message]]:

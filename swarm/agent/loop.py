@@ -136,7 +136,14 @@ class Agent:
         :class:`Interrupted` on Ctrl-C; the session is saved either way. ``save_task=False``
         leaves the first save to the model's answer, for a caller that keeps the task
         elsewhere (a child's run is in the ledger, and a takeover starts it again).
+
+        A task too large for the model's context raises :class:`~swarm.errors.TaskTooLarge`
+        before anything is added or sent (:func:`compaction.check_task`).
         """
+        warning = compaction.check_task(task, self.model.context_length(),
+                                        self.config.compact_at)
+        if warning:
+            self.observer.on_notice(warning)
         # An interrupted step (Ctrl-C during a save, say) may have left calls unanswered.
         self.session.messages = history.repair(self.messages)
         self.refresh_system_prompt()

@@ -13,7 +13,13 @@ from swarm.agent.protocols import Spawner
 from swarm.cli.options import Abort, agent_options, handle_errors, interrupt_on_term, settings_from
 from swarm.cli.render import TerminalView
 from swarm.domain.session import Session
-from swarm.errors import Interrupted, ModelError, RuntimeUnavailable, TurnLimitReached
+from swarm.errors import (
+    Interrupted,
+    ModelError,
+    RuntimeUnavailable,
+    TaskTooLarge,
+    TurnLimitReached,
+)
 from swarm.runtime.build import local_agent
 from swarm.runtime.root import RootSwarm
 from swarm.store.connection import Store
@@ -42,7 +48,9 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
     """Chat with the agent in the workspace; the conversation is kept per folder.
 
     Ctrl-C stops the current answer or command and returns to the prompt; Ctrl-D exits.
-    Type /new to start over, /exit to leave.
+    Type /new to start over, /exit to leave. A message too large for the model's context
+    is refused before it is sent (the conversation goes on): put the material in a file in
+    the workspace and ask the agent to read it.
     """
     settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
     if not workspace.is_dir():
@@ -103,7 +111,7 @@ def _loop(agent: Agent, root: RootSwarm, sessions: RedisSessionStore, view: Term
             click.secho("\n(interrupted)", dim=True, err=True)
         except TurnLimitReached as exc:
             click.secho(str(exc), fg="yellow", err=True)
-        except (ModelError, RuntimeUnavailable) as exc:
+        except (ModelError, RuntimeUnavailable, TaskTooLarge) as exc:
             click.secho(f"{type(exc).__name__}: {exc}", fg="red", err=True)
         click.echo(err=True)
         bar = view.context_bar()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import click
 
@@ -54,20 +57,36 @@ def check_model_configured(settings: Settings) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("task", nargs=-1, required=True)
+@click.argument("task", nargs=-1)
+@click.option("-f", "--task-file", metavar="FILE",
+              help="Read the task from FILE (UTF-8; - for stdin), after TASK's words if any.")
 @agent_options
 @click.option("--workers", type=click.IntRange(min=0), default=None, envvar="SWARM_WORKERS",
               help="Local worker processes to start when the agent spawns children (default: "
                    "1 on the embedded server, 0 with SWARM_REDIS_URL: use the deployment's). "
                    "[env: SWARM_WORKERS]")
 @handle_errors
-def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: str | None,
-        new: bool, max_turns: int | None, workspace: Path, workers: int | None) -> None:
+def run(task: tuple[str, ...], task_file: str | None, yes: bool | None, model: str | None,
+        base_url: str | None, new: bool, max_turns: int | None, workspace: Path,
+        workers: int | None) -> None:
     """Run TASK in the workspace until the model answers, then print the answer on stdout.
+
+    \b
+      swarm run "list the five largest files here"
+      swarm run -f task.md                    # the task is the file's text
+      git diff | swarm run "review this diff:" -
+
+    A `-` among TASK's words (or `-f -`) reads the task from stdin; the text of the file
+    or of stdin follows the words after a blank line. An empty task is refused, and
+    so is one that would take SWARM_COMPACT_AT (75%) of the model's context or more, before
+    any model call (over half of it, a warning). The text of -f is the task itself: put
+    large material in a file in the workspace instead and tell the agent to read it.
 
     Thinking, commands and their output go to stderr, so `answer=$(swarm run "...")` gets
     the answer alone. Commands the safety reviewer does not pass as read-only are asked
-    about on the terminal (closed stdin denies); --yes approves everything.
+    about on the terminal (closed stdin denies); --yes approves everything. With the task
+    on stdin, the questions are asked on the terminal (/dev/tty), as `sudo` and `less` do;
+    with no terminal they are denied: use --yes or SWARM_APPROVAL policies.
 
     When the model calls the `agent` tool, its children run as Celery tasks: on the
     embedded default, a coordinator and local workers start in the background as the
@@ -82,12 +101,78 @@ def run(task: tuple[str, ...], yes: bool | None, model: str | None, base_url: st
     130 interrupted.
     """
     settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
+    text, from_stdin = task_text(task, task_file)
     check_model_configured(settings)
     interrupt_on_term()
     view = answer_view(settings)
-    answer = run_job(settings, workspace, " ".join(task), workers=workers, new=new, view=view)
+    with answers_from(from_stdin) as answers:
+        answer = run_job(settings, workspace, text, workers=workers, new=new, view=view,
+                         answers=answers)
     if not view.shown(answer):
         click.echo(answer)
+
+
+def task_text(words: tuple[str, ...], task_file: str | None) -> tuple[str, bool]:
+    """The task: TASK's words, then the text of ``task_file`` or of stdin (a ``-`` word)
+    after a blank line; and whether stdin was read."""
+    dashes = words.count("-")
+    if dashes + (task_file is not None) > 1:
+        raise click.UsageError("give the task's text once: -f FILE or - (stdin), not both")
+    source = task_file if task_file is not None else ("-" if dashes else None)
+    parts = [" ".join(w for w in words if w != "-")]
+    if source is not None:
+        parts.append(read_task_file(source).rstrip("\r\n"))
+    text = "\n\n".join(p for p in parts if p.strip())
+    if not text.strip():
+        raise click.UsageError(
+            "the task is empty: give it as words (swarm run \"...\"), -f FILE or - (stdin)")
+    return text, source == "-"
+
+
+def read_task_file(source: str) -> str:
+    """The UTF-8 text of file ``source`` (``-``: stdin); a clear error when it cannot be read."""
+    param = "'-f' / '--task-file'" if source != "-" else "'-' (stdin)"
+    if source == "-":
+        stream = sys.stdin.buffer
+        if stream.isatty():
+            click.echo("reading the task from stdin; end it with Ctrl-D", err=True)
+        data = stream.read()
+        name = "stdin"
+    else:
+        path = Path(source).expanduser()
+        try:
+            data = path.read_bytes()
+        except IsADirectoryError:
+            raise click.BadParameter(f"{source} is a folder; give a file", param_hint=param
+                                     ) from None
+        except FileNotFoundError:
+            raise click.BadParameter(f"no file {source}", param_hint=param) from None
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {source}: {exc.strerror or exc}",
+                                     param_hint=param) from None
+        name = source
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(
+            f"{name} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "convert it first, e.g. `iconv -f latin1 -t utf-8`", param_hint=param) from None
+
+
+@contextlib.contextmanager
+def answers_from(from_stdin: bool) -> Iterator[IO[str] | None]:
+    """Where approval answers are read: stdin (None), unless it held the task; then the
+    terminal (/dev/tty), else nowhere (every question is denied)."""
+    if not from_stdin:
+        yield None
+        return
+    try:
+        tty: IO[str] = open("/dev/tty", encoding="utf-8")  # noqa: SIM115
+    except OSError:  # no controlling terminal: nobody to ask
+        yield io.StringIO()
+        return
+    with tty:
+        yield tty
 
 
 def answer_view(settings: Settings) -> TerminalView:
@@ -98,16 +183,19 @@ def answer_view(settings: Settings) -> TerminalView:
 
 
 def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | None = None,
-            new: bool = False, view: TerminalView | None = None, attach: str = "") -> str:
+            new: bool = False, view: TerminalView | None = None, attach: str = "",
+            answers: IO[str] | None = None) -> str:
     """Run ``task`` as the root agent of ``workspace`` (parking while children work); with
-    ``attach`` (a swarm id), take over that swarm's root instead and finish it."""
+    ``attach`` (a swarm id), take over that swarm's root instead and finish it. Approvals
+    are asked on stderr and answered from ``answers`` (default: stdin)."""
     if not workspace.is_dir():
         raise Abort(f"workspace {workspace} does not exist; create it or pass -C to another")
     view = view or TerminalView.for_settings(settings)
     roots: list[RootSwarm] = []
     trees: list[LiveTree] = []
 
-    approver = TerminalApprover()
+    approver = TerminalApprover(stdin=answers)
+    terminal = (answers or sys.stdin).isatty()
 
     def spawner(store: Store, session: Session) -> Spawner:
         # Children's approval requests are put to a person only at a terminal; otherwise
@@ -126,7 +214,7 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
 
         root.on_event = lambda event: tree().on_swarm_event(event)
         root.notice = view.on_notice
-        if sys.stdin.isatty():
+        if terminal:
 
             def ask(request: ApprovalRequest) -> Decision:
                 tree().pause()  # stop drawing before the prompt

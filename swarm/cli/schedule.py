@@ -64,14 +64,20 @@ def schedule_add(cron: str, task: str, name: str | None, approve: str,
 
     The job gets the settings you gave here by a flag or SWARM_* variable (model,
     endpoint, limits, approval policies; never the API key, which the workers have).
+    A task too large for the model's context is refused here, as `swarm run` refuses it.
 
     \b
       swarm schedule add '0 6 * * 1-5' 'summarise the new lines of /srv/logs/app.log' --name logs
     """
+    from swarm.errors import RequestError
     from swarm.schedules.spec import Schedule, ScheduleError
-    from swarm.serve.jobs import inherited_settings
+    from swarm.serve.jobs import check_job_task, inherited_settings, model_context
 
     settings = settings_from()
+    try:  # as the API does; the worker's agent checks again when the job runs
+        check_job_task(task, model_context(settings), settings)
+    except RequestError as exc:
+        raise Abort(str(exc)) from None
     name = name or _name_of(task)
     item = Schedule(name=name, cron=cron, task=task, approve=approve,
                     workspace=str(workspace.expanduser().resolve()) if workspace else "",

@@ -188,7 +188,9 @@ def create_app(service: Service) -> FastAPI:
               summary="Submit a job")
     def create_job(body: JobRequest, caller: Who) -> JobCreated:
         """Queue a root agent for ``task`` on the workers; returns its id at once. The job
-        is the token's: a user token sees only the jobs it submitted."""
+        is the token's: a user token sees only the jobs it submitted. A task too large for
+        the model's context is a 413 that says its size and the context; nothing is
+        queued."""
         job_id = service.submit(body, "api", caller)
         log.info("job %s queued (%d characters, approve=%s)", job_id, len(body.task),
                  body.approve)

@@ -1,24 +1,56 @@
-"""What the API and schedules share about jobs: the settings a job inherits, and the
-folders jobs work in (a fresh one under the jobs root, or one the client names inside
-it: symlinks and ``..`` are resolved first, so nothing escapes the root)."""
+"""What the API and schedules share about jobs: the settings a job inherits, the check of
+its task against the model's context, and the folders jobs work in (a fresh one under the
+jobs root, or one the client names inside it: symlinks and ``..`` are resolved first, so
+nothing escapes the root)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
 from pathlib import Path
 from typing import Any
 
+from swarm.agent import compaction
 from swarm.config import Settings
-from swarm.errors import RequestError
+from swarm.errors import RequestError, SwarmError, TaskTooLarge
+from swarm.llm.client import LLMClient
 from swarm.runtime.root import INHERITED
+
+log = logging.getLogger(__name__)
 
 
 def inherited_settings(settings: Settings) -> dict[str, Any]:
     """The settings a job's agents use from ``settings``: those given by a flag or an
     environment variable (never defaults, never secrets), as children inherit a root's."""
     return {name: getattr(settings, name) for name in INHERITED if name in settings.explicit}
+
+
+def model_context(settings: Settings) -> int:
+    """The context length of ``settings``' model, as its endpoint's ``/models`` tells it
+    (one try, within seconds), else ``SWARM_CONTEXT_LENGTH``; that alone when no endpoint
+    is set here (the workers have their own)."""
+    if "base_url" not in settings.explicit:
+        return settings.context_length
+    quick = settings.with_(retries=1, connect_timeout=min(settings.connect_timeout, 5.0),
+                           read_timeout=min(settings.read_timeout, 10.0))
+    with LLMClient.from_settings(quick) as model:
+        try:
+            return model.context_length()
+        except SwarmError as exc:
+            log.warning("cannot tell the context length of the model (%s); assuming %d "
+                        "tokens (SWARM_CONTEXT_LENGTH)", exc, settings.context_length)
+            return settings.context_length
+
+
+def check_job_task(task: str, context_length: int, settings: Settings) -> None:
+    """Refuse a job's task too large for the model's context, with 413 (before anything is
+    queued or created): the check a worker's agent makes too, before any model call."""
+    try:
+        compaction.check_task(task, context_length, settings.compact_at)
+    except TaskTooLarge as exc:
+        raise RequestError(str(exc), 413) from None
 
 
 class WorkspaceError(RequestError):

@@ -167,7 +167,9 @@ def build_server(service: Service, trusted: Caller | None = None) -> MCPServer[A
                                              open_world_hint=True))
     async def submit_job(
         task: Annotated[str, Field(description=f"what the swarm should do (at most {MAX_TASK} "
-                                               "characters)")],
+                                               "characters, and well within the model's "
+                                               "context: put large material in a file in the "
+                                               "workspace and say where)")],
         ctx: Context[Any, Any],
         approve: Annotated[Literal["all", "ask"], Field(
             description="all: approve every tool call of the job; ask: the swarm's approval "

@@ -58,7 +58,9 @@ class JobRequest(Strict):
     """A job: a task for a root agent that runs on the swarm's workers."""
 
     task: str = Field(min_length=1, max_length=MAX_TASK, pattern=r"\S",
-                      description=f"what to do (at most {MAX_TASK} characters, not blank)")
+                      description=f"what to do (at most {MAX_TASK} characters, not blank); "
+                                  "one that would take SWARM_COMPACT_AT of the model's context "
+                                  "or more (4 characters a token) is refused with 413")
     approve: Literal["all", "ask"] = Field(
         "ask", description="all: approve every tool call; ask: the approval policies apply "
                            "and requests wait in GET /v1/approvals for an answer")

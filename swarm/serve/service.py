@@ -20,12 +20,19 @@ import anyio.to_thread
 import redis
 from celery import Celery
 
+from swarm.cache import TTLCache
 from swarm.config import Settings
 from swarm.domain.approval import Decision
 from swarm.errors import RequestError
 from swarm.runtime.jobs import job_state, submit_job
 from swarm.serve.auth import Authenticator, Caller
-from swarm.serve.jobs import inherited_settings, inside_root, new_job_folder
+from swarm.serve.jobs import (
+    check_job_task,
+    inherited_settings,
+    inside_root,
+    model_context,
+    new_job_folder,
+)
 from swarm.serve.models import Approval, ApprovalDone, CancelResult, Job, JobRequest
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, closed_because, outcome, swarm_of
@@ -36,6 +43,8 @@ SETTLED_JOB = ("done", "failed", "cancelled")
 UNCAPPED_AT_ZERO = ("max_turns", "token_budget")
 #: Seconds one XREAD of a job's events blocks (a gone client is noticed this fast).
 READ_BLOCK = 1.0
+#: Seconds the model's context length is trusted before ``/models`` is asked again.
+CONTEXT_TTL = 300.0
 #: Where the answer to "which approvals are pending?" is, for messages.
 LIST_HINT = "GET /v1/approvals, the list_approvals tool or `swarm approve` lists the pending ones"
 
@@ -65,9 +74,11 @@ class Service:
     auth: Authenticator | None = None
     workspace: Path | None = None
     ledger: Ledger = field(init=False)
+    _context: TTLCache[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.redis)
+        self._context = TTLCache(CONTEXT_TTL, maxsize=1)
         self.root.mkdir(parents=True, exist_ok=True)
         self.root = self.root.resolve()  # what workers open jobs' workspaces beneath
 
@@ -87,9 +98,20 @@ class Service:
         given["yes"] = body.approve == "all"
         return given
 
+    def context_length(self) -> int:
+        """The context length of the service's model (:func:`model_context`), looked up at
+        most every :data:`CONTEXT_TTL` seconds."""
+        known = self._context.get("")
+        if known is None:
+            known = model_context(self.settings)
+            self._context.put("", known)
+        return known
+
     def submit(self, body: JobRequest, source: str, caller: Caller) -> str:
         """Queue a root agent for ``body.task`` on the workers, owned by ``caller``;
-        returns the job's id."""
+        returns the job's id. A task too large for the model's context is a 413, before
+        anything is created."""
+        check_job_task(body.task, self.context_length(), self.settings)
         root: Path | None = self.root
         if body.workspace:
             workspace = inside_root(self.root, body.workspace)
