@@ -110,8 +110,8 @@ _TRIAL = ('id -u; grep -E "^(CapEff|NoNewPrivs|Seccomp):" /proc/self/status; '
           'touch /.swarm-sandbox-trial 2>/dev/null && echo root-writable; '
           'cat .trial-secret 2>/dev/null && echo secret-readable; '
           'touch trial && echo workspace-writable')
-_FIX = ("install bubblewrap (apt-get install bubblewrap); in a container, allow user "
-        "namespaces (docs/deploy.md, 'The sandbox')")
+_FIX = ("install bubblewrap and slirp4netns (apt-get install bubblewrap slirp4netns); in a "
+        "container, allow user namespaces (docs/deploy.md, 'The sandbox')")
 _USERNS_FIX = ("a root worker runs the box as SWARM_SANDBOX_UID, which needs unprivileged user "
                "namespaces: sysctl user.max_user_namespaces above 0, "
                "kernel.unprivileged_userns_clone=1 where it exists, "
