@@ -179,6 +179,11 @@ KNOBS: dict[str, Knob] = {
     "parent_pid": Knob(("SWARM_PARENT_PID",),
                        "the process whose local coordinator and workers stop when it is gone",
                        read_by="swarm.runtime.local", internal=True),
+    "sandbox_fallback": Knob(("SWARM_SANDBOX_FALLBACK",),
+                             "1 on the local workers a root in a terminal starts on its own "
+                             "embedded server while it runs its commands unconfined: where "
+                             "they cannot box commands, such roots' children run unconfined",
+                             read_by="swarm.agent.sandbox.for_worker", internal=True),
     "secrets_fd": Knob(("SWARM_SECRETS_FD",),
                        "pipe a re-executed worker reads its secret variables from",
                        read_by="swarm.secrets", internal=True),

@@ -473,6 +473,15 @@ def test_choices(monkeypatch: pytest.MonkeyPatch, outside_tmp: Path) -> None:
         explicit = sandbox.for_worker(Settings().with_(sandbox="none"))
         assert explicit.box is None and not explicit.refuse
         assert explicit.summary == "none (commands run unconfined)"
+        # A terminal root's local worker: unconfined roots' children run, the rest refused.
+        monkeypatch.setenv(sandbox.FALLBACK, "1")
+        local = sandbox.for_worker(Settings())
+        assert local.refuse and "setting up uid map" in local.fallback
+        assert sandbox.unboxed(["none (commands run unconfined)", local.summary]) == \
+            local.fallback
+        assert not sandbox.for_worker(Settings().with_(sandbox="auto")).fallback
+        monkeypatch.delenv(sandbox.FALLBACK)
+        assert not sandbox.for_worker(Settings()).fallback
         monkeypatch.setenv("PATH", str(tmp_path / "empty"))
         sandbox.probe.cache_clear()
         assert "apt-get install bubblewrap" in sandbox.choose("auto").notice

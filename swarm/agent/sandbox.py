@@ -27,7 +27,9 @@ A sandboxed command runs (docs/deploy.md has the table of what is and is not con
 
 Whether this works here is tried once per process with a real command (:func:`probe`).
 Workers default to ``auto`` and refuse children when it fails (:func:`for_worker`); the
-root in a terminal keeps the user's ``SWARM_SANDBOX`` (default ``none``).
+root in a terminal keeps the user's ``SWARM_SANDBOX`` (default ``none``), and the local
+workers it starts on its own embedded server then run its children unconfined where it
+fails (:data:`FALLBACK`).
 """
 
 from __future__ import annotations
@@ -95,12 +97,21 @@ PASSED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*"
           "GIT_COMMITTER_EMAIL")
 """Variables of the runner's environment a sandboxed command gets (patterns allowed)."""
 
+FALLBACK = "SWARM_SANDBOX_FALLBACK"
+"""Set to ``1`` by a root in a terminal that runs its commands unconfined (no
+``SWARM_SANDBOX`` given) in the environment of the local workers it starts on its own
+embedded server: where the box cannot be had, they run the children of such roots
+unconfined too, rather than refuse them (:attr:`Choice.fallback`). Never set on a
+deployment's workers, and out of reach of the commands they run."""
+UNBOXED = "none for unconfined roots' children, others refused: "
+"""How :attr:`Choice.summary` begins on a worker that falls back (:func:`unboxed`)."""
+
 _TRIAL = ('id -u; grep -E "^(CapEff|NoNewPrivs|Seccomp):" /proc/self/status; '
           'touch /.swarm-sandbox-trial 2>/dev/null && echo root-writable; '
           'cat .trial-secret 2>/dev/null && echo secret-readable; '
           'touch trial && echo workspace-writable')
-_FIX = ("install bubblewrap (apt-get install bubblewrap); in a container, allow user "
-        "namespaces (docs/deploy.md, 'The sandbox')")
+_FIX = ("install bubblewrap and slirp4netns (apt-get install bubblewrap slirp4netns); in a "
+        "container, allow user namespaces (docs/deploy.md, 'The sandbox')")
 _USERNS_FIX = ("a root worker runs the box as SWARM_SANDBOX_UID, which needs unprivileged user "
                "namespaces: sysctl user.max_user_namespaces above 0, "
                "kernel.unprivileged_userns_clone=1 where it exists, "
@@ -757,10 +768,16 @@ class Choice:
     """A line to tell the person or the log when commands run unconfined."""
     lacks: tuple[str, ...] = ()
     """What the box goes without here (its network, its cgroup limits): why, and the fix."""
+    fallback: str = ""
+    """Set with ``refuse`` on a terminal root's local worker (:data:`FALLBACK`): why there is
+    no box. The children of a swarm whose root runs its commands unconfined run unconfined
+    too; the others (jobs, roots that asked for a sandbox) are refused."""
 
     @property
     def summary(self) -> str:
         """One line for ``swarm status`` and Flower's worker info."""
+        if self.fallback:
+            return f"{UNBOXED}{self.fallback}"
         if self.refuse:
             return f"unavailable, children refused: {self.refuse}"
         if self.box is None:
@@ -780,12 +797,13 @@ class Choice:
 def choose(mode: str, *, worker: bool = False, network: bool | str | Network = True,
            hide: Iterable[Path] = (), read_only: Iterable[Path] = (), uid: int = UID,
            trial_in: Path | None = None, limits: Limits | None = None,
-           show: Iterable[str] = ()) -> Choice:
+           show: Iterable[str] = (), fallback: bool = False) -> Choice:
     """The sandbox for ``SWARM_SANDBOX`` ``mode`` (run as host ``uid`` when root; tried in
     ``trial_in`` when given: :func:`probe`; ``network``: a :class:`Network`, or
     ``SWARM_SANDBOX_NETWORK``'s value, then denying this host; ``limits``: its cgroup's).
     ``auto`` uses bubblewrap when the trial works; when it does not, a worker refuses
-    children and a root runs unconfined with a notice. ``bwrap`` that does not work raises
+    children (but, with ``fallback``, an unconfined root's: :attr:`Choice.fallback`) and a
+    root runs unconfined with a notice. ``bwrap`` that does not work raises
     :class:`ConfigError` (refuses, on a worker)."""
     unconfined = (f"commands run unconfined as uid {os.getuid()} (SWARM_SANDBOX=none); "
                   "SWARM_SANDBOX=auto runs them in bubblewrap")
@@ -806,7 +824,8 @@ def choose(mode: str, *, worker: bool = False, network: bool | str | Network = T
                       lacks=lacks)
     if worker:
         return Choice(None, refuse=f"{found.reason}; or set SWARM_SANDBOX=none on this "
-                                   "worker to run commands unconfined")
+                                   "worker to run commands unconfined",
+                      fallback=found.reason if fallback else "")
     if mode == "bwrap":
         raise ConfigError(f"SWARM_SANDBOX=bwrap but {found.reason}; or set "
                           "SWARM_SANDBOX=auto or none")
@@ -839,8 +858,18 @@ def _listed(text: str) -> tuple[str, ...]:
 
 
 def for_worker(settings: Settings) -> Choice:
-    """A worker's sandbox: its own ``SWARM_SANDBOX`` (never a swarm's), ``auto`` when unset."""
-    mode = settings.sandbox if "sandbox" in settings.explicit else "auto"
-    return choose(mode, worker=True, network=network_of(settings), hide=(settings.home,),
+    """A worker's sandbox: its own ``SWARM_SANDBOX`` (never a swarm's), ``auto`` when unset;
+    then, on a terminal root's local worker (:data:`FALLBACK`), unconfined roots' children
+    run unconfined where the box cannot be had."""
+    explicit = "sandbox" in settings.explicit
+    return choose(settings.sandbox if explicit else "auto", worker=True,
+                  network=network_of(settings), hide=(settings.home,),
                   uid=settings.sandbox_uid, trial_in=settings.home,
-                  limits=limits_of(settings), show=shown_of(settings))
+                  limits=limits_of(settings), show=shown_of(settings),
+                  fallback=not explicit and os.environ.get(FALLBACK) == "1")
+
+
+def unboxed(summaries: Iterable[str]) -> str:
+    """Why there is no box, from the :attr:`Choice.summary` of workers: "" unless one of
+    them runs unconfined roots' children unconfined (:attr:`Choice.fallback`)."""
+    return next((s.removeprefix(UNBOXED) for s in summaries if s.startswith(UNBOXED)), "")

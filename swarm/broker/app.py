@@ -153,8 +153,9 @@ class _Heartbeat:
         while not self.stopped.is_set():
             with contextlib.suppress(Exception):  # a Redis blip must not stop the heartbeat
                 pipe = self.redis.pipeline(transaction=False)
-                pipe.set(self.key, time.time(), ex=keys.HEARTBEAT_TTL)
+                # The sandbox first: whoever sees the heartbeat may read it.
                 pipe.set(self.sandbox_key, self.sandbox, ex=keys.HEARTBEAT_TTL)
+                pipe.set(self.key, time.time(), ex=keys.HEARTBEAT_TTL)
                 pipe.set(keys.worker_host(socket.gethostname()), self.key,
                          ex=keys.HOST_TTL)
                 pipe.execute()

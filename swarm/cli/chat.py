@@ -63,6 +63,7 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
 
     def spawner(store: Store, session: Session) -> Spawner:
         roots.append(RootSwarm(settings, store, on_event=view.on_swarm_event,
+                               notice=view.on_notice,
                                ask=lambda request: approver(request).decision))
         return roots[0].spawner(store, session)
 

@@ -91,7 +91,9 @@ def run(task: tuple[str, ...], task_file: str | None, yes: bool | None, model: s
     When the model calls the `agent` tool, its children run as Celery tasks: on the
     embedded default, a coordinator and local workers start in the background as the
     run starts (they boot while the model thinks) and stop on their own once the
-    answer is printed.
+    answer is printed. They box the children's commands in bubblewrap; where that does
+    not work here, they run them unconfined, as the root runs its own, and say so once
+    (with SWARM_SANDBOX=auto or bwrap they refuse them instead).
 
     Interrupted (Ctrl-C, a closed terminal): on the embedded default the children are
     cancelled with it; with SWARM_REDIS_URL they keep running on the deployment and

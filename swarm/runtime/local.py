@@ -82,17 +82,22 @@ class LocalCluster:
     ``embedded``: ``redis_url`` is the embedded server of ``home``, which the processes then
     use as its users (through ``SWARM_HOME``, not ``SWARM_REDIS_URL``): the server stays up
     until the last of them has stopped, so :meth:`release` need not wait for them.
+    ``fallback``: the workers of a root in a terminal that runs its commands unconfined, on
+    its own server: where they cannot box commands, they run such roots' children
+    unconfined rather than refuse them (:data:`swarm.agent.sandbox.FALLBACK`, in their
+    environment: no command of theirs can change it).
     """
 
     def __init__(self, redis_url: str, home: Path, workers: int = 1, concurrency: int = 64,
                  env: dict[str, str] | None = None, embedded: bool = False,
-                 master: str = "") -> None:
+                 master: str = "", fallback: bool = False) -> None:
         self.extra_env = dict(env or {})
         """Set in the processes' environment on top of this one's (tests plant keys here)."""
         self.redis_url = redis_url
         self.master = master
         """The master's name when ``redis_url`` lists sentinels."""
         self.embedded = embedded
+        self.fallback = fallback
         self.home = home
         self.workers = max(1, workers)
         self.concurrency = max(1, concurrency)
@@ -103,6 +108,7 @@ class LocalCluster:
     def _spawn(self, name: str, *args: str, secrets: bool = False) -> None:
         """Start ``swarm ARGS``; ``secrets``: hand the secret variables over through a pipe
         (as :func:`swarm.secrets.hide_from_proc` does), so it need not re-execute itself."""
+        from swarm.agent.sandbox import FALLBACK
         from swarm.secrets import handover
 
         logs = self.home / "logs"
@@ -111,6 +117,9 @@ class LocalCluster:
         self._logs.append(out)
         env = {**os.environ, **self.extra_env, "SWARM_HOME": str(self.home),
                "SWARM_PARENT_PID": str(os.getpid())}
+        env.pop(FALLBACK, None)  # never inherited: only the root that starts them sets it
+        if self.fallback:
+            env[FALLBACK] = "1"
         if self.embedded:
             env.pop("SWARM_REDIS_URL", None)
         else:

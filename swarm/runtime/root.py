@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from swarm.agent import sandbox
 from swarm.agent.loop import Agent
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest, Decision
@@ -29,6 +30,7 @@ from swarm.runtime import homecoming, sweep
 from swarm.runtime.local import LocalCluster, alive, shared, wait_for
 from swarm.runtime.seed import Seeds
 from swarm.runtime.spawner import RedisSpawner
+from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import Outage, Store
 from swarm.store.ledger import Ledger, new_swarm_id
@@ -76,6 +78,7 @@ class RootSwarm:
     """The git work tree of the root's folder, found before its commands ran."""
     landings: list[homecoming.Landing] = field(default_factory=list, init=False)
     """What each homecoming of its children's work did (:meth:`landed`)."""
+    _told_unboxed: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.store.redis)
@@ -103,7 +106,8 @@ class RootSwarm:
         if not self.ledger.swarm(self.swarm_id):
             self.ledger.create_swarm(self.swarm_id, self.swarm_id, self.session.workspace,
                                      self.task, inherited, socket.gethostname(), self.session.id,
-                                     mcp=self.mcp.to_json(), start=self.start)
+                                     mcp=self.mcp.to_json(), start=self.start,
+                                     unconfined=self.unconfined)
         self.ensure_runtime()
         # What swarms that ended long ago left in SWARM_HOME and the repository's refs.
         sweep.soon(self.settings.home, self.store.redis, (Path(self.session.workspace),))
@@ -120,6 +124,13 @@ class RootSwarm:
         running = shared(alive(redis_, "coordinator")) and shared(alive(redis_, "worker"))
         return 0 if running else 1
 
+    @property
+    def unconfined(self) -> bool:
+        """It runs its commands unconfined (no ``SWARM_SANDBOX`` given) on its own embedded
+        server: its local workers run its children unconfined too where they cannot box
+        them (a deployment's workers never do)."""
+        return self.store.embedded and "sandbox" not in self.settings.explicit
+
     def prestart(self) -> None:
         """Start the local coordinator and workers now, in the background, if this root
         would need them: they boot while the model thinks, and are ready (or nearly) when
@@ -128,15 +139,31 @@ class RootSwarm:
             self.cluster = LocalCluster(self.store.url, self.settings.home, workers,
                                         self.settings.max_parallel,
                                         embedded=self.store.embedded,
-                                        master=self.store.master).start()
+                                        master=self.store.master,
+                                        fallback=self.unconfined).start()
 
     def ensure_runtime(self) -> None:
         """Make sure a coordinator and workers serve this Redis (start local ones if asked)."""
         self.prestart()
         if self.cluster is not None:
             wait_for(self.store.redis, 30.0, self.cluster.procs, self.cluster.names)
+            self.tell_unboxed()
         else:
             wait_for(self.store.redis, ANSWER_TIMEOUT)
+
+    def tell_unboxed(self) -> None:
+        """Say once, not for each child, that its local workers run its children unconfined
+        (they cannot box them here), and why."""
+        assert self.cluster is not None
+        names = [name for kind, name in self.cluster.names if kind == "worker"]
+        if self._told_unboxed or not self.cluster.fallback or not names:
+            return
+        said = self.store.redis.mget([keys.worker_sandbox(name) for name in names])
+        why = sandbox.unboxed(str(s) for s in said if s)
+        if why:
+            self._told_unboxed = True
+            self.notice("no sandbox on this machine, so the root and its local children run "
+                        f"commands unconfined: {why}")
 
     def inherited(self) -> dict[str, Any]:
         """The root's settings its children use: those the user gave (flags, environment),

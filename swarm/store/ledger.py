@@ -451,7 +451,8 @@ class Ledger:
                      kind: str = "root", state: str = "running",
                      job: RunRecord | None = None, source: str = "",
                      mcp: dict[str, Any] | None = None, owner: str = "",
-                     jobs_root: str = "", start: RootStart | None = None) -> None:
+                     jobs_root: str = "", start: RootStart | None = None,
+                     unconfined: bool = False) -> None:
         """Create a swarm and its root agent (idempotent). ``kind`` is ``root`` for a root
         in a terminal, ``job`` for a root that runs as a task (HTTP jobs, schedules),
         whose queued ``job`` run is written in the same transaction. ``mcp`` is the swarm's
@@ -459,7 +460,11 @@ class Ledger:
         submitted). A job's ``owner`` is the id of the API token that submitted it; its
         ``jobs_root`` the folder its workspace must stay beneath (the worker opens the
         workspace from there, never through a symbolic link). ``start`` is a root's
-        folder session as the swarm began (:class:`~swarm.domain.records.RootStart`)."""
+        folder session as the swarm began (:class:`~swarm.domain.records.RootStart`).
+        ``unconfined``: a root in a
+        terminal that runs its commands unconfined; its children may run unconfined too, on
+        a local worker of its own server that cannot box them
+        (:attr:`swarm.agent.sandbox.Choice.fallback`)."""
         now = time.time()
         with self.redis.pipeline() as pipe:
             pipe.hsetnx(keys.swarm(swarm_id), "id", swarm_id)
@@ -469,6 +474,7 @@ class Ledger:
                 **({"source": source} if source else {}),
                 **({"owner": owner} if owner else {}),
                 **({"jobs_root": jobs_root} if jobs_root else {}),
+                **({"unconfined": "1"} if unconfined else {}),
                 **({"mcp": json.dumps(mcp)} if mcp is not None else {})})
             pipe.zadd(keys.swarms_index(), {swarm_id: now}, nx=True)
             pipe.hset(keys.agent(root_id), mapping={
@@ -515,6 +521,10 @@ class Ledger:
         """The MCP configuration recorded with the swarm; None before it is recorded."""
         raw = self.redis.hget(keys.swarm(swarm_id), "mcp")
         return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else None
+
+    def unconfined(self, swarm_id: str) -> bool:
+        """Whether the swarm's root runs its commands unconfined (:meth:`create_swarm`)."""
+        return self.redis.hget(keys.swarm(swarm_id), "unconfined") == "1"
 
     def latest_swarm(self) -> str | None:
         ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), 0, 0))

@@ -177,7 +177,8 @@ class ChildRunner:
             # A worker configured with its own endpoint keeps it (a deployment's workers);
             # one without (local workers, the demo) uses the root's.
             if not (k in ENDPOINT and ENDPOINT & self.settings.explicit)})
-        if self.sandbox.refuse:
+        if self.sandbox.refuse and not (self.sandbox.fallback
+                                        and self.ledger.unconfined(swarm_id)):
             error = f"worker {self.host} cannot sandbox commands: {self.sandbox.refuse}"
             self.ledger.settle(run, swarm_id, "failed", {"agent_id": run.agent, "error": error},
                                {}, token=watched.token)
