@@ -17,7 +17,7 @@ from swarm.config import Settings
 from swarm.domain.history import problems
 from swarm.domain.messages import ChatResult, Message, OnEvent, StreamEvent
 from swarm.domain.spawn import SpawnCall
-from swarm.errors import Interrupted, LockError, TurnLimitReached
+from swarm.errors import Interrupted, LockError, RepeatedCalls, TurnLimitReached
 from swarm.llm.client import LLMClient
 from swarm.runtime.build import build_agent, new_session
 from swarm.store.sessions import RedisSessionStore
@@ -108,6 +108,35 @@ def test_max_turns_stops_cleanly(model_server: ScriptedModelServer, tmp_path: Pa
         agent.run("loop forever")
     assert len(model_server.requests) == 2
     assert problems(agent.messages) == []
+
+
+def test_the_same_denied_call_answer_after_answer_stops_the_agent(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    model_server.script(*[Reply(tool_calls=[ToolCall("run_cli", {"command": "rm -rf build"})])]
+                        * 6, Reply(content="gave up"))
+    agent = make_agent(model_server, tmp_path, approver=deny_all, policy="always",
+                       repeat_limit=3)
+    with pytest.raises(RepeatedCalls, match=r"3 answers in a row .*\(SWARM_REPEAT_LIMIT 3\): "
+                                            r"run_cli \{\"command\": \"rm -rf build\"\} -> "
+                                            r"denied: this call was not allowed"):
+        agent.run("clean up")
+    assert len(model_server.requests) == 3
+    assert problems(agent.messages) == []
+
+
+def test_repeats_that_differ_or_succeed_do_not_stop_the_agent(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    # Polling: the same command with the same output is work, not a refusal.
+    poll = Reply(tool_calls=[ToolCall("run_cli", {"command": "echo pending"})])
+    # A refusal in between other calls, or of other arguments, is no loop either.
+    model_server.script(poll, poll, poll, poll,
+                        Reply(tool_calls=[ToolCall("nope", {})]),
+                        Reply(tool_calls=[ToolCall("nope", {"a": 1})]),
+                        Reply(tool_calls=[ToolCall("nope", {})]),
+                        Reply(tool_calls=[ToolCall("nope", {"a": 1})]),
+                        Reply(content="done"))
+    agent = make_agent(model_server, tmp_path, repeat_limit=3)
+    assert agent.run("wait for it") == "done"
 
 
 def test_reasoning_is_sent_back(model_server: ScriptedModelServer, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from swarm.agent.protocols import Spawner
 from swarm.cli.options import Abort, agent_options, handle_errors, interrupt_on_term, settings_from
 from swarm.cli.render import TerminalView
 from swarm.domain.session import Session
-from swarm.errors import Interrupted, ModelError, RuntimeUnavailable, TurnLimitReached
+from swarm.errors import Interrupted, LimitReached, ModelError, RuntimeUnavailable
 from swarm.runtime.build import local_agent
 from swarm.runtime.root import RootSwarm
 from swarm.store.connection import Store
@@ -38,13 +38,14 @@ def _enable_history(path: Path) -> None:
 @agent_options
 @handle_errors
 def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
-         max_turns: int | None, workspace: Path) -> None:
+         max_turns: int | None, child_max_turns: int | None, workspace: Path) -> None:
     """Chat with the agent in the workspace; the conversation is kept per folder.
 
     Ctrl-C stops the current answer or command and returns to the prompt; Ctrl-D exits.
     Type /new to start over, /exit to leave.
     """
-    settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
+    settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns,
+                             child_max_turns=child_max_turns)
     if not workspace.is_dir():
         raise Abort(f"workspace {workspace} does not exist")
     interrupt_on_term()
@@ -101,7 +102,7 @@ def _loop(agent: Agent, root: RootSwarm, sessions: RedisSessionStore, view: Term
                 click.echo(answer)
         except (Interrupted, KeyboardInterrupt):
             click.secho("\n(interrupted)", dim=True, err=True)
-        except TurnLimitReached as exc:
+        except LimitReached as exc:
             click.secho(str(exc), fg="yellow", err=True)
         except (ModelError, RuntimeUnavailable) as exc:
             click.secho(f"{type(exc).__name__}: {exc}", fg="red", err=True)

@@ -21,7 +21,7 @@ from swarm.agent.loop import Agent
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.session import Session
-from swarm.errors import Cancelled, Parked
+from swarm.errors import BudgetExceeded, Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
 from swarm.runtime import gitstate as g
 from swarm.runtime import homecoming, sweep
@@ -36,10 +36,11 @@ from swarm.store.snapshots import SnapshotStore
 from swarm.text import plural
 
 #: What the children inherit from the root's settings (never secrets).
-INHERITED = ("model", "base_url", "yes", "max_turns", "approval", "max_depth", "max_children",
-             "max_parallel", "token_budget", "child_timeout", "command_timeout",
-             "command_timeout_max", "output_cap", "context_length", "stream", "approval_timeout",
-             "mcp_start_timeout", "snapshot_max", "snapshot_swarm_max")
+INHERITED = ("model", "base_url", "yes", "max_turns", "child_max_turns", "repeat_limit",
+             "approval", "max_depth", "max_children", "max_parallel", "token_budget",
+             "child_timeout", "command_timeout", "command_timeout_max", "output_cap",
+             "context_length", "stream", "approval_timeout", "mcp_start_timeout",
+             "snapshot_max", "snapshot_swarm_max")
 #: Seconds to wait for a deployment's coordinator and workers to answer.
 ANSWER_TIMEOUT = 5.0
 
@@ -73,6 +74,10 @@ class RootSwarm:
     """The git work tree of the root's folder, found before its commands ran."""
     landings: list[homecoming.Landing] = field(default_factory=list, init=False)
     """What each homecoming of its children's work did (:meth:`landed`)."""
+    _counted: int | None = field(default=None, init=False)
+    """The root's tokens (its session's) counted in the swarm's so far (None: not counting:
+    no token budget)."""
+    _agent: Agent | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.store.redis)
@@ -149,6 +154,7 @@ class RootSwarm:
         self.model_id = agent.model.model
         if agent.mcp is not None:
             self.mcp = agent.mcp.config
+        self.limit(agent)
         try:
             return agent.run(task)
         except Parked as parked:
@@ -157,6 +163,7 @@ class RootSwarm:
     def attach(self, agent: Agent, sessions: RedisSessionStore) -> str:
         """Take over a root whose terminal went away: wait for its children, then finish."""
         self.model_id = agent.model.model
+        self.limit(agent)
         self.ensure_runtime()
         if agent.session.parked:
             return self.carry_on(agent, agent.session.parked, sessions)
@@ -167,6 +174,30 @@ class RootSwarm:
             return agent.resume()
         except Parked as parked:
             return self.carry_on(agent, parked.request_id, sessions)
+
+    def limit(self, agent: Agent) -> None:
+        """Count the root's tokens in its swarm's and stop it before a model call once the
+        swarm (the root, and every child) has used ``SWARM_TOKEN_BUDGET``."""
+        if not self.settings.token_budget or agent.before_step == self.before_step:
+            return
+        if self._counted is None:
+            self._counted = agent.session.usage.get("total_tokens", 0)
+        self._agent, agent.before_step = agent, self.before_step
+
+    def before_step(self, agent: Agent) -> None:
+        spent = self.count(agent.session)
+        budget = self.settings.token_budget
+        if spent >= budget:
+            raise BudgetExceeded(f"the swarm used {spent} tokens of its budget of {budget} "
+                                 "(SWARM_TOKEN_BUDGET)")
+
+    def count(self, session: Session) -> int:
+        """Add the root's tokens since the last count to its swarm's; returns the swarm's."""
+        used = session.usage.get("total_tokens", 0)
+        new, self._counted = used - (self._counted or 0), used
+        if new > 0:
+            return self.ledger.spend(self.swarm_id, new)
+        return self.ledger.counters(self.swarm_id).get("tokens", 0)
 
     def carry_on(self, agent: Agent, request_id: str, sessions: RedisSessionStore) -> str:
         """Wait for the request's children, resume, and repeat until an answer."""
@@ -243,11 +274,15 @@ class RootSwarm:
         """A line on what its children's work did to its folder ("" when none sent any)."""
         return homecoming.summary(self.landings)
 
-    def finish(self, state: str) -> None:
+    def finish(self, state: str, error: str = "") -> None:
+        """The root ended in ``state`` (with ``error``, why it failed: ``swarm status``
+        shows it); its last tokens are counted."""
         if self.detached:
             state = "detached"
+        if self._counted is not None and self._agent is not None:
+            self.count(self._agent.session)
         if self.session is not None and self.ledger.swarm(self.swarm_id):
-            self.ledger.finish_swarm(self.swarm_id, state, root_id=self.swarm_id)
+            self.ledger.finish_swarm(self.swarm_id, state, root_id=self.swarm_id, error=error)
 
     def close(self) -> None:
         """Let the local processes go (they stop on their own; the process need not wait)."""
@@ -271,6 +306,8 @@ def describe(event: dict[str, Any]) -> str:
     if kind in ("spawn", "dispatched", "joined"):
         count = str(event.get("children", ""))
         children = plural(int(count), "child", "children") if count.isdigit() else "children"
-        return f"[{who}] {kind} {children}"
+        refused = str(event.get("refused", ""))
+        more = f", {refused} refused" if refused.isdigit() and int(refused) else ""
+        return f"[{who}] {'asked for' if kind == 'spawn' else kind} {children}{more}"
     return f"[{who}] {kind}"
 
