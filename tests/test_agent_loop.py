@@ -112,31 +112,23 @@ def test_max_turns_stops_cleanly(model_server: ScriptedModelServer, tmp_path: Pa
 
 def test_the_same_denied_call_answer_after_answer_stops_the_agent(
         model_server: ScriptedModelServer, tmp_path: Path) -> None:
-    model_server.script(*[Reply(tool_calls=[ToolCall("run_cli", {"command": "rm -rf build"})])]
-                        * 6, Reply(content="gave up"))
-    agent = make_agent(model_server, tmp_path, approver=deny_all, policy="always",
+    from swarm.agent.approval import LLMReviewer
+
+    # Polling (the same command, the same output) is work, and refusals of calls that
+    # differ are no loop: neither stops it.
+    poll = Reply(tool_calls=[ToolCall("run_cli", {"command": "echo pending"})])
+    varied = [Reply(tool_calls=[ToolCall("nope", args)]) for args in ({}, {"a": 1})] * 2
+    denied = Reply(tool_calls=[ToolCall("run_cli", {"command": "rm -rf build"})])
+    model_server.script(poll, poll, poll, poll, *varied, *[denied] * 6, Reply(content="gave up"))
+    agent = make_agent(model_server, tmp_path, approver=deny_all, policy="review",
                        repeat_limit=3)
+    agent.gate.reviewer = LLMReviewer(agent.model)  # type: ignore[arg-type]  # passes echo
     with pytest.raises(RepeatedCalls, match=r"3 answers in a row .*\(SWARM_REPEAT_LIMIT 3\): "
                                             r"run_cli \{\"command\": \"rm -rf build\"\} -> "
                                             r"denied: this call was not allowed"):
         agent.run("clean up")
-    assert len(model_server.requests) == 3
+    assert len(model_server.requests) == 4 + 4 + 3
     assert problems(agent.messages) == []
-
-
-def test_repeats_that_differ_or_succeed_do_not_stop_the_agent(
-        model_server: ScriptedModelServer, tmp_path: Path) -> None:
-    # Polling: the same command with the same output is work, not a refusal.
-    poll = Reply(tool_calls=[ToolCall("run_cli", {"command": "echo pending"})])
-    # A refusal in between other calls, or of other arguments, is no loop either.
-    model_server.script(poll, poll, poll, poll,
-                        Reply(tool_calls=[ToolCall("nope", {})]),
-                        Reply(tool_calls=[ToolCall("nope", {"a": 1})]),
-                        Reply(tool_calls=[ToolCall("nope", {})]),
-                        Reply(tool_calls=[ToolCall("nope", {"a": 1})]),
-                        Reply(content="done"))
-    agent = make_agent(model_server, tmp_path, repeat_limit=3)
-    assert agent.run("wait for it") == "done"
 
 
 def test_reasoning_is_sent_back(model_server: ScriptedModelServer, tmp_path: Path) -> None:
