@@ -69,10 +69,20 @@ KNOBS: dict[str, Knob] = {
                          "with a sentinel:// SWARM_REDIS_URL: the name of the master the "
                          "sentinels watch"),
     "home": Knob(("SWARM_HOME",), "embedded server data, hints.md, logs"),
-    "max_turns": Knob(("SWARM_MAX_TURNS",), "model calls per run before stopping; 0 = no cap"),
+    "max_turns": Knob(("SWARM_MAX_TURNS",),
+                      "model calls per run of the root (and the most a child may make) before "
+                      "it stops; 0 = no cap"),
+    "child_max_turns": Knob(("SWARM_CHILD_MAX_TURNS",),
+                            "berserk: model calls per run of a child before it stops; 0 = no "
+                            "cap (SWARM_MAX_TURNS still applies)"),
+    "repeat_limit": Knob(("SWARM_REPEAT_LIMIT",),
+                         "answers in a row making the same tool calls and getting the same "
+                         "refusal or error before the agent is stopped; 0 = never"),
     "command_timeout": Knob(("SWARM_COMMAND_TIMEOUT",), "default run_cli timeout, seconds"),
     "command_timeout_max": Knob(("SWARM_COMMAND_TIMEOUT_MAX",), "ceiling for run_cli timeouts"),
-    "output_cap": Knob(("SWARM_OUTPUT_CAP",), "characters of command output kept (head+tail)"),
+    "output_cap": Knob(("SWARM_OUTPUT_CAP",),
+                       "characters of command output, of an MCP result and of a child's answer "
+                       "its parent gets, kept head and tail"),
     "context_length": Knob(("SWARM_CONTEXT_LENGTH",),
                            "context window when /models does not tell one"),
     "compact_at": Knob(("SWARM_COMPACT_AT",), "fraction of the context that triggers compaction"),
@@ -90,7 +100,8 @@ KNOBS: dict[str, Knob] = {
     "max_depth": Knob(("SWARM_MAX_DEPTH",), "berserk: deepest child level"),
     "max_children": Knob(("SWARM_MAX_CHILDREN",), "berserk: children per swarm"),
     "max_parallel": Knob(("SWARM_MAX_PARALLEL",), "berserk: children in flight"),
-    "token_budget": Knob(("SWARM_TOKEN_BUDGET",), "berserk: tokens per swarm; 0 = no cap"),
+    "token_budget": Knob(("SWARM_TOKEN_BUDGET",),
+                         "tokens per swarm, every agent counted (the root too); 0 = no cap"),
     "child_timeout": Knob(("SWARM_CHILD_TIMEOUT",),
                           "berserk: wall seconds per child (asked to wrap up at 80%)"),
     "approval_timeout": Knob(("SWARM_APPROVAL_TIMEOUT",),
@@ -206,7 +217,9 @@ class Settings:
     redis_url: str = ""
     redis_master: str = ""
     home: Path = field(default_factory=_default_home)
-    max_turns: int = 0
+    max_turns: int = 200
+    child_max_turns: int = 50
+    repeat_limit: int = 3
     command_timeout: int = 300
     command_timeout_max: int = 3600
     output_cap: int = 20_000
@@ -317,8 +330,8 @@ class Settings:
                      "mcp_start_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be a positive number")
-        for name in ("max_turns", "backoff_max", "token_budget", "snapshot_max",
-                     "snapshot_swarm_max"):
+        for name in ("max_turns", "child_max_turns", "repeat_limit", "backoff_max",
+                     "token_budget", "snapshot_max", "snapshot_swarm_max"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be 0 or more")
 
@@ -345,6 +358,14 @@ class Settings:
             return self.approval[tool]
         globs = [p for p in self.approval if any(c in p for c in "*?[") and fnmatchcase(tool, p)]
         return self.approval[max(globs, key=len)] if globs else "once"
+
+    def turn_limit(self, child: bool) -> tuple[int, str]:
+        """The model calls one run may make (0: no cap) and the setting that says so: a
+        root's ``max_turns``; a child's ``child_max_turns``, or ``max_turns`` if lower."""
+        limits = [(self.max_turns, "SWARM_MAX_TURNS")]
+        if child:
+            limits.insert(0, (self.child_max_turns, "SWARM_CHILD_MAX_TURNS"))
+        return min(((n, name) for n, name in limits if n), default=(0, ""))
 
     @property
     def embedded(self) -> bool:

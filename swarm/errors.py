@@ -18,11 +18,13 @@ every message says what to check or how to fix it::
     ├── ToolError                   a tool call the model made cannot run (returned to the model)
     │   └── McpServerError          an MCP server did not start, or failed or died during a call
     ├── AgentStopped                the loop stopped before an answer
-    │   ├── TurnLimitReached        --max-turns reached
+    │   ├── LimitReached            a limit stopped it (its message names the setting)
+    │   │   ├── TurnLimitReached    --max-turns / SWARM_CHILD_MAX_TURNS reached
+    │   │   ├── RepeatedCalls       the same calls got the same refusal SWARM_REPEAT_LIMIT times
+    │   │   └── BudgetExceeded      the swarm used its token budget
     │   ├── Interrupted             the user pressed Ctrl-C
     │   ├── Cancelled               `swarm cancel` (or its wall-time limit: TimedOut)
     │   │   └── TimedOut
-    │   ├── BudgetExceeded          the swarm used its token budget
     │   ├── LeaseLost               a worker lost a child's lease (another worker has it)
     │   ├── TaskTooLarge            the task alone would fill the model's context
     │   └── Parked                  the agent waits for its children (not a failure)
@@ -103,8 +105,18 @@ class AgentStopped(SwarmError):
     """The agent loop stopped before the model gave a final answer."""
 
 
-class TurnLimitReached(AgentStopped):
-    """The agent made as many model calls as --max-turns allows."""
+class LimitReached(AgentStopped):
+    """A limit stopped the agent; the message names the setting (``swarm run`` exits 3)."""
+
+
+class TurnLimitReached(LimitReached):
+    """The agent made as many model calls as its turn limit allows (``--max-turns``,
+    ``SWARM_CHILD_MAX_TURNS``)."""
+
+
+class RepeatedCalls(LimitReached):
+    """The agent made the same tool calls and got the same refusal or error
+    ``SWARM_REPEAT_LIMIT`` answers in a row: it is going round in circles."""
 
 
 class Interrupted(AgentStopped):
@@ -155,8 +167,8 @@ class TimedOut(Cancelled):
     state = "timed_out"
 
 
-class BudgetExceeded(AgentStopped):
-    """The swarm's children used the token budget (``SWARM_TOKEN_BUDGET``)."""
+class BudgetExceeded(LimitReached):
+    """The swarm's agents, the root included, used the token budget (``SWARM_TOKEN_BUDGET``)."""
 
 
 class LeaseLost(AgentStopped):

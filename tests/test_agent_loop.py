@@ -17,7 +17,7 @@ from swarm.config import Settings
 from swarm.domain.history import problems
 from swarm.domain.messages import ChatResult, Message, OnEvent, StreamEvent
 from swarm.domain.spawn import SpawnCall
-from swarm.errors import Interrupted, LockError, TaskTooLarge, TurnLimitReached
+from swarm.errors import Interrupted, LockError, RepeatedCalls, TaskTooLarge, TurnLimitReached
 from swarm.llm.client import LLMClient
 from swarm.runtime.build import build_agent, new_session
 from swarm.store.sessions import RedisSessionStore
@@ -107,6 +107,27 @@ def test_max_turns_stops_cleanly(model_server: ScriptedModelServer, tmp_path: Pa
     with pytest.raises(TurnLimitReached, match="--max-turns 2"):
         agent.run("loop forever")
     assert len(model_server.requests) == 2
+    assert problems(agent.messages) == []
+
+
+def test_the_same_denied_call_answer_after_answer_stops_the_agent(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    from swarm.agent.approval import LLMReviewer
+
+    # Polling (the same command, the same output) is work, and refusals of calls that
+    # differ are no loop: neither stops it.
+    poll = Reply(tool_calls=[ToolCall("run_cli", {"command": "echo pending"})])
+    varied = [Reply(tool_calls=[ToolCall("nope", args)]) for args in ({}, {"a": 1})] * 2
+    denied = Reply(tool_calls=[ToolCall("run_cli", {"command": "rm -rf build"})])
+    model_server.script(poll, poll, poll, poll, *varied, *[denied] * 6, Reply(content="gave up"))
+    agent = make_agent(model_server, tmp_path, approver=deny_all, policy="review",
+                       repeat_limit=3)
+    agent.gate.reviewer = LLMReviewer(agent.model)  # type: ignore[arg-type]  # passes echo
+    with pytest.raises(RepeatedCalls, match=r"3 answers in a row .*\(SWARM_REPEAT_LIMIT 3\): "
+                                            r"run_cli \{\"command\": \"rm -rf build\"\} -> "
+                                            r"denied: this call was not allowed"):
+        agent.run("clean up")
+    assert len(model_server.requests) == 4 + 4 + 3
     assert problems(agent.messages) == []
 
 

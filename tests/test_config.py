@@ -42,6 +42,18 @@ def test_explicit_lists_what_was_given_not_defaults() -> None:
     assert Settings.from_env({}).explicit == frozenset()
 
 
+def test_every_agent_has_a_turn_limit_by_default() -> None:
+    s = Settings.from_env({})
+    assert s.turn_limit(child=False) == (200, "SWARM_MAX_TURNS")
+    assert s.turn_limit(child=True) == (50, "SWARM_CHILD_MAX_TURNS")
+    assert s.repeat_limit == 3
+    # A lower SWARM_MAX_TURNS bounds children too; 0 lifts a cap.
+    low = Settings.from_env({"SWARM_MAX_TURNS": "10"})
+    assert low.turn_limit(child=True) == (10, "SWARM_MAX_TURNS")
+    free = Settings.from_env({"SWARM_MAX_TURNS": "0", "SWARM_CHILD_MAX_TURNS": "0"})
+    assert free.turn_limit(child=False) == free.turn_limit(child=True) == (0, "")
+
+
 KEY = "sk-very-secret-4242"
 
 

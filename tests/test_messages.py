@@ -54,7 +54,9 @@ def test_the_turn_limit_says_1_model_call(model_server: ScriptedModelServer,
 
 
 def test_progress_lines_count_in_words() -> None:
-    assert describe({"agent": "a1", "kind": "spawn", "children": "1"}) == "[a1] spawn 1 child"
+    assert describe({"agent": "a1", "kind": "spawn", "children": "1"}) == "[a1] asked for 1 child"
+    assert describe({"agent": "a1", "kind": "dispatched", "children": "200", "refused": "800"}
+                    ) == "[a1] dispatched 200 children, 800 refused"
     assert describe({"agent": "a1", "kind": "joined", "children": "3"}) == "[a1] joined 3 children"
 
 

@@ -93,11 +93,37 @@ def test_fan_in_sums_up_the_childrens_results(model_server: ScriptedModelServer)
     assert chat(model_server, messages)["content"] == "Done. Output:\nhi\n[exit code: 0]"
 
 
+def test_recurse_form_always_calls_agent_whatever_comes_back(
+        model_server: ScriptedModelServer) -> None:
+    asked = [{"role": "user", "content": "please recurse 3"}]
+    first = chat(model_server, asked)
+    calls = [f"recurse 3: child {i} of 3; do as your parent did" for i in (1, 2, 3)]
+    assert [a["message"] for a in arguments(first)] == calls
+    refused = json.dumps({"state": "refused", "error": "depth limit reached"})
+    again = chat(model_server, [*asked, first, *({"role": "tool", "tool_call_id": c["id"],
+                                                  "content": refused}
+                                                 for c in first["tool_calls"])])
+    assert [a["message"] for a in arguments(again)] == calls  # the same calls, again
+    # A swarm's bracketed note does not stop it; backticks and a missing tool do.
+    noted = chat(model_server, [*asked, {"role": "user", "content": "[time limit: wrap up]"}])
+    assert len(arguments(noted)) == 3
+    quoted = chat(model_server, [{"role": "user", "content": "run `echo recurse 2`"}])
+    assert arguments(quoted) == [{"command": "echo recurse 2"}]
+    plain = chat(model_server, asked, [RUN_CLI])
+    assert not plain.get("tool_calls") and "agent" in plain["content"]
+    # --recurse N: every conversation recurses.
+    model_server.recurse = 2
+    assert [a["message"] for a in arguments(chat(model_server, [
+        {"role": "user", "content": "hello"}]))] == [
+        f"recurse 2: child {i} of 2; do as your parent did" for i in (1, 2)]
+
+
 def test_help_explains_the_forms_and_the_examples() -> None:
     done = subprocess.run([sys.executable, "-m", "swarm.testing.server", "-h"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     for words in ("fan out N: `COMMAND`", "calls the agent tool N times", "--script FILE",
+                  "recurse N", "--recurse N",
                   "examples/", "default: 8099", "SWARM_BASE_URL=http://127.0.0.1:8099/v1"):
         assert words in done.stdout, words
 

@@ -348,11 +348,14 @@ def test_a_job_gets_its_workspace_settings_and_limits(api: TestClient, redis: re
     assert swarm["source"] == "api"
     assert json.loads(swarm["settings"]) == {"yes": True, "max_depth": 1, "max_turns": 5,
                                              "child_timeout": 60}
-    # Limits only tighten the service's own (here its defaults: 3 deep, no token cap).
+    # Limits only tighten the service's own (here its defaults: 3 deep, 200 turns, no
+    # token cap): 0, no cap, is not tighter than 200.
     loose = api.post("/v1/jobs", headers=AUTH, json={
-        "task": "third", "limits": {"max_depth": 9, "token_budget": 500, "max_turns": 0}})
+        "task": "third", "limits": {"max_depth": 9, "token_budget": 500, "max_turns": 0,
+                                    "child_max_turns": 20}})
     assert json.loads(redis.hget(keys.swarm(loose.json()["id"]), "settings") or "") == {
-        "yes": False, "max_depth": 3, "token_budget": 500, "max_turns": 0}
+        "yes": False, "max_depth": 3, "token_budget": 500, "max_turns": 200,
+        "child_max_turns": 20}
     asked = api.post("/v1/jobs", headers=AUTH, json={"task": "second"}).json()["id"]
     fresh = Path(redis.hget(keys.swarm(asked), "workspace") or "")
     assert fresh.parent == root and fresh.is_dir() and not any(fresh.iterdir())

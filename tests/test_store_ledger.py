@@ -13,7 +13,14 @@ from swarm.domain.records import RootEnd, RootStart
 from swarm.domain.session import Session
 from swarm.errors import LeaseLost
 from swarm.store import keys
-from swarm.store.ledger import TAKEOVER_GRACE, AgentRecord, Ledger, NewRun, RunRecord
+from swarm.store.ledger import (
+    TAKEOVER_GRACE,
+    AgentRecord,
+    Ledger,
+    NewRun,
+    RunRecord,
+    result_text,
+)
 from swarm.store.sessions import RedisSessionStore
 
 PARENT = AgentRecord(id="aparent", swarm="s1", workspace="/work/parent", host="host-a",
@@ -247,13 +254,29 @@ def test_spawn_stops_at_the_children_limit_across_requests(redis: redis_py.Redis
 def test_refuse_settles_a_call_once(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = RunRecord(id="rx", agent="", request="q1", call_id="c1", message="m", state="queued")
-    assert ledger.refuse(run, "depth limit reached")
-    assert not ledger.refuse(run, "depth limit reached")
+    assert ledger.refuse(run, "depth limit reached", "s1")
+    assert not ledger.refuse(run, "depth limit reached", "s1")
     got = ledger.run("rx")
     assert got is not None and got.state == "refused"
     assert got.result == {"error": "depth limit reached"}
     assert redis.hget(keys.request("q1"), "settled") == "1"
     assert redis.xlen(keys.settle_stream()) == 1
+    # Counted once, in its request and its swarm.
+    assert redis.hget(keys.request("q1"), "refused") == "1"
+    assert ledger.counters("s1")["refused"] == 1
+
+
+def test_a_childs_result_is_capped_head_and_tail_with_where_the_whole_is() -> None:
+    run = RunRecord(id="r1", agent="a1", request="q1", call_id="c1", message="m",
+                    state="done", result={"agent_id": "a1", "output": {"rows": ["y" * 50] * 40},
+                                          "files_changed": [f"f{i}" for i in range(250)]})
+    body = json.loads(result_text(run, "c1", cap=300))
+    assert body["output"].startswith('{"rows": ["yyy') and "characters cut" in body["output"]
+    assert len(body["output"]) < 400
+    assert body["files_changed"][-1] == "... 50 more" and len(body["files_changed"]) == 201
+    assert body["cut"].endswith("`swarm logs a1` shows it whole")
+    assert "output" in body["cut"] and "250 files" in body["cut"]
+    assert json.loads(result_text(run, "c1"))["output"] == run.result["output"]  # no cap
 
 
 def test_release_fills_free_slots_in_order(redis: redis_py.Redis) -> None:

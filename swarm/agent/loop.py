@@ -35,7 +35,14 @@ from swarm.domain.approval import ApprovalRequest
 from swarm.domain.messages import ChatResult, Message, StreamEvent
 from swarm.domain.session import Session
 from swarm.domain.spawn import SpawnCall
-from swarm.errors import Interrupted, ModelCallAborted, Parked, ToolError, TurnLimitReached
+from swarm.errors import (
+    Interrupted,
+    ModelCallAborted,
+    Parked,
+    RepeatedCalls,
+    ToolError,
+    TurnLimitReached,
+)
 from swarm.text import plural
 
 if TYPE_CHECKING:  # the MCP SDK takes seconds to import: only agents with servers load it
@@ -81,6 +88,11 @@ class AgentConfig:
     """Knobs of one agent; the CLI and workers fill these from :class:`swarm.config.Settings`."""
 
     max_turns: int = 0
+    turn_limit_name: str = "--max-turns"
+    """The setting ``max_turns`` came from, for the message that stops the agent."""
+    repeat_limit: int = 0
+    """Stop after this many answers in a row made the same calls and got the same refusal
+    (``SWARM_REPEAT_LIMIT``); 0: never."""
     command_timeout: int = 300
     command_timeout_max: int = 3600
     compact_at: float = 0.75
@@ -167,9 +179,11 @@ class Agent:
         while True:
             done = self.session.turns - start
             if limit and done >= limit:
+                name = self.config.turn_limit_name
                 raise TurnLimitReached(
-                    f"stopped after {plural(done, 'model call')} (--max-turns {limit}). "
-                    "The session is saved: run again to continue, or raise --max-turns."
+                    f"stopped after {plural(done, 'model call')} ({name} {limit}). "
+                    f"The session is saved: run again (a child: agent_id) to continue, or raise "
+                    f"{name}."
                 )
             answer = self.step()
             if answer is not None:
@@ -179,6 +193,7 @@ class Agent:
         """One model call and its tool calls. Returns the answer when there were no calls."""
         if self.before_step is not None:
             self.before_step(self)
+        self.check_repeats()
         offered = self.tools()
         result = self.query(list(offered.values()))
         self.messages.append(result.message)
@@ -205,6 +220,18 @@ class Agent:
                 hints = str(call.arguments["hints"])
         self.manage_context(result, hints, since=answered_from)
         return None
+
+    def check_repeats(self) -> None:
+        """Stop an agent whose last answers each made the same calls and got the same
+        refusal or error: asked again, the model would only ask again."""
+        limit = self.config.repeat_limit
+        if not limit:
+            return
+        count, what = history.repeats(self.messages)
+        if count >= limit:
+            raise RepeatedCalls(
+                f"stopped: {plural(count, 'answer')} in a row made the same call and got the "
+                f"same refusal (SWARM_REPEAT_LIMIT {limit}): {what}")
 
     def spawn(self, calls: list[Call]) -> dict[str, str]:
         """Run the calls that are not ``agent`` calls, hand the ``agent`` calls to the swarm

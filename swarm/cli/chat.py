@@ -15,10 +15,10 @@ from swarm.cli.render import TerminalView
 from swarm.domain.session import Session
 from swarm.errors import (
     Interrupted,
+    LimitReached,
     ModelError,
     RuntimeUnavailable,
     TaskTooLarge,
-    TurnLimitReached,
 )
 from swarm.runtime.build import local_agent
 from swarm.runtime.root import RootSwarm
@@ -44,7 +44,7 @@ def _enable_history(path: Path) -> None:
 @agent_options
 @handle_errors
 def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
-         max_turns: int | None, workspace: Path) -> None:
+         max_turns: int | None, child_max_turns: int | None, workspace: Path) -> None:
     """Chat with the agent in the workspace; the conversation is kept per folder.
 
     Ctrl-C stops the current answer or command and returns to the prompt; Ctrl-D exits.
@@ -52,7 +52,8 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
     is refused before it is sent (the conversation goes on): put the material in a file in
     the workspace and ask the agent to read it.
     """
-    settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
+    settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns,
+                             child_max_turns=child_max_turns)
     if not workspace.is_dir():
         raise Abort(f"workspace {workspace} does not exist")
     interrupt_on_term()
@@ -110,7 +111,7 @@ def _loop(agent: Agent, root: RootSwarm, sessions: RedisSessionStore, view: Term
                 click.echo(answer)
         except (Interrupted, KeyboardInterrupt):
             click.secho("\n(interrupted)", dim=True, err=True)
-        except TurnLimitReached as exc:
+        except LimitReached as exc:
             click.secho(str(exc), fg="yellow", err=True)
         except (ModelError, RuntimeUnavailable, TaskTooLarge) as exc:
             click.secho(f"{type(exc).__name__}: {exc}", fg="red", err=True)

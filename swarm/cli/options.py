@@ -34,7 +34,12 @@ def agent_options(fn: F) -> F:
         click.option("--new", is_flag=True,
                      help="Start a new conversation instead of resuming this folder's."),
         click.option("--max-turns", type=click.IntRange(min=0), envvar="SWARM_MAX_TURNS",
-                     help="Stop cleanly after N model calls (0 = no cap). [env: SWARM_MAX_TURNS]"),
+                     help="Stop cleanly after N model calls (default 200; 0 = no cap); a "
+                          "child stops there too if it is lower. [env: SWARM_MAX_TURNS]"),
+        click.option("--child-max-turns", type=click.IntRange(min=0),
+                     envvar="SWARM_CHILD_MAX_TURNS",
+                     help="Stop each child agent after N model calls (default 50; 0 = no "
+                          "cap). [env: SWARM_CHILD_MAX_TURNS]"),
         click.option("-C", "--workspace", type=click.Path(file_okay=False, path_type=Path),
                      default=".", show_default=True,
                      help="Folder to work in; each folder has its own conversation."),

@@ -20,7 +20,7 @@ from swarm.cli.render import TerminalView, same_destination
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.session import Session
-from swarm.errors import Cancelled, Interrupted, TurnLimitReached
+from swarm.errors import Cancelled, Interrupted, LimitReached
 from swarm.runtime.build import local_agent
 from swarm.runtime.root import RootSwarm, moved_on
 from swarm.store.connection import Store, open_store
@@ -30,14 +30,14 @@ from swarm.store.sessions import RedisSessionStore
 if TYPE_CHECKING:  # rich: imported when the swarm is first shown
     from swarm.cli.live import LiveTree
 
-EXIT_TURN_LIMIT = 3
+EXIT_LIMIT = 3
 EXIT_CANCELLED = 4
 EXIT_INTERRUPTED = 130
 INTERRUPTED = "interrupted (Ctrl-C, SIGTERM or a closed terminal)"
 
 
-class TurnLimitExit(Abort):
-    exit_code = EXIT_TURN_LIMIT
+class LimitExit(Abort):
+    exit_code = EXIT_LIMIT
 
 
 class CancelledExit(Abort):
@@ -67,7 +67,8 @@ def check_model_configured(settings: Settings) -> None:
                    "[env: SWARM_WORKERS]")
 @handle_errors
 def run(task: tuple[str, ...], task_file: str | None, yes: bool | None, model: str | None,
-        base_url: str | None, new: bool, max_turns: int | None, workspace: Path,
+        base_url: str | None, new: bool, max_turns: int | None, child_max_turns: int | None,
+        workspace: Path,
         workers: int | None) -> None:
     """Run TASK in the workspace until the model answers, then print the answer on stdout.
 
@@ -99,10 +100,15 @@ def run(task: tuple[str, ...], task_file: str | None, yes: bool | None, model: s
     cancelled with it; with SWARM_REDIS_URL they keep running on the deployment and
     `swarm attach SWARM_ID` collects the answer.
 
-    Exit codes: 0 answered, 1 error, 3 stopped at --max-turns, 4 cancelled (swarm cancel),
-    130 interrupted.
+    Every agent stops by itself at a limit: --max-turns (the root, 200 model calls),
+    --child-max-turns (a child, 50), SWARM_REPEAT_LIMIT (the same calls refused 3
+    answers in a row), SWARM_TOKEN_BUDGET (the swarm's tokens, the root's counted).
+
+    Exit codes: 0 answered, 1 error, 3 a limit stopped the root (--max-turns,
+    SWARM_REPEAT_LIMIT, SWARM_TOKEN_BUDGET), 4 cancelled (swarm cancel), 130 interrupted.
     """
-    settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns)
+    settings = settings_from(yes=yes, model=model, base_url=base_url, max_turns=max_turns,
+                             child_max_turns=child_max_turns)
     text, from_stdin = task_text(task, task_file)
     check_model_configured(settings)
     interrupt_on_term()
@@ -241,9 +247,9 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
                     answer = (root.attach(local.agent, local.sessions) if attach
                               else root.run(local.agent, task, local.sessions))
                 state = "done"
-            except TurnLimitReached as exc:
-                error = str(exc)
-                raise TurnLimitExit(str(exc)) from None
+            except LimitReached as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                raise LimitExit(str(exc)) from None
             except Cancelled as exc:
                 state, error = "cancelled", str(exc)
                 raise CancelledExit(f"{exc}; the session is saved") from None

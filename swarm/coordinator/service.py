@@ -167,11 +167,12 @@ class Coordinator:
     # -- spawn -------------------------------------------------------------------------------
 
     def limits(self, swarm_id: str) -> Settings:
-        """The swarm's depth, children and parallel limits (read at most every few seconds:
-        they are fixed when the swarm is created)."""
+        """The swarm's depth, children, parallel and token limits and its output cap (read
+        at most every few seconds: they are fixed when the swarm is created)."""
         return self._limits.get_or_load(swarm_id, lambda: self.settings.with_(**{
             k: v for k, v in self.ledger.swarm_settings(swarm_id).items()
-            if k in ("max_depth", "max_children", "max_parallel")}))
+            if k in ("max_depth", "max_children", "max_parallel", "token_budget",
+                     "output_cap")}))
 
     def spawn(self, request_id: str) -> None:
         req = self.ledger.begin_dispatch(request_id)
@@ -180,7 +181,7 @@ class Coordinator:
         if req["state"] == "dispatching":
             self.dispatch(request_id, req)
         self.release(req["swarm"])  # the parked parent gave its slot back
-        self.join(request_id)
+        self.join(request_id, swarm_id=req["swarm"])
 
     def dispatch(self, request_id: str, req: dict[str, Any]) -> None:
         """Check each call, then have the ledger write every accepted child in one
@@ -195,6 +196,7 @@ class Coordinator:
         limits = self.limits(swarm_id)
         depth = parent.depth + 1
         cancelled = self.ledger.is_cancelled(parent_id)
+        spent = self.ledger.counters(swarm_id).get("tokens", 0) if limits.token_budget else 0
         accepted: list[NewRun] = []
         for call in req["calls"]:
             run_id = runs[call["call_id"]]
@@ -204,6 +206,10 @@ class Coordinator:
             refusal, agent_id, label = check_call(call), "", ""
             if not refusal and cancelled:
                 refusal = "the parent was cancelled"
+            if not refusal and limits.token_budget and spent >= limits.token_budget:
+                refusal = (f"token budget spent: this swarm used {spent} tokens of its budget "
+                           f"of {limits.token_budget} (SWARM_TOKEN_BUDGET); answer with what "
+                           "you have")
             if refusal:
                 pass  # refused before looking at the target
             elif target:
@@ -220,7 +226,7 @@ class Coordinator:
                             output_schema=call.get("output_schema") or None,
                             rebase=str(call.get("seed") or "") if target else "")
             if refusal:
-                self.ledger.refuse(run, refusal)
+                self.ledger.refuse(run, refusal, swarm_id)
                 continue
             accepted.append(NewRun(run, new_agent=not target, depth=depth,
                                    label=label or label_of(call["message"]),
@@ -233,7 +239,7 @@ class Coordinator:
             new.run.agent = ""
             self.ledger.refuse(new.run, (
                 f"children limit reached: this swarm has spawned {spawned.children} of "
-                f"{limits.max_children} (SWARM_MAX_CHILDREN); do this part yourself"))
+                f"{limits.max_children} (SWARM_MAX_CHILDREN); do this part yourself"), swarm_id)
         self.send_runs(resend + spawned.send, swarm_id)
         # Only now: a coordinator that dies while sending leaves the request dispatching,
         # and the replay re-sends what is not going yet (a task sent twice is claimed once).
@@ -303,10 +309,15 @@ class Coordinator:
         self.send_runs(self.ledger.release(swarm_id, self.limits(swarm_id).max_parallel),
                        swarm_id)
 
-    def join(self, request_id: str, head: dict[str, str] | None = None) -> None:
+    def join(self, request_id: str, head: dict[str, str] | None = None,
+             swarm_id: str = "") -> None:
         """When every run of the request has settled, the ledger answers the parent (and
-        wakes a root); a parent in a worker is resumed here."""
-        joined = self.ledger.join(request_id, head, session_ttl=self.settings.session_ttl)
+        wakes a root), each child's answer within the swarm's output cap; a parent in a
+        worker is resumed here."""
+        swarm_id = swarm_id or (head or {}).get("swarm", "")
+        cap = self.limits(swarm_id).output_cap if swarm_id else self.settings.output_cap
+        joined = self.ledger.join(request_id, head, session_ttl=self.settings.session_ttl,
+                                  cap=cap)
         if joined is not None and joined.resume:
             self.resume(joined)
 

@@ -199,7 +199,7 @@ class RootEnd:
     def fields(self) -> dict[str, str]:
         return {"usage": json.dumps(self.usage), "turns": str(self.turns),
                 "session_turns": str(self.session_turns), "answer": self.answer,
-                "error": self.error, "kept": "1"}
+                "error": self.error[:2000], "kept": "1"}
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from swarm.mcp_client import bridge
 from swarm.mcp_client.config import McpConfig, ServerSpec
 from swarm.mcp_client.pool import Connection, Launcher, Pool, closed_connection, pool
 from swarm.mcp_client.results import as_text
+from swarm.text import cap_middle
 
 PREFIX = "mcp__"
 NAME_MAX = 64
@@ -193,7 +194,7 @@ class McpTools:
                     "next call" + (f"; its stderr is in {conn.log_path}"
                                    if tool.server.transport == "stdio" else "")) from None
             raise McpServerError(f"MCP server {server} answered with an error: "
-                                 f"{exc.message}") from None
+                                 f"{cap_middle(exc.message, self.output_cap)}") from None
         except McpServerError:
             raise
         except Exception as exc:  # the SDK's own (a result it cannot parse, HTTP, ...)

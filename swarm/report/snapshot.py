@@ -259,6 +259,8 @@ class Snapshot:
     info: dict[str, str]
     agents: list[AgentView]
     taken: float
+    refused: int = 0
+    """``agent`` calls refused (a limit, a bad call): they have no agent in the tree."""
 
     @property
     def state(self) -> str:
@@ -298,8 +300,10 @@ class Snapshot:
         """``swarm s1 running · 51 agents: 12 running, 37 done, 2 failed · 1.2M tokens · ...``"""
         usage = self.usage()
         parts = [f"swarm {self.swarm_id} {self.state}",
-                 f"{plural(len(self.agents), 'agent')}: {count_text(self.counts())}",
-                 f"{fmt_tokens(usage.get('total_tokens', 0))} tokens"]
+                 f"{plural(len(self.agents), 'agent')}: {count_text(self.counts())}"]
+        if self.refused:
+            parts.append(f"{plural(self.refused, 'agent call')} refused")
+        parts.append(f"{fmt_tokens(usage.get('total_tokens', 0))} tokens")
         cost = prices.cost(usage)
         if cost is not None:
             parts.append(f"~{fmt_cost(cost)}")
@@ -319,7 +323,8 @@ class Snapshot:
         usage = self.usage()
         return {
             "swarm": info,
-            "totals": {"agents": len(self.agents), "states": self.counts(), "usage": usage,
+            "totals": {"agents": len(self.agents), "states": self.counts(),
+                       "refused": self.refused, "usage": usage,
                        "wall": round(self.wall(), 3), "cost": prices.cost(usage)},
             "agents": [a.to_json(self.taken) for a in self.agents],
         }
@@ -347,7 +352,8 @@ class SnapshotReader:
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(keys.swarm(swarm_id))
             pipe.zrange(keys.swarm_agents(swarm_id), 0, -1)
-            info, ids = pipe.execute()
+            pipe.hget(keys.swarm_counters(swarm_id), "refused")
+            info, ids, refused = pipe.execute()
         if not info:
             return None
         with self.redis.pipeline(transaction=False) as pipe:
@@ -361,7 +367,7 @@ class SnapshotReader:
             for agent in tree:
                 if agent.kind == "root" and agent.is_settled and not agent.frozen:
                     agent.answer = self._last_answer(agent.session_id)  # before it was kept
-        return Snapshot(swarm_id, info, tree, time.time())
+        return Snapshot(swarm_id, info, tree, time.time(), _int(refused))
 
     def _details(self, agents: list[AgentView], swarm_info: dict[str, str]) -> None:
         for agent in agents:
@@ -402,8 +408,7 @@ class SnapshotReader:
                           else self._messages.get(agent.run, ""))
             if agent.is_settled:
                 answer, error = self._outcomes.get(agent.run, ("", ""))
-                agent.answer = agent.answer or answer
-                agent.error = error or agent.error
+                agent.answer, agent.error = agent.answer or answer, error or agent.error
 
     def _last_answer(self, session_id: str) -> str:
         raw = self.redis.hget(keys.session(session_id), "messages")

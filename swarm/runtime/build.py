@@ -100,6 +100,7 @@ def build_agent(
     beneath: Path | None = None,
     boxed_mcp: bool = False,
     hidden: tuple[Path, ...] = (),
+    kind: str = "root",
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
@@ -114,7 +115,8 @@ def build_agent(
     (:class:`LocalEnvironment`). With ``boxed_mcp`` (a worker's children) its stdio MCP
     servers start in the box its commands run in, when they run in one
     (:mod:`swarm.agent.mcp_box`). ``hidden`` folders are hidden from its sandboxed
-    commands like ``SWARM_HOME`` (a same-host child's parent's workspace)."""
+    commands like ``SWARM_HOME`` (a same-host child's parent's workspace). ``kind`` (root in
+    a terminal, job, child) picks its turn limit (:meth:`Settings.turn_limit`)."""
     folder = AgentFolder(workspace)
     env = LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
                            sandbox=settings.sandbox, network=sandbox.network_of(settings),
@@ -124,6 +126,9 @@ def build_agent(
                                n.strip() for n in settings.sandbox_env.split(",") if n.strip()),
                            die_with_runner=die_with_runner, linked=linked, beneath=beneath)
     box = env.choice.box if boxed_mcp else None
+    max_turns, limit_name = settings.turn_limit(child=kind == "child")
+    if kind == "root" and limit_name == "SWARM_MAX_TURNS":
+        limit_name = "--max-turns"
     return Agent(
         model=model,
         env=env,
@@ -135,7 +140,9 @@ def build_agent(
         folder=folder,
         observer=observer or Observer(),
         config=AgentConfig(
-            max_turns=settings.max_turns,
+            max_turns=max_turns,
+            turn_limit_name=limit_name,
+            repeat_limit=settings.repeat_limit,
             command_timeout=settings.command_timeout,
             command_timeout_max=settings.command_timeout_max,
             compact_at=settings.compact_at,

@@ -23,7 +23,7 @@ from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest, Decision
 from swarm.domain.records import AgentRecord, RootEnd, RootStart, usage_since
 from swarm.domain.session import Session
-from swarm.errors import Cancelled, Parked
+from swarm.errors import BudgetExceeded, Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
 from swarm.runtime import gitstate as g
 from swarm.runtime import homecoming, sweep
@@ -39,10 +39,11 @@ from swarm.store.snapshots import SnapshotStore
 from swarm.text import plural
 
 #: What the children inherit from the root's settings (never secrets).
-INHERITED = ("model", "base_url", "yes", "max_turns", "approval", "max_depth", "max_children",
-             "max_parallel", "token_budget", "child_timeout", "command_timeout",
-             "command_timeout_max", "output_cap", "context_length", "stream", "approval_timeout",
-             "mcp_start_timeout", "snapshot_max", "snapshot_swarm_max")
+INHERITED = ("model", "base_url", "yes", "max_turns", "child_max_turns", "repeat_limit",
+             "approval", "max_depth", "max_children", "max_parallel", "token_budget",
+             "child_timeout", "command_timeout", "command_timeout_max", "output_cap",
+             "context_length", "stream", "approval_timeout", "mcp_start_timeout",
+             "snapshot_max", "snapshot_swarm_max")
 #: Seconds to wait for a deployment's coordinator and workers to answer.
 ANSWER_TIMEOUT = 5.0
 
@@ -79,6 +80,10 @@ class RootSwarm:
     landings: list[homecoming.Landing] = field(default_factory=list, init=False)
     """What each homecoming of its children's work did (:meth:`landed`)."""
     _told_unboxed: bool = field(default=False, init=False)
+    _counted: int | None = field(default=None, init=False)
+    """The root's tokens (its session's) counted in the swarm's so far (None: not counting:
+    no token budget)."""
+    _agent: Agent | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.store.redis)
@@ -180,6 +185,7 @@ class RootSwarm:
         self.model_id = agent.model.model
         if agent.mcp is not None:
             self.mcp = agent.mcp.config
+        self.limit(agent)
         try:
             return agent.run(task)
         except Parked as parked:
@@ -188,6 +194,7 @@ class RootSwarm:
     def attach(self, agent: Agent, sessions: RedisSessionStore) -> str:
         """Take over a root whose terminal went away: wait for its children, then finish."""
         self.model_id = agent.model.model
+        self.limit(agent)
         self.ensure_runtime()
         if agent.session.parked:
             return self.carry_on(agent, agent.session.parked, sessions)
@@ -198,6 +205,30 @@ class RootSwarm:
             return agent.resume()
         except Parked as parked:
             return self.carry_on(agent, parked.request_id, sessions)
+
+    def limit(self, agent: Agent) -> None:
+        """Count the root's tokens in its swarm's and stop it before a model call once the
+        swarm (the root, and every child) has used ``SWARM_TOKEN_BUDGET``."""
+        if not self.settings.token_budget or agent.before_step == self.before_step:
+            return
+        if self._counted is None:
+            self._counted = agent.session.usage.get("total_tokens", 0)
+        self._agent, agent.before_step = agent, self.before_step
+
+    def before_step(self, agent: Agent) -> None:
+        spent = self.count(agent.session)
+        budget = self.settings.token_budget
+        if spent >= budget:
+            raise BudgetExceeded(f"the swarm used {spent} tokens of its budget of {budget} "
+                                 "(SWARM_TOKEN_BUDGET)")
+
+    def count(self, session: Session) -> int:
+        """Add the root's tokens since the last count to its swarm's; returns the swarm's."""
+        used = session.usage.get("total_tokens", 0)
+        new, self._counted = used - (self._counted or 0), used
+        if new > 0:
+            return self.ledger.spend(self.swarm_id, new)
+        return self.ledger.counters(self.swarm_id).get("tokens", 0)
 
     def carry_on(self, agent: Agent, request_id: str, sessions: RedisSessionStore) -> str:
         """Wait for the request's children, resume, and repeat until an answer."""
@@ -281,6 +312,8 @@ class RootSwarm:
         folder's session goes on with later runs, the swarm's record does not."""
         if self.detached:
             state = "detached"
+        if self._counted is not None and self._agent is not None:
+            self.count(self._agent.session)  # its last tokens
         record = self.ledger.agent(self.swarm_id) if self.session is not None else None
         if record is None:
             return
@@ -328,6 +361,8 @@ def describe(event: dict[str, Any]) -> str:
     if kind in ("spawn", "dispatched", "joined"):
         count = str(event.get("children", ""))
         children = plural(int(count), "child", "children") if count.isdigit() else "children"
-        return f"[{who}] {kind} {children}"
+        refused = str(event.get("refused", ""))
+        more = f", {refused} refused" if refused.isdigit() and int(refused) else ""
+        return f"[{who}] {'asked for' if kind == 'spawn' else kind} {children}{more}"
     return f"[{who}] {kind}"
 

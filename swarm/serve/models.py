@@ -47,7 +47,11 @@ class Limits(BaseModel):
     max_parallel: int | None = Field(None, ge=1, le=1_000,
                                      description="children in flight")
     max_turns: int | None = Field(None, ge=0, le=100_000,
-                                  description="model calls per agent run; 0 = no cap")
+                                  description="model calls per run of the job's root agent, "
+                                              "and the most a child may make; 0 = no cap")
+    child_max_turns: int | None = Field(None, ge=0, le=100_000,
+                                        description="model calls per run of a child; 0 = no "
+                                                    "cap")
     token_budget: int | None = Field(None, ge=0, le=10**12,
                                      description="tokens per job; 0 = no cap")
     child_timeout: int | None = Field(None, ge=1, le=7 * 24 * 3600,

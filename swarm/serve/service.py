@@ -40,7 +40,7 @@ from swarm.store.ledger import Ledger
 
 SETTLED_JOB = ("done", "failed", "cancelled")
 #: Limits where 0 means "no cap".
-UNCAPPED_AT_ZERO = ("max_turns", "token_budget")
+UNCAPPED_AT_ZERO = ("max_turns", "child_max_turns", "token_budget")
 #: Seconds one XREAD of a job's events blocks (a gone client is noticed this fast).
 READ_BLOCK = 1.0
 #: Seconds the model's context length is trusted before ``/models`` is asked again.

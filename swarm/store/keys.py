@@ -88,7 +88,8 @@ def swarm_agents(swarm_id: str) -> str:
 
 
 def swarm_counters(swarm_id: str) -> str:
-    """Hash of counters: ``children`` (ever created), ``tokens`` (used by its children),
+    """Hash of counters: ``children`` (ever created), ``refused`` (``agent`` calls refused),
+    ``tokens`` (used by its agents, the root's counted with a token budget),
     ``snapshot_bytes`` (stored for its workspaces)."""
     return f"{PREFIX}swarm:{swarm_id}:counters"
 

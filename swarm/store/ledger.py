@@ -67,6 +67,7 @@ from swarm.domain.session import Session
 from swarm.errors import LeaseLost
 from swarm.store import keys
 from swarm.store.sessions import RedisSessionStore, write_session
+from swarm.text import cap_middle
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,6 @@ end
 return 0
 """
 
-# A call refused before it got an agent: its run is created settled, once.
 _FINISH = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == false then return 0 end
@@ -218,11 +218,16 @@ return 1
 """Settle a swarm (and its root in a terminal) unless it settled already: a settled
 swarm's record is frozen (a later run in its folder never changes it)."""
 
+# A call refused before it got an agent: its run is created settled, once, and counted
+# in its request and its swarm.
 _REFUSE = """
 if redis.call('HSETNX', KEYS[1], 'id', ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('HINCRBY', KEYS[2], 'settled', 1)
+redis.call('HINCRBY', KEYS[2], 'refused', 1)
+redis.call('HINCRBY', KEYS[4], 'refused', 1)
+redis.call('EXPIRE', KEYS[4], ARGV[2])
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'run', ARGV[1])
 return 1
 """
@@ -308,17 +313,40 @@ def label_of(text: str, words: int = 8) -> str:
     return label + (" ..." if len(parts) > words else "")
 
 
-def result_text(run: RunRecord | None, call_id: str) -> str:
-    """What the parent's model sees for one ``agent`` call."""
+#: The most files a child's result names to its parent (the rest are counted).
+FILES_SHOWN = 200
+
+
+def result_text(run: RunRecord | None, call_id: str, cap: int = 0) -> str:
+    """What the parent's model sees for one ``agent`` call. With ``cap``, a longer answer,
+    output or error keeps its head and tail, as command output does, and the result says
+    so and where the whole is (the child's session: ``swarm logs``)."""
     if run is None:
         return json.dumps({"state": "failed", "error": f"no run was recorded for call {call_id}"})
-    body: dict[str, Any] = {"agent_id": run.result.get("agent_id", run.agent), "state": run.state}
+    agent_id = run.result.get("agent_id", run.agent)
+    body: dict[str, Any] = {"agent_id": agent_id, "state": run.state}
     for name in ("error", "output", "answer", "workspace", "files_changed", "changes",
                  "usage", "delta", "seed", "host"):
         if run.result.get(name) not in (None, "", [], {}):
             body[name] = run.result[name]
     if "output" in body:
         body.pop("answer", None)
+    cut = []
+    for name in ("error", "answer", "output") if cap else ():
+        if name not in body:
+            continue
+        text = body[name] if isinstance(body[name], str) else json.dumps(body[name],
+                                                                          ensure_ascii=False)
+        if len(text) > cap:
+            body[name] = cap_middle(text, cap)
+            cut.append(f"its {name} ({len(text)} characters)")
+    files = body.get("files_changed")
+    if isinstance(files, list) and len(files) > FILES_SHOWN:
+        body["files_changed"] = [*files[:FILES_SHOWN], f"... {len(files) - FILES_SHOWN} more"]
+        cut.append(f"its list of {len(files)} files changed")
+    if cut:
+        where = f"`swarm logs {agent_id}` shows it whole" if agent_id else "it is not kept"
+        body["cut"] = (f"{' and '.join(cut)} cut to the first and last part here; {where}")
     return json.dumps(body, ensure_ascii=False, indent=1)
 
 
@@ -746,23 +774,28 @@ class Ledger:
             self._event(pipe, swarm_id, "queued", run.agent, parent=parent.id,
                         depth=item.depth)
 
-    def refuse(self, run: RunRecord, reason: str) -> bool:
+    def refuse(self, run: RunRecord, reason: str, swarm_id: str) -> bool:
         """A call refused before it got an agent (a limit, a bad call, a cancelled parent):
-        its run is created settled ``refused``, counted and announced, once."""
+        its run is created settled ``refused``, counted (in its request and its swarm's
+        ``refused``) and announced, once."""
         run.state, run.result = "refused", {"error": reason}
         fields = {**run.to_hash(time.time()), "settled": f"{time.time():.3f}"}
         flat = [str(x) for kv in fields.items() for x in kv]
         return bool(self._refuse(
-            keys=[keys.run(run.id), keys.request(run.request), keys.settle_stream()],
+            keys=[keys.run(run.id), keys.request(run.request), keys.settle_stream(),
+                  keys.swarm_counters(swarm_id)],
             args=[run.id, self.ttl, keys.STREAM_MAXLEN, "", *flat]))
 
     def dispatched(self, request_id: str, swarm_id: str, parent_id: str,
                    runs: dict[str, str]) -> None:
-        """Every call of the request has its run (sent, held or refused)."""
+        """Every call of the request has its run (sent, held or refused): a ``dispatched``
+        event with the children sent or held and the calls refused."""
         if self._advance(keys=[keys.request(request_id)],
                          args=["dispatching", "dispatched", "runs", json.dumps(runs),
                                "count", len(runs)]):
-            self.event(swarm_id, "dispatched", parent_id, children=len(runs))
+            refused = int(self.redis.hget(keys.request(request_id), "refused") or 0)
+            self.event(swarm_id, "dispatched", parent_id, children=len(runs) - refused,
+                       refused=refused)
 
     def requeue(self, run_id: str, swarm_id: str) -> NewRun | None:
         """A replayed request (a coordinator died mid-way): a run that exists but is
@@ -887,7 +920,14 @@ class Ledger:
 
     def spend(self, swarm_id: str, tokens: int) -> int:
         """Add a model call's tokens to the swarm's count; returns the new total."""
-        return int(self.redis.hincrby(keys.swarm_counters(swarm_id), "tokens", tokens))
+        with self.redis.pipeline() as pipe:
+            pipe.hincrby(keys.swarm_counters(swarm_id), "tokens", tokens)
+            pipe.expire(keys.swarm_counters(swarm_id), self.ttl)
+            return int(pipe.execute()[0])
+
+    def counters(self, swarm_id: str) -> dict[str, int]:
+        """The swarm's counters (:func:`keys.swarm_counters`): children, refused, tokens..."""
+        return {k: int(v) for k, v in _h(self.redis, keys.swarm_counters(swarm_id)).items()}
 
     def report(self, progress: list[Progress], tokens: dict[str, int]) -> None:
         """What running children did since the last report, in one round trip: their last
@@ -940,12 +980,14 @@ class Ledger:
         return runs
 
     def join(self, request_id: str, head: dict[str, str] | None = None,
-             session_ttl: int = keys.SESSION_TTL) -> Joined | None:
+             session_ttl: int = keys.SESSION_TTL, cap: int = 0) -> Joined | None:
         """When every run of the request has settled, append their results to the parent's
         session in call order and unpark it, in one transaction; a root is woken in the
-        same transaction. Returns what to wake, or None while runs are out. A worker
-        parent's run is put in the leases with a grace period in the same transaction: if
-        its resume task is lost (or never sent), :meth:`reap` returns it to resume again.
+        same transaction. ``cap``: the characters of a child's answer (or error) the parent
+        gets, head and tail (:func:`result_text`; 0: whole). Returns what to wake, or None
+        while runs are out. A worker parent's run is put in the leases with a grace period
+        in the same transaction: if its resume task is lost (or never sent), :meth:`reap`
+        returns it to resume again.
 
         ``head`` (state, settled and count of the request) spares reading the whole request
         on every settlement but the last. A request answered but whose worker parent was not
@@ -989,10 +1031,12 @@ class Ledger:
                 log.warning("request %s: parent %s is not parked on it; not joined",
                             request_id, parent.id)
                 return None
-            _answer_calls(session, runs, req["results"])
+            _answer_calls(session, runs, req["results"], cap)
             pipe.multi()
             write_session(pipe, session, session_ttl, index=not joined.resume)
-            self._event(pipe, joined.swarm_id, "joined", parent.id, children=len(runs))
+            refused = sum(1 for r in runs.values() if r is not None and r.state == "refused")
+            self._event(pipe, joined.swarm_id, "joined", parent.id,
+                        children=len(runs) - refused, refused=refused)
             if joined.resume:
                 pipe.hset(rkey, "state", "answered")  # joined once the resume is sent
                 if parent.run:  # covered until a worker claims its resume
@@ -1115,7 +1159,7 @@ def subtree(agents: list[AgentRecord], agent_id: str) -> list[str]:
 
 
 def _answer_calls(session: Session, runs: dict[str, RunRecord | None],
-                  results: dict[str, str]) -> None:
+                  results: dict[str, str], cap: int = 0) -> None:
     """Answer the calls of the session's last assistant message in call order: ``agent``
     calls with their run's result, the others with what was recorded when it parked."""
     assistant = next((m for m in reversed(session.messages) if m.get("role") == "assistant"),
@@ -1125,7 +1169,7 @@ def _answer_calls(session: Session, runs: dict[str, RunRecord | None],
         cid = call.get("id")
         if cid in answered:
             continue
-        content = (result_text(runs[cid], cid) if cid in runs
+        content = (result_text(runs[cid], cid, cap) if cid in runs
                    else results.get(cid, "[no result was recorded for this call]"))
         session.messages.append({"role": "tool", "tool_call_id": cid, "content": content})
     session.parked = ""

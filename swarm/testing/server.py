@@ -7,8 +7,11 @@
         ...  # point a client at server.base_url
 
 Each chat request takes the next scripted item; when none is left the
-``responder`` answers. Safety reviews (a request without tools whose messages
-hold ``<command>...</command>``) never touch the script: ``reviewer`` answers them.
+``responder`` answers, unless the conversation is in recursion mode (its task says
+``recurse N``, or :attr:`ScriptedModelServer.recurse` is set): then it always calls the
+``agent`` tool (:mod:`swarm.testing.recursion`). Safety reviews (a request without tools
+whose messages hold ``<command>...</command>``) never touch the script: ``reviewer``
+answers them.
 
 Run by hand: ``python -m swarm.testing.server --port 8099`` (``-h`` says what it answers);
 a task ``fan out 3: `pwd` `` makes it call the ``agent`` tool (see
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from swarm.testing.handler import Handler, HTTPServer
+from swarm.testing.recursion import MAX_RECURSE, recursion_reply
 from swarm.testing.replies import (
     CutStream,
     Fault,
@@ -103,6 +107,9 @@ class ScriptedModelServer:
         self.reject_stream_options = reject_stream_options
         """Answer 400 to requests carrying ``stream_options``, like some older servers."""
         self.reasoning_key = reasoning_key
+        self.recurse = 0
+        """Answer every conversation with this many ``agent`` calls (0: only those whose
+        task says ``recurse N``)."""
         self.host = host
         self.port = port
         self._rng = random.Random(seed)
@@ -187,7 +194,8 @@ class ScriptedModelServer:
         with self._lock:
             if self._queue:
                 return self._queue.popleft()
-        return self.responder(request)
+        recursion = recursion_reply(request, self.recurse or None)
+        return recursion if recursion is not None else self.responder(request)
 
     def _call_id(self) -> str:
         alphabet = string.ascii_letters + string.digits
@@ -312,6 +320,10 @@ what it answers (without --script, or once the script has run out):
                            (default: pwd) and answers with its output, then the root sums
                            the children's answers up, one line each. "fan out 3", "fan out
                            to 5 children: `ls -la`" and "Fan-out 2 `wc -l /etc/hosts`" work.
+  recurse N                a model stuck in a loop: every answer of the conversation calls
+                           the agent tool N times (default 1), each child told "recurse N"
+                           too, whatever comes back (refusals, failures); the swarm's limits
+                           end it (--recurse N: every conversation, whatever its task)
   a `command` in backticks calls run_cli with it, then answers with its output
   anything else            a greeting that says the above
   safety reviews           ALLOW for read-only commands (ls, cat, pwd, wc, ...), else DENY
@@ -351,12 +363,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context-length", type=int, default=32_768)
     parser.add_argument("--tool-call-ids", default="openai", choices=["openai", "llamacpp"])
     parser.add_argument("--api-key", help="answer 401 unless this bearer token is sent")
+    parser.add_argument("--recurse", type=int, default=0, metavar="N",
+                        help="recursion mode for every conversation: always call the agent "
+                        f"tool N times (1-{MAX_RECURSE}); see 'recurse N' below")
     args = parser.parse_args(argv)
+    if not 0 <= args.recurse <= MAX_RECURSE:
+        parser.error(f"--recurse takes 1 to {MAX_RECURSE} agent calls an answer")
     server = ScriptedModelServer(
         models=args.model or ["scripted-model"], context_style=args.context_style,
         context_length=args.context_length, tool_call_ids=args.tool_call_ids,
         latency=args.latency, require_key=args.api_key, host=args.host, port=args.port,
     )
+    server.recurse = args.recurse
     if args.script:
         try:
             items = json.loads(args.script.read_text())

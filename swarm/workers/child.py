@@ -267,6 +267,7 @@ class ChildRunner:
                 linked=upper(workspace.view) if workspace.view is not None else None,
                 beneath=self._jobs_root(swarm_id) if record.kind == "job" else None,
                 boxed_mcp=True,
+                kind=record.kind,
                 # Its parent's folder (its .env, whatever seeding left out) stays out of
                 # reach even where the box shows what holds it (/opt, SWARM_SANDBOX_SHOW).
                 hidden=(Path(record.parent_workspace),)
