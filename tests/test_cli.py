@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,9 +13,12 @@ import redis as redis_lib
 from click.testing import CliRunner
 
 from swarm.cli import main
+from swarm.cli.runtime import ROOT_NOTE
+from swarm.runtime.local import alive
 from swarm.store import keys
 from swarm.store.locks import RedisLock
 from swarm.testing.server import Fault, Reply, ScriptedModelServer, ToolCall
+from tests.helpers import wait_until
 
 
 @pytest.fixture
@@ -147,3 +152,29 @@ def test_no_model_configured_points_to_the_demo(cli_env: dict[str, str], tmp_pat
     result = invoke(env, "run", "-C", str(tmp_path), "hi")
     assert result.exit_code == 1
     assert "SWARM_BASE_URL" in result.stderr and "swarm demo" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the note is for a worker run as root")
+def test_a_root_worker_says_swarms_note_not_celerys_uid_advice(
+        cli_env: dict[str, str], redis: redis_lib.Redis, tmp_path: Path) -> None:
+    """Celery's warning told a root worker to pass --uid, which swarm worker does not have."""
+    name = f"rootnote-{os.getpid()}@test"
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "swarm", "worker", "-c", "1", "-Q", "rootnote", "-n", name],
+            env={**os.environ, **cli_env}, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT)
+    try:
+        def ready() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return name in alive(redis, "worker")
+
+        wait_until(ready, "the worker's heartbeat")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    text = log.read_text()
+    assert "--uid" not in text and "SecurityWarning" not in text, text
+    assert ROOT_NOTE in text, text
