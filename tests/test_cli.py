@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,9 +13,12 @@ import redis as redis_lib
 from click.testing import CliRunner
 
 from swarm.cli import main
+from swarm.cli.runtime import ROOT_NOTE
+from swarm.runtime.local import alive
 from swarm.store import keys
 from swarm.store.locks import RedisLock
 from swarm.testing.server import Fault, Reply, ScriptedModelServer, ToolCall
+from tests.helpers import wait_until
 
 
 @pytest.fixture
@@ -256,3 +261,28 @@ def test_chat_refuses_a_message_too_large_and_goes_on(
     assert "TaskTooLarge" in result.stderr and "32,768 tokens" in result.stderr
     assert "pong" in result.stdout + result.stderr
     assert [sent_task(model_server)] == ["ping"] and len(model_server.requests) == 1
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the note is for a worker run as root")
+def test_a_root_worker_says_swarms_note_not_celerys_uid_advice(
+        cli_env: dict[str, str], redis: redis_lib.Redis, tmp_path: Path) -> None:
+    """Celery's warning told a root worker to pass --uid, which swarm worker does not have."""
+    name = f"rootnote-{os.getpid()}@test"
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "swarm", "worker", "-c", "1", "-Q", "rootnote", "-n", name],
+            env={**os.environ, **cli_env}, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT)
+    try:
+        def ready() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return name in alive(redis, "worker")
+
+        wait_until(ready, "the worker's heartbeat")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    text = log.read_text()
+    assert "--uid" not in text and "SecurityWarning" not in text, text
+    assert ROOT_NOTE in text, text

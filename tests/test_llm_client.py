@@ -737,9 +737,9 @@ def test_demo_responder(client: LLMClient) -> None:
     call = client.chat([{"role": "user", "content": "please run `ls -la`"}], [RUN_CLI])
     assert json.loads(call.tool_calls[0]["function"]["arguments"]) == {"command": "ls -la"}
     history = [*USER, call.message, {"role": "tool", "tool_call_id": call.tool_calls[0]["id"],
-                                     "content": "x" * 600}]
+                                     "content": "x" * 5000}]
     done = client.chat(history, [RUN_CLI])
-    assert done.content == "Done. Output:\n" + "x" * 500
+    assert done.content == "Done. Output:\n" + "x" * 5000  # whole: it was cut at 500, unmarked
     assert client.chat(USER).content and not client.chat(USER).tool_calls
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -108,6 +109,26 @@ def test_the_root_agent_sees_mcp_tools_and_calls_them(model_server: ScriptedMode
     # Three model calls, one notice: the server that did not start is reported once.
     (notice,) = observer.notices
     assert "MCP server gone" in notice and "was not found" in notice
+
+
+def test_swarm_run_reports_a_server_whose_command_is_missing_once(
+        model_server: ScriptedModelServer, redis_server: str, tmp_path: Path) -> None:
+    """The missing command was told twice on stderr: the pool's warning and the notice."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / ".mcp.json").write_text(json.dumps({"mcpServers": {
+        "ghost": {"command": str(tmp_path / "no-such-server")}}}))
+    model_server.script(Reply(content="done"))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    env.update(SWARM_BASE_URL=model_server.base_url, SWARM_MODEL=model_server.models[0],
+               SWARM_REDIS_URL=redis_server, SWARM_HOME=str(tmp_path / "home"))
+    done = subprocess.run([sys.executable, "-m", "swarm", "run", "--yes", "-C", str(ws), "hi"],
+                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    told = [line for line in done.stderr.splitlines() if "ghost" in line]
+    assert len(told) == 1 and "was not found" in told[0], done.stderr
 
 
 def test_approvals_apply_per_mcp_tool_with_the_servers_hints(

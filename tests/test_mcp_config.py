@@ -84,6 +84,41 @@ def test_entries_that_cannot_work_are_skipped_with_the_reason(tmp_path: Path) ->
         "the swarm's record skipped: it has no \"mcpServers\" object")
 
 
+def test_a_field_of_the_wrong_type_is_named_with_the_type_it_must_be(tmp_path: Path) -> None:
+    write(tmp_path / ".mcp.json", {
+        "numurl": {"url": 5},
+        "httpnum": {"type": "http", "url": ["https://x.example/mcp"]},
+        "numtype": {"type": 1, "command": "x"},
+        "listcommand": {"command": ["npx", "-y", "server"]},
+        "argsstr": {"command": "x", "args": "a b"},
+        "argsnum": {"command": "x", "args": ["a", 2]},
+        "envlist": {"command": "x", "env": ["A=1"]},
+        "envnum": {"command": "x", "env": {"PORT": 8080}},
+        "headersbool": {"type": "http", "url": "https://x.example/mcp",
+                        "headers": {"X-Debug": True}},
+        "entry": "npx server",
+    })
+    config = load(tmp_path, None)
+    assert not config.servers
+    text = "\n".join(config.problems)
+    assert 'numurl skipped: "url" must be a string, the server\'s Streamable HTTP endpoint ' \
+        '(e.g. "https://example.com/mcp"), not a number' in text
+    assert 'httpnum skipped: "url" must be a string' in text and "not a list" in text
+    assert 'numtype skipped: "type" must be a string, "stdio" (a command) or "http" (a URL), ' \
+        "not a number" in text
+    assert 'listcommand skipped: "command" must be a string, the program to run, not a list ' \
+        '(its arguments go in "args")' in text
+    assert 'argsstr skipped: "args" must be a list of strings, not a string' in text
+    assert 'argsnum skipped: "args" must be a list of strings; item 2 is a number' in text
+    assert 'envlist skipped: "env" must be an object mapping names to strings, not a list' \
+        in text
+    assert 'envnum skipped: "env" must map names to strings; "PORT" is a number' in text
+    assert 'headersbool skipped: "headers" must map names to strings; "X-Debug" is a boolean' \
+        in text
+    assert "entry skipped: its entry must be an object, not a string" in text
+    assert "needs a" not in text
+
+
 def test_an_http_url_must_be_http_once_expanded() -> None:
     spec = ServerSpec("api", "http", url="${API_URL}")
     assert spec.expand({"API_URL": "https://api.example/mcp"}).url == "https://api.example/mcp"

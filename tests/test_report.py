@@ -101,6 +101,23 @@ def test_report_command_writes_a_file_or_stdout(redis: redis_py.Redis, redis_ser
     assert bad.exit_code == 1 and "cannot write the report" in bad.output
 
 
+def test_report_goes_under_swarm_home_by_default_not_in_the_current_folder(
+        redis: redis_py.Redis, redis_server: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the current folder, the next `swarm demo` counted the report as a project file."""
+    swarm_id = small_swarm(redis, settled=True)
+    here = tmp_path / "project"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    home = tmp_path / "home"
+    out = cli(redis_server, "report", swarm_id, SWARM_HOME=str(home))
+    assert out.exit_code == 0, out.output
+    target = home / "reports" / f"{swarm_id}.html"
+    assert out.stdout.startswith(f"wrote {target} (5 agents, 2 failed)"), out.stdout
+    assert target.read_text().startswith("<!DOCTYPE html>")
+    assert list(here.iterdir()) == []
+
+
 def chromium_dom(page: Path, tmp_path: Path, screenshot: Path | None = None) -> str:
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing: `apt-get install chromium` to check the report "

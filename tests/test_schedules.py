@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from itertools import pairwise
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 import redis as redis_lib
 from celery import Celery
 from click.testing import CliRunner
+from redbeat import RedBeatSchedulerEntry
 
 from swarm.broker.app import QUEUE
 from swarm.cli import main
@@ -245,3 +247,22 @@ def test_beat_fires_on_time_once_with_two_beats(cluster: tuple[str, Path], tmp_p
     text = log.read_text()
     assert "schedules added: tick" in text
     assert not client.exists(f"{keys.REDBEAT_PREFIX}:lock")  # released on SIGTERM
+
+
+def test_the_next_run_is_the_cron_time_to_the_second(store: ScheduleStore,
+                                                     redis_server: str) -> None:
+    """'0 7 * * *' was reported as 06:59:59: redbeat's due_at adds the time left from now
+    to the last run, early by the time since (hours, a day after it was added)."""
+    code, _, err = cli(redis_server, "schedule", "add", "0 7 * * *", "at seven", "--name",
+                       "seven")
+    assert code == 0, err
+    due = store.next_run("seven")
+    assert due is not None and (due.hour, due.minute, due.second, due.microsecond) == \
+        (7, 0, 0, 0), due
+    assert f"next run {due.astimezone():%Y-%m-%d %H:%M:%S %Z}" in err, err
+
+    store.add(Schedule(name="every", cron="@every 10m", task="x"))
+    entry = RedBeatSchedulerEntry.from_key(f"{keys.REDBEAT_PREFIX}every", app=store.app)
+    ran = store.app.now() - timedelta(minutes=4)  # as beat records a firing
+    entry.reschedule(ran)
+    assert store.next_run("every") == ran + timedelta(minutes=10)

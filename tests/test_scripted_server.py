@@ -118,13 +118,26 @@ def test_recurse_form_always_calls_agent_whatever_comes_back(
         f"recurse 2: child {i} of 2; do as your parent did" for i in (1, 2)]
 
 
+def test_a_long_answer_is_cut_on_its_summary_line_with_a_marker(
+        model_server: ScriptedModelServer) -> None:
+    call = {"id": "c0", "type": "function", "function": {"name": "agent", "arguments": "{}"}}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "fan out 1"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0",
+         "content": json.dumps({"agent_id": "a1", "state": "done", "answer": "y" * 1000})}]
+    assert chat(model_server, messages)["content"] == (
+        "1 child: 1 done.\n- a1 done: " + "y" * 300 + " [... 700 characters cut]")
+
+
 def test_help_explains_the_forms_and_the_examples() -> None:
     done = subprocess.run([sys.executable, "-m", "swarm.testing.server", "-h"],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     for words in ("fan out N: `COMMAND`", "calls the agent tool N times", "--script FILE",
                   "recurse N", "--recurse N",
-                  "examples/", "default: 8099", "SWARM_BASE_URL=http://127.0.0.1:8099/v1"):
+                  "examples/", "default: 8099", "SWARM_BASE_URL=http://127.0.0.1:8099/v1",
+                  "answers with its output, whole", "[... N characters cut]"):
         assert words in done.stdout, words
 
 

@@ -603,7 +603,7 @@ def test_a_job_end_to_end_over_sse(live_url: str, model: ScriptedModelServer) ->
     job = created.json()["id"]
     events = follow(live_url, job)
     assert events[-1]["event"] == "end"
-    assert json.loads(events[-1]["data"]) == {"id": job, "state": "done"}
+    assert json.loads(events[-1]["data"]) == {"id": job, "state": "done", "reason": "settled"}
     kinds = [e["event"] for e in events]
     assert kinds[0] == "queued" and "tool" in kinds and "settled" in kinds
     ids = [e["id"] for e in events[:-1]]

@@ -4,11 +4,13 @@ nothing running (issue 14: SIGTERM orphaned the embedded Valkey server)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,4 +90,83 @@ def test_serve_stopped_by_a_signal_leaves_no_process_behind(tmp_path: Path,
             proc.kill()
             proc.wait()
         for pid in processes_of(home):  # a failed run must not leak into the next tests
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_serve_stopped_ends_every_event_stream_and_exits_at_once(tmp_path: Path) -> None:
+    """SIGTERM with clients following jobs (the API's event stream, an MCP call waiting for
+    a job): each gets its last event at once and the service exits within 2 s, cleanly
+    (before, uvicorn waited out its graceful timeout, cancelled them with two tracebacks,
+    and the clients got no end)."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    env.update(SWARM_HOME=str(home), SWARM_SERVE_TOKEN=TOKEN)
+    port = free_port()
+    # No local worker: the jobs stay queued, so their streams stay open until the stop.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarm", "serve", "--port", str(port), "--workers", "0"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    events: list[str] = []
+    mcp: list[str] = []
+    failures: list[BaseException] = []
+
+    def read(lines: list[str], method: str, path: str, body: dict[str, object],
+             **headers: str) -> None:
+        try:
+            with httpx.Client(timeout=httpx.Timeout(5.0, read=60.0)) as client:
+                if method == "GET":
+                    job = client.post(f"{url}/v1/jobs", headers=auth, json=body).json()["id"]
+                    path, body = f"/v1/jobs/{job}/events", {}
+                with client.stream(method, f"{url}{path}", json=body or None,
+                                   headers={**auth, **headers}) as response:
+                    assert response.status_code == 200, response.read()
+                    for line in response.iter_lines():
+                        lines.append(line)
+        except BaseException as exc:
+            failures.append(exc)
+
+    try:
+        wait_answers(f"{url}/openapi.json", proc)
+        followers = [
+            threading.Thread(target=read, args=(events, "GET", "", {"task": "say hi"})),
+            threading.Thread(target=read, args=(mcp, "POST", "/mcp", {
+                "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "submit_job", "_meta": {"progressToken": 1},
+                           "arguments": {"task": "say hi", "wait_seconds": 600}}}),
+                kwargs={"Accept": "application/json, text/event-stream"}),
+        ]
+        for follower in followers:
+            follower.start()
+        deadline = time.monotonic() + 30
+        # Both follow their job: its "queued" event came (as a progress notification on MCP).
+        while "event: queued" not in events or not any("notifications/progress" in line
+                                                       for line in mcp):
+            assert not failures, failures
+            assert time.monotonic() < deadline, (events, mcp)
+            time.sleep(0.05)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        took = time.monotonic() - started
+        for follower in followers:
+            follower.join(timeout=10)
+        stderr = proc.stderr.read().decode() if proc.stderr else ""
+        assert not failures, (failures, stderr)
+        ends = [json.loads(line[5:]) for i, line in enumerate(events)
+                if line.startswith("data:") and events[i - 1] == "event: end"]
+        assert [e["reason"] for e in ends] == ["server stopping"], (events, stderr)
+        (result,) = [json.loads(line[5:]) for line in mcp
+                     if line.startswith("data:") and '"result"' in line]
+        assert result["result"]["structuredContent"]["state"] == "queued", result
+        assert proc.returncode == 0, stderr
+        assert "Traceback" not in stderr and "ERROR" not in stderr, stderr
+        assert took < 2.0, f"stopped in {took:.2f} s\n{stderr}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in processes_of(home):
             os.kill(pid, signal.SIGKILL)

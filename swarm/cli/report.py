@@ -17,24 +17,29 @@ from swarm.text import plural
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("swarm_id", required=False)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="File to write ('-' for stdout). Default: swarm-report-SWARM_ID.html here.")
+              help="File to write ('-' for stdout). Default: SWARM_HOME/reports/SWARM_ID.html.")
 @handle_errors
 def report(swarm_id: str | None, output: Path | None) -> None:
-    """Write SWARM_ID (default: the latest swarm) as one HTML page to open in a browser.
+    """Write SWARM_ID (default: the latest swarm) as one HTML page to open in a browser,
+    by default as SWARM_HOME/reports/SWARM_ID.html (not in the current folder, where the
+    next job would take it for one of the project's files); it prints the path.
 
     The page needs no network: a timeline of every agent from spawn to settle coloured
     by state (hover a bar for its task and result or error), the totals, and the
     failures first. SWARM_PRICE_INPUT / SWARM_PRICE_OUTPUT add an estimated cost.
     """
     prices = prices_from_env()
-    with open_store(settings_from()) as store:
+    settings = settings_from()
+    with open_store(settings) as store:
         snapshot = load_snapshot(SnapshotReader(store.redis), swarm_id, root_answer=True)
     page = render_html(snapshot, prices)
     if output is not None and str(output) == "-":
         click.echo(page)
         return
-    path = output or Path(f"swarm-report-{snapshot.swarm_id}.html")
+    path = output or settings.home / "reports" / f"{snapshot.swarm_id}.html"
     try:
+        if output is None:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise Abort(f"cannot write the report to {path}: {exc.strerror or exc}") from None

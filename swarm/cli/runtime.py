@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sys
+import warnings
 from types import FrameType
 
 import click
@@ -16,6 +17,11 @@ from swarm.store import keys
 from swarm.store.connection import open_store
 
 CTX = {"help_option_names": ["-h", "--help"]}
+
+ROOT_NOTE = ("note: this worker runs as root: children's commands run as the sandbox line "
+             "above says, but the worker's own work (git, landing children's changes) runs as "
+             "root. Unless it needs root for copy-on-write views or cgroup limits, run it as "
+             "another user (`sudo -u USER swarm worker`; the image's worker is user swarm).")
 
 
 @click.command(context_settings=CTX)
@@ -66,17 +72,23 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
         if choice.refuse:
             raise Abort(f"this worker would refuse children: {choice.refuse}")
         return
+    if os.geteuid() == 0 or os.getuid() == 0:
+        click.echo(ROOT_NOTE, err=True)
     # Every child's prompt names the tools' versions (once per process, ~0.3 s of
     # subprocesses unless kept on disk): gathered while Celery starts. Checking a child's
     # calls needs jsonschema (~0.1 s of CPU): imported once the worker is ready, so it
     # does not delay that, and before a first child needs it.
     threading.Thread(target=tool_versions, args=(tools_cache(settings),), daemon=True,
                      name="probe").start()
+    from celery.exceptions import SecurityWarning
     from celery.signals import worker_ready
 
     from swarm.broker.app import configure, host_queue
 
     worker_ready.connect(lambda **_: tools.prewarm(), weak=False)
+    # Celery's says to pass --uid, which swarm worker does not have: ROOT_NOTE says it.
+    warnings.filterwarnings("ignore", message="You're running the worker with superuser",
+                            category=SecurityWarning)
 
     exit_with_parent()
     # Until Celery takes SIGTERM over, it unwinds: on the embedded default this process is a

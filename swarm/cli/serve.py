@@ -165,7 +165,7 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
     import uvicorn
 
     from swarm.broker.app import configure
-    from swarm.serve.app import create_app
+    from swarm.serve.app import Server, create_app
     from swarm.serve.auth import Authenticator
     from swarm.serve.jobs import jobs_root
     from swarm.serve.service import Service
@@ -186,7 +186,7 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
             config = uvicorn.Config(create_app(service), host=host, port=port,
                                     log_level=log_level, timeout_graceful_shutdown=3,
                                     server_header=False)
-            stop.run(uvicorn.Server(config))
+            stop.run(Server(config, service))
 
 
 @click.command("mcp", context_settings=CTX)

@@ -145,36 +145,71 @@ def _server(name: str, raw: Any) -> ServerSpec:
     if not name.strip():
         raise ConfigError("a server has an empty name; give it one")
     if not isinstance(raw, dict):
-        raise ConfigError(f"MCP server {name} skipped: its entry must be an object")
+        raise ConfigError(f"MCP server {name} skipped: its entry must be an object, not "
+                          f"{_a(raw)}")
     kind = raw.get("type") or ("http" if "url" in raw and "command" not in raw else "stdio")
+    if not isinstance(kind, str):
+        raise ConfigError(f"MCP server {name} skipped: \"type\" must be a string, \"stdio\" "
+                          f"(a command) or \"http\" (a URL), not {_a(kind)}")
     if kind == "sse":
         raise ConfigError(f"MCP server {name} skipped: the old SSE transport is not "
                           "supported; use the server's Streamable HTTP endpoint with "
                           "\"type\": \"http\"")
     if kind in _HTTP_TYPES:
         url = raw.get("url")
-        if not isinstance(url, str) or not url:
+        if url is not None and not isinstance(url, str):
+            raise ConfigError(f"MCP server {name} skipped: \"url\" must be a string, the "
+                              "server's Streamable HTTP endpoint (e.g. "
+                              f"\"https://example.com/mcp\"), not {_a(url)}")
+        if not url:
             raise ConfigError(f"MCP server {name} skipped: \"type\": \"http\" needs a \"url\"")
         return ServerSpec(name, "http", url=url, headers=_pairs(name, raw, "headers"))
     if kind != "stdio":
         raise ConfigError(f"MCP server {name} skipped: unknown type {kind!r}; use \"stdio\" "
                           "(a command) or \"http\" (a URL)")
     command = raw.get("command")
-    if not isinstance(command, str) or not command.strip():
+    if command is not None and not isinstance(command, str):
+        raise ConfigError(f"MCP server {name} skipped: \"command\" must be a string, the "
+                          f"program to run, not {_a(command)} (its arguments go in \"args\")")
+    if not command or not command.strip():
         raise ConfigError(f"MCP server {name} skipped: it needs a \"command\" (or "
                           "\"type\": \"http\" and a \"url\")")
     args = raw.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise ConfigError(f"MCP server {name} skipped: \"args\" must be a list of strings")
+    if not isinstance(args, list):
+        raise ConfigError(f"MCP server {name} skipped: \"args\" must be a list of strings, "
+                          f"not {_a(args)}")
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            raise ConfigError(f"MCP server {name} skipped: \"args\" must be a list of "
+                              f"strings; item {i + 1} is {_a(arg)}")
     return ServerSpec(name, "stdio", command=command, args=tuple(args),
                       env=_pairs(name, raw, "env"))
 
 
 def _pairs(name: str, raw: dict[str, Any], field: str) -> Pairs:
     value = raw.get(field) or {}
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise ConfigError(f"MCP server {name} skipped: \"{field}\" must map names to strings")
+    if not isinstance(value, dict):
+        raise ConfigError(f"MCP server {name} skipped: \"{field}\" must be an object mapping "
+                          f"names to strings, not {_a(value)}")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise ConfigError(f"MCP server {name} skipped: \"{field}\" must map names to "
+                              f"strings; {json.dumps(key)} is {_a(item)}")
     return tuple(sorted((str(k), v) for k, v in value.items()))
+
+
+def _a(value: Any) -> str:
+    """What JSON calls the type of ``value``, for messages (never the value: it may be a
+    secret)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "an object"
 
 
 #: The swarm's own credentials: never handed to an MCP server, whoever configured it (a

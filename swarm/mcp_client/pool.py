@@ -229,7 +229,9 @@ class Pool:
             await conn.start(timeout)
         except McpServerError as exc:
             self._failed[key] = (time.monotonic(), str(exc))
-            log.warning("MCP server %s did not start: %s", spec.name, exc)
+            # Not a warning: the agent reports it (a terminal's line, the model's notice);
+            # this line is for a worker's log.
+            log.info("MCP server %s did not start: %s", spec.name, exc)
             raise
         self._failed.pop(key, None)
         old = self.connections.pop(key, None)

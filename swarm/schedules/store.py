@@ -6,7 +6,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -99,11 +99,20 @@ class ScheduleStore:
         return existed
 
     def next_run(self, name: str) -> datetime | None:
+        """When schedule ``name`` fires next (now, when that is overdue); None when there
+        is no such schedule or it never fires again. Not redbeat's ``due_at``: that adds
+        the time left from now to the last run, early by the time since (06:59:59 for
+        07:00 at once, hours early the day after)."""
         try:
-            due = RedBeatSchedulerEntry.from_key(self._entry(name).key, app=self.app).due_at
+            entry = RedBeatSchedulerEntry.from_key(self._entry(name).key, app=self.app)
         except KeyError:
             return None
-        return cast("datetime | None", due)
+        now: datetime = self.app.now()
+        if entry.last_run_at is None:
+            return now
+        entry.schedule.nowfun = lambda: now  # one "now" for the estimate and the sum
+        left = entry.schedule.remaining_estimate(entry.last_run_at)
+        return None if left is None else now + max(left, timedelta(0))
 
     def beat_running(self) -> bool:
         """True while some ``swarm beat`` holds redbeat's lock on this Redis."""

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import aclosing
 from typing import Annotated, Any
 
 import redis
+import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request, Security
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
@@ -217,7 +219,9 @@ def create_app(service: Service) -> FastAPI:
                 alias="Last-Event-ID", pattern=EVENT_ID,
                 description="resume after this event id")] = "") -> StreamingResponse:
         """Each event has ``id:`` (its stream id), ``event:`` (its kind) and JSON ``data:``;
-        the stream ends with ``event: end`` once the job has settled."""
+        the stream ends with ``event: end``: ``reason`` "settled" (with the job's ``state``)
+        once the job has settled, "server stopping" when the service stops (the job goes
+        on; reconnect with ``Last-Event-ID``)."""
         await run_in_threadpool(service.job, job_id, caller)  # 404 for unknown jobs
         return StreamingResponse(_events(service, job_id, last_event_id or "0-0", request),
                                  media_type="text/event-stream",
@@ -269,6 +273,20 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server for ``service``: as it starts to shut down, every event stream (and
+    MCP call waiting for a job) ends, each with its last event, before it waits for the
+    connections to close (else it waited for its graceful timeout, then cancelled them)."""
+
+    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+        super().__init__(config)
+        self.service = service
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.service.stop()
+        await super().shutdown(sockets)
+
+
 def _sse(event_id: str, kind: str, data: dict[str, Any]) -> str:
     head = f"id: {event_id}\n" if event_id else ""
     kind = re.sub(r"[^A-Za-z0-9_.-]", "_", kind)[:40] or "event"
@@ -277,7 +295,8 @@ def _sse(event_id: str, kind: str, data: dict[str, Any]) -> str:
 
 async def _events(service: Service, job_id: str, last: str,
                   request: Request) -> AsyncIterator[str]:
-    """The job's event stream from after ``last``, ending with ``event: end``."""
+    """The job's event stream from after ``last``, ending with ``event: end`` (when the
+    job settles or the service stops)."""
     quiet = 0.0
     yield ": swarm events of " + job_id + "\n\n"
     try:
@@ -286,7 +305,8 @@ async def _events(service: Service, job_id: str, last: str,
                 for entry_id, fields in batch.entries:
                     yield _sse(entry_id, fields.get("kind") or "event", dict(fields))
                 if batch.final:
-                    yield _sse("", "end", {"id": job_id, "state": batch.final})
+                    yield _sse("", "end", {"id": job_id, "state": batch.final,
+                                           "reason": "settled"})
                     return
                 if await request.is_disconnected():
                     return
@@ -294,6 +314,10 @@ async def _events(service: Service, job_id: str, last: str,
                 if quiet >= KEEPALIVE:
                     quiet = 0.0
                     yield ": keep-alive\n\n"
+        # The batches end unsettled only when the service stops.
+        yield _sse("", "end", {"id": job_id, "reason": "server stopping",
+                               "detail": "the job goes on; reconnect with Last-Event-ID to "
+                                         "follow it"})
     except (redis.RedisError, StoreError) as exc:
         log.error("event stream of %s stopped: %s", job_id, exc)
         yield _sse("", "error", {"id": job_id, "detail": "the swarm's Redis is unavailable; "

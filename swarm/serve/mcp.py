@@ -69,7 +69,8 @@ answers them (or they are denied after a timeout). job_status shows the tree of 
 JobIdArg = Annotated[str, Field(pattern=ID_PATTERN, description="the job's id (from submit_job)")]
 WaitArg = Annotated[int, Field(
     ge=0, le=MAX_WAIT, description="seconds to wait for the job to settle, with progress "
-    "notifications; the wait ends early when an approval waits for an answer. 0: do not wait")]
+    "notifications; the wait ends early when an approval waits for an answer (or the server "
+    "stops). 0: do not wait")]
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 
@@ -117,7 +118,8 @@ async def call(fn: Callable[..., Any], *args: Any) -> Any:
 async def wait_for(service: Service, job_id: str, seconds: int, ctx: Context[Any, Any],
                    caller: Caller) -> JobAnswer:
     """Follow the job for up to ``seconds``, a progress notification per event; stop when it
-    settles or an approval of it waits for an answer. Returns where it stands."""
+    settles, an approval of it waits for an answer or the service stops. Returns where it
+    stands."""
     seen = 0
     with anyio.move_on_after(seconds), tool_errors():
         async with aclosing(service.follow(job_id)) as batches:

@@ -75,6 +75,9 @@ class Service:
     workspace: Path | None = None
     ledger: Ledger = field(init=False)
     _context: TTLCache[str, int] = field(init=False)
+    #: Set by :meth:`stop`: the server is stopping, every :meth:`follow` ends.
+    stopping: bool = field(default=False, init=False)
+    _reads: set[anyio.CancelScope] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.redis)
@@ -156,10 +159,17 @@ class Service:
             return {"done": "done", "cancelled": "cancelled"}.get(info.get("state", ""), "failed")
         return ""
 
+    def stop(self) -> None:
+        """The server is stopping: every :meth:`follow` ends now, without the batch of a
+        settled state (call it in their event loop)."""
+        self.stopping = True
+        for scope in self._reads:
+            scope.cancel()
+
     async def follow(self, job_id: str, last: str = "0-0") -> AsyncGenerator[Batch, None]:
         """The job's events after ``last`` ("0-0": all), a batch per read of at most
         :data:`READ_BLOCK` seconds (empty when nothing came), until the batch that carries
-        the settled state. Redis errors propagate."""
+        the settled state, or until :meth:`stop`. Redis errors propagate."""
         key = keys.events(job_id)
 
         def read(block: float) -> list[Entry]:
@@ -167,9 +177,18 @@ class Service:
             return cast("list[Entry]", got[0][1]) if got else []
 
         final = ""
-        while True:
+        while not self.stopping:
             draining = bool(final)  # settled before this read: this read drains the rest
-            entries = await anyio.to_thread.run_sync(read, 0.25 if final else READ_BLOCK)
+            with anyio.CancelScope() as scope:
+                # stop() does not wait for the blocked read: its thread ends on its own.
+                self._reads.add(scope)
+                try:
+                    entries = await anyio.to_thread.run_sync(
+                        read, 0.25 if final else READ_BLOCK, abandon_on_cancel=True)
+                finally:
+                    self._reads.discard(scope)
+            if scope.cancelled_caught:
+                return
             if not final and not entries:
                 final = await anyio.to_thread.run_sync(self.settled, job_id)
             if entries:

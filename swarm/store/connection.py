@@ -155,13 +155,14 @@ def _through_sentinels(url: str, master: str, retry: Retry, *, socket_timeout: f
     """:func:`connect` for a ``sentinel://`` URL: a client of the master the sentinels name,
     found again at each reconnection (a failover)."""
     target = Sentinels.parse(url)
-    # redis.sentinel has no annotations (redis 8.1): hence the ignores.
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+    # redis.sentinel has annotations from redis-py 8.2 only: the ignores serve 8.1 and
+    # are unused on 8.2 (both are admitted).
+    sentinels = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         list(target.hosts),
         sentinel_kwargs={"socket_timeout": connect_timeout,
                          "socket_connect_timeout": connect_timeout},
         socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout)
-    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         master, redis_class=redis.Redis, db=target.db, username=target.username,
         password=target.password, decode_responses=True, retry=retry,
         max_connections=MAX_CONNECTIONS, driver_info=DRIVER,

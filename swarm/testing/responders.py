@@ -45,6 +45,8 @@ def default_reviewer(command: str) -> str:
 
 MAX_FAN_OUT = 200
 """The most children one ``fan out N`` task asks for (the swarm's own limits still apply)."""
+FAN_IN_LINE = 300
+"""Characters of a child's answer (or error) on its line of the root's summary."""
 FAN_OUT_COMMAND = "pwd"
 """What the children of a ``fan out N`` task without a command run."""
 _FAN_OUT = re.compile(r"\bfan[ -]?out\b\W*(?:to\W+)?(\d+)", re.I)
@@ -58,15 +60,18 @@ def default_responder(request: dict[str, Any]) -> Reply:
 
     - ``fan out N: `COMMAND` `` (a user message): ``N`` calls of the ``agent`` tool, each
       child told to run COMMAND (default ``pwd``) and report its output;
-    - the results of ``agent`` calls: a summary, one line per child;
-    - a command in backticks (or a fenced block): a ``run_cli`` call; its result: the output;
+    - the results of ``agent`` calls: a summary, one line per child (its answer cut at
+      :data:`FAN_IN_LINE` characters, marked);
+    - a command in backticks (or a fenced block): a ``run_cli`` call; its result: the
+      output, whole;
     - anything else: a greeting that says the above.
     """
     messages = request.get("messages") or []
     last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
     text = message_text(last)
     if last.get("role") == "tool":
-        return fan_in_reply(messages) or Reply("Done. Output:\n" + text[:500])
+        # The whole result, as swarm gave it (its own cap marks where it cut an output).
+        return fan_in_reply(messages) or Reply("Done. Output:\n" + text)
     if last.get("role") == "user":
         fan_out = fan_out_reply(text, request)
         if fan_out is not None:
@@ -132,7 +137,9 @@ def fan_in_reply(messages: list[dict[str, Any]]) -> Reply | None:
         else:
             said = result.get("error") or result.get("answer")
         said = " ".join(str(said or "").split())
-        rows.append(f"- {result.get('agent_id') or '-'} {state}: {said[:300]}")
+        if len(said) > FAN_IN_LINE:
+            said = f"{said[:FAN_IN_LINE]} [... {len(said) - FAN_IN_LINE} characters cut]"
+        rows.append(f"- {result.get('agent_id') or '-'} {state}: {said}")
     tally = ", ".join(f"{n} {state}" for state, n in states.items())
     return Reply(f"{plural(len(rows), 'child', 'children')}: {tally}.\n" + "\n".join(rows))
 

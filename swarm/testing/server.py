@@ -318,13 +318,15 @@ FORMS = """\
 what it answers (without --script, or once the script has run out):
   fan out N: `COMMAND`     calls the agent tool N times (1-200); each child runs COMMAND
                            (default: pwd) and answers with its output, then the root sums
-                           the children's answers up, one line each. "fan out 3", "fan out
-                           to 5 children: `ls -la`" and "Fan-out 2 `wc -l /etc/hosts`" work.
+                           the children's answers up, one line each (cut at 300 characters,
+                           marked "[... N characters cut]"). "fan out 3", "fan out to 5
+                           children: `ls -la`" and "Fan-out 2 `wc -l /etc/hosts`" work.
   recurse N                a model stuck in a loop: every answer of the conversation calls
                            the agent tool N times (default 1), each child told "recurse N"
                            too, whatever comes back (refusals, failures); the swarm's limits
                            end it (--recurse N: every conversation, whatever its task)
-  a `command` in backticks calls run_cli with it, then answers with its output
+  a `command` in backticks calls run_cli with it, then answers with its output, whole (as
+                           swarm gave it: SWARM_OUTPUT_CAP's cut, if any, is marked)
   anything else            a greeting that says the above
   safety reviews           ALLOW for read-only commands (ls, cat, pwd, wc, ...), else DENY
 It keeps no state: several copies answer one swarm alike (the root's and the workers').
