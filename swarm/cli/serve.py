@@ -100,6 +100,11 @@ class GracefulStop:
         finally:
             self.done = True
 
+    @property
+    def stopping(self) -> bool:
+        """A signal asked it to stop before serving began."""
+        return self._stopping
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.done:
             return
@@ -223,7 +228,7 @@ def mcp(root: Path | None, workspace: Path | None, workers: int | None) -> None:
     """
     from swarm.broker.app import configure
     from swarm.serve.jobs import jobs_root
-    from swarm.serve.mcp import run_stdio
+    from swarm.serve.mcp import stdio_runner
     from swarm.serve.service import Service
 
     settings = settings_from()
@@ -233,12 +238,21 @@ def mcp(root: Path | None, workspace: Path | None, workers: int | None) -> None:
             local_runtime(store, settings, workers), contextlib.suppress(KeyboardInterrupt):
         # A stop from here on (even before serving starts: the agent may have read the
         # line below) is a clean exit, with the cleanup above.
-        service = Service(store.redis, configure(store.url, store.master), settings,
-                          jobs_root(settings.home, str(root) if root else None),
-                          workspace=workspace.resolve() if workspace else None)
-        click.echo(f"swarm mcp on stdio (store {store.masked_url}; jobs under {service.root})",
-                   err=True)
-        stop.call(lambda: run_stdio(service))
+        def serve() -> None:
+            service = Service(store.redis, configure(store.url, store.master), settings,
+                              jobs_root(settings.home, str(root) if root else None),
+                              workspace=workspace.resolve() if workspace else None)
+            try:
+                serve_stdio = stdio_runner(service)
+            except Exception:
+                if stop.stopping:  # a stop during the build came out as the library's error
+                    raise KeyboardInterrupt from None
+                raise
+            click.echo(f"swarm mcp on stdio (store {store.masked_url}; jobs under "
+                       f"{service.root})", err=True)
+            serve_stdio()
+
+        stop.call(serve)  # however it ends, signals during the cleanup are ignored
     # Everything is cleaned up by now (local processes stopped, the embedded server left).
     # A signal that stopped the server with its stdin open left AnyIO's worker thread
     # blocked reading it, which the interpreter's exit would wait for forever, and an

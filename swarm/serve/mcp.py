@@ -5,7 +5,7 @@ submit a job, its status tree, its answer, cancel it, list the pending approvals
 one. Waiting for a job (``wait_seconds``) sends an MCP progress notification per event
 of the job, and returns early when an approval waits for an answer, so the calling agent
 can answer it and wait again. ``swarm mcp`` serves these tools over stdio
-(:func:`run_stdio`); ``swarm serve`` over Streamable HTTP at ``/mcp``
+(:func:`stdio_runner`); ``swarm serve`` over Streamable HTTP at ``/mcp``
 (:class:`McpEndpoint`, behind the API's bearer tokens, stateless: any replica answers).
 Over HTTP a user token's tools see the jobs it submitted only, as its HTTP calls do; over
 stdio the agent that starts the server is trusted with every job.
@@ -254,9 +254,12 @@ def build_server(service: Service, trusted: Caller | None = None) -> MCPServer[A
     return server
 
 
-def run_stdio(service: Service) -> None:
-    """Serve the tools on stdin/stdout until the client closes them."""
-    anyio.run(build_server(service, trusted=LOCAL).run_stdio_async)
+def stdio_runner(service: Service) -> Callable[[], None]:
+    """Build the tools' server now and return what serves them on stdin/stdout until the
+    client closes them. (Building takes pydantic's schemas: an interrupt raised in there
+    comes out as a ``SchemaError``, so it is done before a stop is expected.)"""
+    server = build_server(service, trusted=LOCAL)
+    return lambda: anyio.run(server.run_stdio_async)
 
 
 class McpEndpoint:
