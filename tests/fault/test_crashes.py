@@ -464,7 +464,7 @@ def a_kid(_: dict[str, Any] | None = None) -> Reply:
 
 def records_intact(swarm: Swarm, workspace: Path, answer: str) -> None:
     """The root's session ends with its answer, saved whole; its swarm and every agent
-    are done; its session lock is released."""
+    are done, the root's record keeps its answer; its session lock is released."""
     session_id = keys.session_id_for(str(workspace.resolve()))
     session = RedisSessionStore(swarm.redis).load(session_id)
     assert session is not None and not session.repairs and not session.parked
@@ -473,6 +473,8 @@ def records_intact(swarm: Swarm, workspace: Path, answer: str) -> None:
     swarm_id = swarm.ledger.latest_swarm()
     assert swarm_id and swarm.ledger.swarm(swarm_id)["state"] == "done"
     assert {a.state for a in swarm.agents()} == {"done"}
+    root = swarm.ledger.agent(swarm_id)
+    assert root is not None and root.kept and root.answer == answer
     assert not swarm.redis.exists(keys.lock(keys.session_lock(session_id)))
 
 
