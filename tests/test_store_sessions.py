@@ -117,7 +117,7 @@ def test_a_save_riding_out_an_outage_fails_past_its_window_saying_so(tmp_path: P
     store.save(make("s1", 1000.0))
     server.stop()
     try:
-        with pytest.raises(StoreUnavailableError, match="did not answer for .* check that it"):
+        with pytest.raises(StoreUnavailableError, match=r"did not answer for .* check that it"):
             store.save(make("s1", 1001.0))
     finally:
         client.close()
