@@ -187,6 +187,21 @@ def test_park_records_the_request_once_and_frees_the_parents_slot(
     assert ledger.request("q9")["calls"] == calls
 
 
+def test_landed_for_a_request_is_written_once(redis: redis_py.Redis) -> None:
+    """A root told again how its children landed (a Redis restart hid whether the first
+    write went through) writes nothing twice: one ``landed`` event per child."""
+    ledger = Ledger(redis)
+    ledger.park("q9", "aparent", "s1", 2, [], {})
+    for _ in range(2):
+        ledger.landed("s1", {"ak1": "landed", "ak2": "conflict"}, "q9")
+    events = [f for _, f in ledger.events_since("s1", "0-0") if f["kind"] == "landed"]
+    assert [(e["agent"], e["landing"]) for e in events] == [("ak1", "landed"),
+                                                           ("ak2", "conflict")]
+    assert redis.hget(keys.agent("ak2"), "landing") == "conflict"
+    ledger.landed("s1", {"ak1": "landed"}, "q10")  # a later request lands it again
+    assert len([f for _, f in ledger.events_since("s1", "0-0") if f["kind"] == "landed"]) == 3
+
+
 def test_spawn_writes_children_once_and_holds_those_over_the_parallel_limit(
         redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
+import pytest
 import redis as redis_py
 
 from swarm.domain.history import INTERRUPTED
 from swarm.domain.session import Session
+from swarm.errors import StoreUnavailableError
 from swarm.store import keys
+from swarm.store.connection import Outage, connect
+from swarm.store.server import EmbeddedServer
 from swarm.store.sessions import RedisSessionStore
 
 
@@ -97,3 +102,24 @@ def test_delete_and_clear(redis: redis_py.Redis) -> None:
     assert store.list() == []
     assert redis.exists(keys.sessions_index(), keys.session("s1"), keys.session("s2")) == 0
     assert redis.get("other:key") == "kept"
+
+
+def test_a_save_riding_out_an_outage_fails_past_its_window_saying_so(tmp_path: Path) -> None:
+    """A root's save waits for a Redis that stopped answering, with one line when it
+    starts, and past the outage's window fails with the clear error; the fence was
+    checked before every try."""
+    server = EmbeddedServer(tmp_path)
+    client = connect(server.ensure())
+    said: list[str] = []
+    fenced: list[int] = []
+    store = RedisSessionStore(client, outage=Outage("the test's Redis", 0.3, said.append),
+                              fence=lambda: fenced.append(1))
+    store.save(make("s1", 1000.0))
+    server.stop()
+    try:
+        with pytest.raises(StoreUnavailableError, match=r"did not answer for .* check that it"):
+            store.save(make("s1", 1001.0))
+    finally:
+        client.close()
+    assert said == [said[0]] and "stopped answering" in said[0] and "up to 0.3 s" in said[0]
+    assert len(fenced) > 2

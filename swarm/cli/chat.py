@@ -22,7 +22,7 @@ from swarm.errors import (
 )
 from swarm.runtime.build import local_agent
 from swarm.runtime.root import RootSwarm
-from swarm.store.connection import Store
+from swarm.store.connection import Outage, Store
 from swarm.store.sessions import RedisSessionStore
 
 
@@ -62,9 +62,9 @@ def chat(yes: bool | None, model: str | None, base_url: str | None, new: bool,
     roots: list[RootSwarm] = []
     approver = TerminalApprover()
 
-    def spawner(store: Store, session: Session) -> Spawner:
+    def spawner(store: Store, session: Session, outage: Outage) -> Spawner:
         roots.append(RootSwarm(settings, store, on_event=view.on_swarm_event,
-                               notice=view.on_notice,
+                               notice=view.on_notice, outage=outage,
                                ask=lambda request: approver(request).decision))
         return roots[0].spawner(store, session)
 

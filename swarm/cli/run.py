@@ -23,7 +23,7 @@ from swarm.domain.session import Session
 from swarm.errors import Cancelled, Interrupted, LimitReached
 from swarm.runtime.build import local_agent
 from swarm.runtime.root import RootSwarm, moved_on
-from swarm.store.connection import Store, open_store
+from swarm.store.connection import Outage, Store, open_store
 from swarm.store.ledger import SETTLED, AgentRecord, Ledger
 from swarm.store.sessions import RedisSessionStore
 
@@ -205,10 +205,10 @@ def run_job(settings: Settings, workspace: Path, task: str, *, workers: int | No
     approver = TerminalApprover(stdin=answers)
     terminal = (answers or sys.stdin).isatty()
 
-    def spawner(store: Store, session: Session) -> Spawner:
+    def spawner(store: Store, session: Session, outage: Outage) -> Spawner:
         # Children's approval requests are put to a person only at a terminal; otherwise
         # they wait for `swarm approve` (and are denied when no one answers in time).
-        root = RootSwarm(settings, store, workers=workers, swarm_id=attach)
+        root = RootSwarm(settings, store, workers=workers, swarm_id=attach, outage=outage)
         roots.append(root)
         root.prestart()  # local workers boot while the model thinks
         spawner = root.spawner(store, session)

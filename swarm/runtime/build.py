@@ -37,7 +37,7 @@ from swarm.llm.client import LLMClient
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
 from swarm.store import keys
-from swarm.store.connection import Store, open_store
+from swarm.store.connection import Outage, Store, open_store
 from swarm.store.hints import HomeHints
 from swarm.store.locks import RedisLock
 from swarm.store.sessions import RedisSessionStore
@@ -180,6 +180,8 @@ class LocalRun:
     sessions: RedisSessionStore
     resumed: bool
     repaired: bool
+    outage: Outage
+    """Rides out a Redis restart in its saves, its lock and its swarm's writes."""
 
     @property
     def redis(self) -> redis.Redis:
@@ -204,14 +206,17 @@ def local_agent(
     approver: Approver,
     observer: Observer | None = None,
     new: bool = False,
-    spawner: Callable[[Store, Session], Spawner] | None = None,
+    spawner: Callable[[Store, Session, Outage], Spawner] | None = None,
     keep_parked: bool = False,
 ) -> Iterator[LocalRun]:
     """Open the store, lock the workspace's session, and yield a ready root agent.
 
     The session lock is held until the block exits, so two swarm processes on
-    one folder (on one host or two) never interleave. ``spawner`` builds the
-    berserk-mode spawner for the session (None: the ``agent`` tool is not offered).
+    one folder (on one host or two) never interleave. A save, a load or the lock that
+    meets a Redis restart waits for Redis to come back (:meth:`Outage.of_root`), saying
+    so through ``observer``; a save is tried again only while the lock is still its own.
+    ``spawner`` builds the berserk-mode spawner for the session, riding out outages with
+    the same :class:`Outage` (None: the ``agent`` tool is not offered).
     A session left parked by a root that went away is repaired (its children's results
     will not come) unless ``keep_parked`` (``swarm attach`` waits for them instead).
     """
@@ -221,10 +226,10 @@ def local_agent(
     threading.Thread(target=tool_versions, args=(tools_cache(settings),), daemon=True,
                      name="probe").start()
     with open_store(settings) as store:
-        sessions = RedisSessionStore(store.redis, ttl=settings.session_ttl)
+        outage = Outage.of_root(store, settings, (observer or Observer()).on_notice)
         session_id = keys.session_id_for(str(workspace))
         lock = RedisLock(store.redis, keys.session_lock(session_id), ttl=settings.lock_ttl,
-                         owner_info=owner_info(workspace))
+                         owner_info=owner_info(workspace), outage=outage)
 
         def guard() -> None:
             if not lock.check():
@@ -235,6 +240,8 @@ def local_agent(
                     "tell; stopping so as not to overwrite its work. Run again once it is "
                     "done.")
 
+        sessions = RedisSessionStore(store.redis, ttl=settings.session_ttl, outage=outage,
+                                     fence=guard)
         with lock:
             loaded = None if new else sessions.load(session_id)
             resumed = loaded is not None and bool(loaded.messages)
@@ -247,7 +254,7 @@ def local_agent(
                 session.parked = ""
                 repaired = True
             # Before the model is looked up: a spawner may start processes in the background.
-            made = spawner(store, session) if spawner is not None else None
+            made = spawner(store, session, outage) if spawner is not None else None
             model = LLMClient.from_settings(settings)
             try:
                 model.resolve_model()
@@ -257,6 +264,6 @@ def local_agent(
                     hints=HomeHints(store.redis, settings.home), approver=approver,
                     observer=observer, spawner=made, guard=guard,
                     mcp=mcp_config.load(workspace, settings.home))
-                yield LocalRun(agent, store, sessions, resumed, repaired)
+                yield LocalRun(agent, store, sessions, resumed, repaired, outage)
             finally:
                 model.close()

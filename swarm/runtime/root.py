@@ -12,11 +12,13 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from swarm import faults
 from swarm.agent import sandbox
 from swarm.agent.loop import Agent
 from swarm.config import Settings
@@ -84,6 +86,9 @@ class RootSwarm:
     """The root's tokens (its session's) counted in the swarm's so far (None: not counting:
     no token budget)."""
     _agent: Agent | None = field(default=None, init=False)
+    outage: Outage = field(kw_only=True)
+    """Rides out a Redis restart in its reads and writes: the one of its session's saves
+    and lock (:attr:`~swarm.runtime.build.LocalRun.outage`)."""
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.store.redis)
@@ -98,11 +103,12 @@ class RootSwarm:
         workspace = Path(session.workspace)
         # Its repository is found now, before its commands run, and kept.
         self.tree = self.seeds.pinned(f"root:{session.id}", workspace)
+        # Each step is safe to repeat: the swarm is created once, a snapshot stored once.
         return RedisSpawner(self.ledger, self.swarm_id, self.swarm_id,
-                            ensure_swarm=self.ensure,
-                            seeder=lambda: self.seeds.take(workspace, self.swarm_id,
-                                                          tree_of=self.tree),
-                            host=self.seeds.host)
+                            ensure_swarm=lambda: self.outage.ride(self.ensure),
+                            seeder=lambda: self.outage.ride(lambda: self.seeds.take(
+                                workspace, self.swarm_id, tree_of=self.tree)),
+                            host=self.seeds.host, outage=self.outage)
 
     def ensure(self) -> None:
         """Create the swarm in the ledger and make sure someone will run its children."""
@@ -216,14 +222,16 @@ class RootSwarm:
         self._agent, agent.before_step = agent, self.before_step
 
     def before_step(self, agent: Agent) -> None:
-        spent = self.count(agent.session)
+        spent = self.outage.ride(partial(self.count, agent.session))
         budget = self.settings.token_budget
         if spent >= budget:
             raise BudgetExceeded(f"the swarm used {spent} tokens of its budget of {budget} "
                                  "(SWARM_TOKEN_BUDGET)")
 
     def count(self, session: Session) -> int:
-        """Add the root's tokens since the last count to its swarm's; returns the swarm's."""
+        """Add the root's tokens since the last count to its swarm's; returns the swarm's.
+        Safe to repeat: tokens are taken as counted before they are sent (a count lost
+        with Redis is not sent again, never twice)."""
         used = session.usage.get("total_tokens", 0)
         new, self._counted = used - (self._counted or 0), used
         if new > 0:
@@ -234,18 +242,15 @@ class RootSwarm:
         """Wait for the request's children, resume, and repeat until an answer."""
         while True:
             self.wait(request_id)
-            if agent.guard is not None:
-                agent.guard()  # its lock is still its own before it writes anything
+            faults.point("root-children-settled")
             loaded = sessions.load(agent.session.id)
             assert loaded is not None, "the root session vanished while it was parked"
             # The children's work lands in the workspace before the root goes on.
-            landing = homecoming.bring_home(
-                self.seeds, loaded, Path(loaded.workspace), self.swarm_id, self.tree,
-                run_check=homecoming.checker(agent.env, self.settings.command_timeout),
-                check=self.settings.land_check)
+            landing = self.outage.ride(partial(self.bring_home, agent, loaded))
             if landing is not None:
                 sessions.save(loaded)
-                self.ledger.landed(self.swarm_id, dict(landing.children))
+                self.outage.ride(partial(self.ledger.landed, self.swarm_id,
+                                         dict(landing.children), request_id))
                 self.landings.append(landing)
             agent.session = loaded
             try:
@@ -253,13 +258,23 @@ class RootSwarm:
             except Parked as parked:
                 request_id = parked.request_id
 
+    def bring_home(self, agent: Agent, loaded: Session) -> homecoming.Landing | None:
+        """Land the children's work in the root's workspace, its lock still its own. The
+        work is read from Redis before any file is written: a landing that met a Redis
+        outage can start over."""
+        if agent.guard is not None:
+            agent.guard()
+        return homecoming.bring_home(
+            self.seeds, loaded, Path(loaded.workspace), self.swarm_id, self.tree,
+            run_check=homecoming.checker(agent.env, self.settings.command_timeout),
+            check=self.settings.land_check)
+
     def wait(self, request_id: str) -> None:
         """Block until the coordinator wakes this root for ``request_id``; relay progress,
         put the children's approval requests to the person, stop on ``swarm cancel``."""
         queue = ApprovalQueue(self.store.redis, self.swarm_id)
         asked: set[str] = set()
         # A Redis restart while the children work is ridden out: they go on meanwhile.
-        outage = Outage(self.store.masked_url, max(30.0, self.settings.lock_ttl), self.notice)
         while True:
             try:
                 woken = self.ledger.wait_woken(self.swarm_id, timeout=0.5)
@@ -280,9 +295,9 @@ class RootSwarm:
                             pending.tool, {}, pending.summary, pending.reason, pending.agent))
                         queue.answer(pending.id, decision)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                outage.failed(exc)
+                self.outage.failed(exc)
                 continue
-            outage.ok()
+            self.outage.ok()
 
     def relay_events(self) -> None:
         for entry_id, fields in self.ledger.events_since(self.swarm_id, self._last_event):
@@ -312,17 +327,24 @@ class RootSwarm:
         folder's session goes on with later runs, the swarm's record does not."""
         if self.detached:
             state = "detached"
-        if self._counted is not None and self._agent is not None:
-            self.count(self._agent.session)  # its last tokens
-        record = self.ledger.agent(self.swarm_id) if self.session is not None else None
-        if record is None:
+        if self.session is None:
             return
-        end = None
-        if session is not None:
-            end = RootEnd(usage_since(session.usage, record.base_usage),
-                          max(0, session.turns - record.base_turns), session.turns,
-                          answer=answer, error=error)
-        self.ledger.finish_swarm(self.swarm_id, state, root_id=self.swarm_id, end=end)
+        faults.point("root-before-finish")
+
+        def finish() -> None:
+            if self._counted is not None and self._agent is not None:
+                self.count(self._agent.session)  # its last tokens
+            record = self.ledger.agent(self.swarm_id)
+            if record is None:
+                return
+            end = None
+            if session is not None:
+                end = RootEnd(usage_since(session.usage, record.base_usage),
+                              max(0, session.turns - record.base_turns), session.turns,
+                              answer=answer, error=error)
+            self.ledger.finish_swarm(self.swarm_id, state, root_id=self.swarm_id, end=end)
+
+        self.outage.ride(finish)  # a swarm settles once: safe to repeat
 
     def close(self) -> None:
         """Let the local processes go (they stop on their own; the process need not wait)."""

@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from swarm.domain.spawn import SpawnCall
 from swarm.errors import WorkspaceError
+from swarm.store.connection import Outage, ride
 from swarm.store.ledger import Ledger, derive_id
 
 #: Takes the snapshot of the parent's workspace its new children start from; returns its
@@ -24,13 +25,15 @@ class RedisSpawner:
 
     ``ensure_swarm`` is called before the first request: the terminal's root agent
     creates its swarm only when it first goes berserk. ``seeder`` snapshots the parent's
-    workspace (None: children start empty).
+    workspace (None: children start empty). With ``outage`` (a root in a terminal), parking
+    rides out a Redis restart (a request is written once: a park again writes nothing).
     """
 
     def __init__(self, ledger: Ledger, agent_id: str, swarm_id: str, run_id: str = "",
                  ensure_swarm: Callable[[], None] | None = None, token: str = "",
                  seeder: Seeder | None = None, host: str = "",
-                 keep_state: bool = False, keeper: Keeper | None = None) -> None:
+                 keep_state: bool = False, keeper: Keeper | None = None,
+                 outage: Outage | None = None) -> None:
         self.ledger = ledger
         self.agent_id = agent_id
         self.run_id = run_id
@@ -45,6 +48,7 @@ class RedisSpawner:
         worker: it may be resumed on another host, which restores it from this, stored by
         ``keeper`` when given)."""
         self.keeper = keeper
+        self.outage = outage
         self.requests = 0
         self._ensured = False
         self.snapshot = ""
@@ -79,9 +83,10 @@ class RedisSpawner:
                results: dict[str, str]) -> None:
         self._ensure()
         self.requests += 1
-        self.ledger.park(request_id, self.agent_id, self.swarm_id, turn,
-                         [asdict(c) for c in calls], results, parent_run=self.run_id,
-                         token=self.token, workspace_state=self.state, host=self.host)
+        ride(self.outage, lambda: self.ledger.park(
+            request_id, self.agent_id, self.swarm_id, turn, [asdict(c) for c in calls],
+            results, parent_run=self.run_id, token=self.token, workspace_state=self.state,
+            host=self.host))
 
     def _ensure(self) -> None:
         if self.ensure_swarm is not None and not self._ensured:

@@ -10,6 +10,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import redis
@@ -199,13 +200,20 @@ def store_errors(doing: str) -> Iterator[None]:
         raise StoreError(f"Redis failed while {doing}: {exc}") from exc
 
 
+#: Seconds a root in a terminal rides out a Redis that stopped answering, at the least: its
+#: session lock's ttl (``SWARM_LOCK_TTL``) when that is longer (:meth:`Outage.of_root`).
+OUTAGE_WINDOW = 30.0
+_DOWN = (redis.ConnectionError, redis.TimeoutError)
+T = TypeVar("T")
+
+
 class Outage:
     """Rides out a Redis that stopped answering (a restart, a failover): waits between
     tries with a backoff (no busy loop), says so once when it starts and once when it is
     over, and raises :class:`StoreUnavailableError` after ``limit`` seconds of it.
 
     ``failed(exc)`` after each failed try (it sleeps before the next), ``ok()`` after
-    each try that worked."""
+    each try that worked; or :meth:`ride` a call that is safe to repeat."""
 
     def __init__(self, where: str, limit: float, say: Callable[[str], None],
                  base: float = 0.1, cap: float = 2.0) -> None:
@@ -214,6 +222,12 @@ class Outage:
         self.since: float | None = None
         self.tries = 0
 
+    @classmethod
+    def of_root(cls, store: Store, settings: Settings, say: Callable[[str], None]) -> Outage:
+        """How a root in a terminal rides out its store's outages: for
+        ``max(OUTAGE_WINDOW, SWARM_LOCK_TTL)`` seconds."""
+        return cls(store.masked_url, max(OUTAGE_WINDOW, settings.lock_ttl), say)
+
     def failed(self, exc: Exception) -> None:
         now = time.monotonic()
         if self.since is None:
@@ -221,10 +235,11 @@ class Outage:
             self.say(f"Redis at {self.where} stopped answering ({exc}); waiting up to "
                      f"{self.limit:g} s for it to come back")
         elif now - self.since > self.limit:
+            # Not chained: a ride around this one must not take it for an outage to ride.
             raise StoreUnavailableError(
                 f"Redis at {self.where} did not answer for {now - self.since:.0f} s ({exc}); "
                 "check that it runs (SWARM_REDIS_URL, or the embedded server's log under "
-                "SWARM_HOME/redis)") from exc
+                "SWARM_HOME/redis)") from None
         time.sleep(min(self.cap, self.base * 2 ** self.tries))
         self.tries += 1
 
@@ -232,6 +247,30 @@ class Outage:
         if self.since is not None:
             self.say(f"Redis at {self.where} is back after {time.monotonic() - self.since:.1f} s")
             self.since, self.tries = None, 0
+
+    def ride(self, attempt: Callable[[], T]) -> T:
+        """``attempt()``, tried again while Redis does not answer (a redis-py connection
+        error or timeout, or the :class:`StoreUnavailableError` :func:`store_errors` makes of
+        one). It must be safe to repeat: idempotent, or fenced (checking first that its
+        lock is still its own)."""
+        while True:
+            try:
+                result = attempt()
+            except _DOWN as exc:
+                self.failed(exc)
+                continue
+            except StoreUnavailableError as exc:
+                if not isinstance(exc.__cause__, _DOWN):
+                    raise
+                self.failed(exc.__cause__)
+                continue
+            self.ok()
+            return result
+
+
+def ride(outage: Outage | None, attempt: Callable[[], T]) -> T:
+    """``outage.ride(attempt)``; without an outage, ``attempt()`` once."""
+    return outage.ride(attempt) if outage is not None else attempt()
 
 
 @dataclass

@@ -885,17 +885,28 @@ class Ledger:
         parent's as it was called again): its work is taken against it from now on."""
         self.redis.hset(keys.agent(agent_id), "seed", seed)
 
-    def landed(self, swarm_id: str, states: dict[str, str]) -> None:
+    def landed(self, swarm_id: str, states: dict[str, str], request_id: str = "") -> None:
         """How each child's work came home in its parent's workspace (by agent id): on
         its record and as a ``landed`` event of the swarm (``swarm status``, the report,
-        the HTTP API and its SSE)."""
+        the HTTP API and its SSE). With ``request_id`` (the request they answered), once:
+        told again (a Redis restart hid whether the first call went through), it writes
+        nothing."""
         if not states:
             return
-        with self.redis.pipeline(transaction=False) as pipe:
+        request = keys.request(request_id) if request_id else ""
+
+        def landed(pipe: Pipeline) -> None:
+            if request and pipe.hexists(request, "landed"):
+                return
+            pipe.multi()
             for agent_id, state in states.items():
                 pipe.hset(keys.agent(agent_id), "landing", state)
                 self._event(pipe, swarm_id, "landed", agent_id, landing=state)
-            pipe.execute()
+            if request:
+                pipe.hset(request, "landed", "1")
+                pipe.expire(request, self.ttl, nx=True)  # a request gone meanwhile
+
+        self._transaction(landed, *([request] if request else []))
 
     def renew(self, run_id: str, token: str, lease: float, *, client: Any = None) -> bool:
         """Push the run's lease to ``lease`` seconds from now (the server's clock) if

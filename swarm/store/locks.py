@@ -10,6 +10,10 @@ its last holder. A holder whose lock expired while nobody else took it (its proc
 stopped or its laptop asleep past the ttl; Redis was away that long) takes it back at its
 next renewal: the fence still holds its value only if no other process acquired the lock
 meanwhile, so what it guards was not written by anyone else.
+
+Given an :class:`~swarm.store.connection.Outage` (a root in a terminal), :meth:`RedisLock.check`
+and :meth:`RedisLock.release` wait for a Redis that stopped answering to come back; the
+renewal thread keeps trying on its own.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from typing import Any
 
 import redis
 
+from swarm import faults
 from swarm.errors import LockError
 from swarm.store import keys
-from swarm.store.connection import store_errors
+from swarm.store.connection import Outage, ride, store_errors
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +83,8 @@ class RedisLock:
     While held, a daemon thread renews it every ``ttl/3``, taking it back if it expired
     and nobody took it since; if a renewal finds it taken by another, :attr:`lost` becomes
     True. Call :meth:`check` before writing what it guards. ``subject`` names what the
-    lock guards in the :class:`LockError` message.
+    lock guards in the :class:`LockError` message; with ``outage``, :meth:`check` and
+    :meth:`release` ride out a Redis restart.
     """
 
     def __init__(
@@ -90,6 +96,7 @@ class RedisLock:
         *,
         blocking_timeout: float | None = None,
         subject: str = "this folder",
+        outage: Outage | None = None,
     ) -> None:
         self.redis = redis
         self.name = name
@@ -99,6 +106,7 @@ class RedisLock:
         self.owner_info = dict(owner_info or {})
         self.blocking_timeout = blocking_timeout
         self.subject = subject
+        self.outage = outage
         self._ttl_ms = max(1, int(ttl * 1000))
         self._value: str | None = None
         self._lost = threading.Event()
@@ -158,11 +166,17 @@ class RedisLock:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         self._thread = None
-        value, self._value = self._value, None
+        value = self._value
         if value is None:
             return False
-        with store_errors(f"releasing the lock {self.name}"):
-            return bool(self._release(keys=[self.key, self.fence], args=[value]))
+
+        def release() -> bool:
+            with store_errors(f"releasing the lock {self.name}"):
+                return bool(self._release(keys=[self.key, self.fence], args=[value]))
+
+        released = ride(self.outage, release)  # deletes only its own value: safe to repeat
+        self._value = None
+        return released
 
     def holder(self) -> dict[str, Any] | None:
         """The current holder's info (without its token), or None when the lock is free."""
@@ -209,6 +223,11 @@ class RedisLock:
             return False
         if self._younger_than(self._ttl_ms / 3000):
             return True
+        # With an outage, it waits for Redis to answer: the fence then tells whether the
+        # lock was taken meanwhile (False) or is still, or again, its own.
+        return ride(self.outage, lambda: self._checked(value))
+
+    def _checked(self, value: str) -> bool:
         try:
             # An answer that came late (the process stopped after Redis renewed) is asked
             # again: the lock could have expired and been taken meanwhile.
@@ -217,7 +236,7 @@ class RedisLock:
                     break
             return not self._lost.is_set() and self._younger_than(self.ttl / 2)
         except redis.RedisError as exc:
-            if self._younger_than(self.ttl):
+            if self.outage is None and self._younger_than(self.ttl):
                 return True  # it cannot have expired yet: what writes next meets the outage
             with store_errors(f"renewing the lock {self.name}"):
                 raise exc  # unknown until Redis answers: nothing is written meanwhile
@@ -246,6 +265,7 @@ class RedisLock:
     def _renew_loop(self, value: str) -> None:
         interval = self._ttl_ms / 3000
         while not self._stop.wait(interval):
+            faults.point("lock-renewal")
             try:
                 if not self._renew_once(value):
                     return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -19,7 +20,7 @@ from swarm.domain import history
 from swarm.domain.session import Session
 from swarm.errors import StoreError
 from swarm.store import keys
-from swarm.store.connection import store_errors
+from swarm.store.connection import Outage, ride, store_errors
 
 log = logging.getLogger(__name__)
 
@@ -35,24 +36,42 @@ class RedisSessionStore:
     """:class:`swarm.agent.protocols.SessionStore` on Redis; every save refreshes the TTL."""
 
     def __init__(self, redis: redis.Redis, ttl: int = keys.SESSION_TTL,
-                 index: bool = True) -> None:
+                 index: bool = True, outage: Outage | None = None,
+                 fence: Callable[[], None] | None = None) -> None:
         self.redis = redis
         self.ttl = ttl
         self.index = index
         """List saved sessions in ``swarm sessions`` (children of a swarm are not)."""
+        self.outage = outage
+        """Rides out a Redis restart in :meth:`save` and :meth:`load` (a root in a terminal);
+        None: they fail at once."""
+        self.fence = fence
+        """Called before every try of :meth:`save`; raises to stop a save whose session lock
+        was lost (a try after an outage must not overwrite another process's work)."""
 
     def save(self, session: Session) -> None:
         """Replace the stored session whole, index it by ``session.updated``, refresh its TTL."""
-        # One HSET replaces both fields at once; no MULTI needed (one round trip either way).
-        with store_errors(f"saving session {session.id}"), \
-                self.redis.pipeline(transaction=False) as pipe:
-            write_session(pipe, session, self.ttl, self.index)
-            pipe.execute()
+
+        def save() -> None:
+            if self.fence is not None:
+                self.fence()
+            # One HSET replaces both fields at once; no MULTI needed (one round trip).
+            with store_errors(f"saving session {session.id}"), \
+                    self.redis.pipeline(transaction=False) as pipe:
+                write_session(pipe, session, self.ttl, self.index)
+                pipe.execute()
+
+        ride(self.outage, save)  # replaces it whole: safe to repeat
 
     def load(self, session_id: str) -> LoadedSession | None:
         """The session, with a dangling tool call repaired; None when absent or expired."""
-        with store_errors(f"loading session {session_id}"):
-            row = self.redis.hmget(keys.session(session_id), ["meta", "messages"])
+
+        def read() -> list[Any]:
+            with store_errors(f"loading session {session_id}"):
+                return cast("list[Any]", self.redis.hmget(keys.session(session_id),
+                                                          ["meta", "messages"]))
+
+        row = ride(self.outage, read)
         # decode_responses=True: every value is a str (redis-py types it as bytes | str)
         meta, messages = cast("tuple[str | None, str | None]", tuple(row))
         return self.from_fields(session_id, meta, messages)

@@ -29,6 +29,7 @@ from swarm.store import keys
 from swarm.store.approvals import EXPIRED, ApprovalQueue, outcome
 from swarm.store.connection import connect
 from swarm.store.ledger import SETTLED, AgentRecord, Ledger
+from swarm.store.locks import RedisLock
 from swarm.store.server import EmbeddedServer
 from swarm.store.sessions import RedisSessionStore
 from swarm.testing.scripts import ByTask, task_of, tool_results, turn_of
@@ -359,7 +360,7 @@ def waiting_child(model: ScriptedModelServer, started: Path, release: Path) -> N
 def root_process(swarm: Swarm, model: ScriptedModelServer, workspace: Path, stderr: Path,
                  task: str, **env: str) -> subprocess.Popen[bytes]:
     """The real ``swarm run`` of ``task`` in ``workspace`` (made), its stderr in a file."""
-    workspace.mkdir()
+    workspace.mkdir(exist_ok=True)
     with stderr.open("wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "swarm", "run", "--yes", "--workers", "0", "-C",
@@ -432,6 +433,212 @@ def test_a_root_stopped_past_its_lock_ttl_takes_its_lock_back_and_answers(
     assert root.returncode == 0, stderr.read_text()
     assert answer.decode().strip() == "done:slow done"
     assert not swarm.redis.exists(lock)  # released as it exited
+
+
+class Restart:
+    """SIGKILLs the swarm's Redis at a moment of a root's run, and starts it again from its
+    append-only file, on the same port, once the root said it waits for it."""
+
+    def __init__(self, swarm: Swarm) -> None:
+        self.swarm = swarm
+        self.port: int | None = None
+
+    def kill(self) -> None:
+        status = self.swarm.server.status()
+        assert status.pid is not None and status.port is not None
+        self.port = status.port
+        os.kill(status.pid, signal.SIGKILL)
+
+    def after_notice(self, root: subprocess.Popen[bytes], stderr: Path) -> None:
+        """Restart Redis once the root says it waits for it (not before: the root must
+        have met the outage); fails at once if the root exited instead."""
+        wait_until(lambda: root.poll() is not None or b"waiting up to" in stderr.read_bytes(),
+                   "the root to say it waits for Redis")
+        assert root.poll() is None, stderr.read_text()
+        assert self.swarm.server.ensure().endswith(f"@127.0.0.1:{self.port}/0")
+
+
+def a_kid(_: dict[str, Any] | None = None) -> Reply:
+    return Reply(content="kid done")
+
+
+def records_intact(swarm: Swarm, workspace: Path, answer: str) -> None:
+    """The root's session ends with its answer, saved whole; its swarm and every agent
+    are done, the root's record keeps its answer; its session lock is released."""
+    session_id = keys.session_id_for(str(workspace.resolve()))
+    session = RedisSessionStore(swarm.redis).load(session_id)
+    assert session is not None and not session.repairs and not session.parked
+    assert session.messages[-1]["role"] == "assistant"
+    assert session.messages[-1]["content"] == answer
+    swarm_id = swarm.ledger.latest_swarm()
+    assert swarm_id and swarm.ledger.swarm(swarm_id)["state"] == "done"
+    assert {a.state for a in swarm.agents()} == {"done"}
+    root = swarm.ledger.agent(swarm_id)
+    assert root is not None and root.kept and root.answer == answer
+    assert not swarm.redis.exists(keys.lock(keys.session_lock(session_id)))
+
+
+def answered(root: subprocess.Popen[bytes], stderr: Path) -> str:
+    try:
+        answer, _ = root.communicate(timeout=90)
+    finally:
+        if root.poll() is None:
+            root.kill()
+            root.wait()
+    assert root.returncode == 0, stderr.read_text()
+    assert "is back after" in stderr.read_text()
+    return answer.decode().strip()
+
+
+def test_redis_restarted_as_the_root_saves_its_answer_is_ridden_out(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """Redis SIGKILLed as the model gives the root its answer: the root's final save meets
+    the outage, waits, and the answer is saved and printed once Redis is back (before, it
+    exited 1: "Redis stopped answering while saving session")."""
+    restart = Restart(swarm)
+
+    def answer(request: dict[str, Any]) -> Reply:
+        restart.kill()  # the root's next write is the save of this answer
+        return report(request)
+
+    model.responder = ByTask({"ROOT": [agent_calls("KID one"), answer], "KID": [a_kid()]})
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    stderr, workspace = tmp_path / "root.err", tmp_path / "ws"
+    root = root_process(swarm, model, workspace, stderr, "ROOT final save")
+    restart.after_notice(root, stderr)
+    assert answered(root, stderr) == "done:kid done"
+    records_intact(swarm, workspace, "done:kid done")
+
+
+def test_redis_restarted_as_the_root_finishes_its_swarm_is_ridden_out(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """Redis SIGKILLed after the root saved its answer, before it marked its swarm done:
+    the root waits for Redis, finishes its swarm and prints its answer (before, it exited
+    1 with a raw ConnectionError and printed nothing)."""
+    model.responder = ByTask({"ROOT": [agent_calls("KID one"), report], "KID": [a_kid()]})
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    stderr, workspace, paused = tmp_path / "root.err", tmp_path / "ws", tmp_path / "paused"
+    root = root_process(swarm, model, workspace, stderr, "ROOT finish",
+                        SWARM_FAULT=f"root-before-finish:{paused}")
+    restart = Restart(swarm)
+    wait_until(paused.exists, "the root to save its answer", timeout=60)
+    restart.kill()
+    paused.unlink()
+    restart.after_notice(root, stderr)
+    assert answered(root, stderr) == "done:kid done"
+    records_intact(swarm, workspace, "done:kid done")
+
+
+def renewal_outage(swarm: Swarm, model: ScriptedModelServer, tmp_path: Path,
+                   thief: RedisLock | None = None) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """A root whose session lock (ttl 1 s) expires while its renewal thread is held at
+    its renewal and the root waits for its answer; Redis is SIGKILLed, the renewal goes on
+    (and fails), the answer comes: the root's save meets the outage. A ``thief`` (a lock
+    of the same name) takes the expired lock just before. Returns the root, once Redis is
+    back, its stderr and workspace."""
+    asked, go = threading.Event(), threading.Event()
+
+    def answer(request: dict[str, Any]) -> Reply:
+        asked.set()
+        go.wait(timeout=60)
+        return report(request)
+
+    model.responder = ByTask({"ROOT": [agent_calls("KID one"), answer], "KID": [a_kid()]})
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    stderr, workspace, paused = tmp_path / "root.err", tmp_path / "ws", tmp_path / "paused"
+    root = root_process(swarm, model, workspace, stderr, "ROOT renewal", SWARM_LOCK_TTL="1",
+                        SWARM_FAULT=f"lock-renewal:{paused}")
+    name = keys.session_lock(keys.session_id_for(str(workspace.resolve())))
+    restart = Restart(swarm)
+    try:
+        wait_until(paused.exists, "the root's lock renewal")
+        wait_until(asked.is_set, "the root's last model call", timeout=60)
+        # Nobody renews it now: it expires on the server, its fence left.
+        wait_until(lambda: not swarm.redis.exists(keys.lock(name)), "the lock to expire")
+        if thief is not None:
+            assert thief.name == name
+            thief.acquire()  # as another `swarm run` in that folder would
+        restart.kill()
+        paused.unlink()  # its renewal fails: Redis is down
+    finally:
+        go.set()  # the answer comes: the root saves it
+    restart.after_notice(root, stderr)
+    return root, stderr, workspace
+
+
+def test_a_lock_renewal_across_a_redis_restart_takes_the_expired_lock_back(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """The root's session lock expired while Redis was down and its renewals failed: once
+    Redis is back, the lock's fence (still the root's) gives it back, and the root saves
+    its answer (before, it exited 1 at its next save: "Redis stopped answering while
+    renewing the lock")."""
+    root, stderr, workspace = renewal_outage(swarm, model, tmp_path)
+    assert answered(root, stderr) == "done:kid done"
+    assert "taken back" in stderr.read_text()
+    records_intact(swarm, workspace, "done:kid done")
+
+
+def test_a_root_whose_lock_was_taken_while_redis_was_down_stops_without_writing(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """As above, but another process took the expired lock: once Redis is back the root
+    finds it is not its own and stops (exit 1, saying so) without saving its answer over
+    the other process's session."""
+    session_id = keys.session_id_for(str((tmp_path / "ws").resolve()))
+    thief = RedisLock(swarm.redis, keys.session_lock(session_id), ttl=60)
+    try:
+        root, stderr, _ = renewal_outage(swarm, model, tmp_path, thief)
+        try:
+            root.communicate(timeout=90)
+        finally:
+            if root.poll() is None:
+                root.kill()
+                root.wait()
+        assert root.returncode == 1
+        assert "another swarm process took the lock" in stderr.read_text(), stderr.read_text()
+        session = RedisSessionStore(swarm.redis).load(session_id)
+        assert session is not None
+        assert all(m.get("content") != "done:kid done" for m in session.messages)
+        assert thief.check()  # still the other process's
+    finally:
+        thief.release()
+
+
+def test_redis_restarted_as_the_children_settle_is_ridden_out_and_their_work_lands(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """Redis SIGKILLed just after a fan-out's children settled on a worker, before the root
+    resumed (the chaos campaign's moment): the root waits for Redis, lands the children's
+    work in its folder and answers (before, it exited 1: "Redis stopped answering while
+    loading session")."""
+    def write(request: dict[str, Any]) -> Reply:
+        name = task_of(request).split()[1]
+        return Reply(tool_calls=[ToolCall("run_cli", {"command": f"echo {name} > {name}.txt"})])
+
+    model.responder = ByTask({"ROOT": [agent_calls("KID a", "KID b", "KID c"), report],
+                              "KID": [write, a_kid]})
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    stderr, workspace, paused = tmp_path / "root.err", tmp_path / "ws", tmp_path / "paused"
+    workspace.mkdir()
+    (workspace / "README").write_text("the children start from this\n")  # seeded, not empty
+    root = root_process(swarm, model, workspace, stderr, "ROOT fan out",
+                        SWARM_FAULT=f"root-children-settled:{paused}")
+    restart = Restart(swarm)
+    wait_until(paused.exists, "the children to settle", timeout=60)
+    restart.kill()
+    paused.unlink()
+    restart.after_notice(root, stderr)
+    assert answered(root, stderr) == "done:kid done | done:kid done | done:kid done"
+    records_intact(swarm, workspace, "done:kid done | done:kid done | done:kid done")
+    assert {p.name: p.read_text() for p in workspace.glob("*.txt")} == {
+        "a.txt": "a\n", "b.txt": "b\n", "c.txt": "c\n"}  # landed in its folder
+    assert {a.landing for a in swarm.agents() if a.kind == "child"} == {"landed"}
 
 
 def test_cancel_a_child_kills_its_command_and_the_parent_gets_cancelled(
