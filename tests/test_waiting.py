@@ -57,6 +57,24 @@ def test_elsewhere_one_plain_line_every_interval() -> None:
     assert ERASE not in stream.getvalue()
 
 
+def test_a_retry_joins_the_line_on_a_terminal_and_is_a_line_elsewhere() -> None:
+    stream = io.StringIO()
+    waiting = Waiting(stream, "http://127.0.0.1:9/v1", threshold=60, tty=True, color=False)
+    waiting.start(lambda: "m")
+    waiting.retrying("model call: try 1 of 3 failed, the next in 1.0 s: refused\nreally")
+    waiting.retrying("model call: try 2 of 3 failed, the next in 2.0 s: refused")
+    waiting.stop()
+    assert stream.getvalue() == (
+        ERASE + "| 0 s, model call: try 1 of 3 failed, the next in 1.0 s: refused really"
+        + ERASE + "| 0 s, model call: try 2 of 3 failed, the next in 2.0 s: refused" + ERASE)
+    plain = io.StringIO()
+    waiting = Waiting(plain, "http://127.0.0.1:9/v1", threshold=60, tty=False)
+    waiting.start(lambda: "m")
+    waiting.retrying("model call: try 1 of 3 failed, the next in 1.0 s: refused")
+    waiting.stop()
+    assert plain.getvalue() == "model call: try 1 of 3 failed, the next in 1.0 s: refused\n"
+
+
 # -- `swarm run` and `swarm chat` against a slow model --------------------------------------
 
 @pytest.fixture
