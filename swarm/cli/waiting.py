@@ -46,6 +46,7 @@ class Waiting:
         self._done: threading.Event | None = None
         self._drawn = False
         self._retry = ""
+        self._active = False  # between start and stop: a line drawn now is erased by stop
         self._quiet_until = 0.0  # a retry's line was a sign of life: no waiting line before
         self._started = time.monotonic()
         self._model: Callable[[], str] = str
@@ -56,7 +57,7 @@ class Waiting:
         self.stop()
         started = time.monotonic()
         with self._lock:
-            self._started, self._model = started, model
+            self._started, self._model, self._active = started, model, True
         if self.interval <= 0:
             return
         done = threading.Event()
@@ -67,10 +68,11 @@ class Waiting:
 
     def retrying(self, text: str) -> None:
         """A try failed and another follows (``text`` says why and when): on a terminal the
-        waiting line shows it, drawn now and redrawn in place; elsewhere one line."""
+        waiting line shows it, drawn now and redrawn in place; elsewhere (or when no wait
+        is shown, as the answer had begun) one line."""
         with self._lock:
             try:
-                if not self.tty:
+                if not self.tty or not self._active:
                     self._write(text + "\n")
                     self._quiet_until = time.monotonic() + self.interval
                     return
@@ -83,7 +85,7 @@ class Waiting:
         """The answer started (or the call ended): stop, and erase the line on a terminal."""
         with self._lock:
             done, self._done = self._done, None
-            self._retry = ""
+            self._retry, self._active = "", False
             if done is not None:
                 done.set()
             if self._drawn:
