@@ -5,9 +5,11 @@ Redis stay usable (the next run in the folder works)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -34,22 +36,41 @@ KEPT = 1 << 20
 
 class Finished:
     """A finished ``swarm run``: exit code, the start of its output, its size, its peak
-    memory (VmHWM of the process, from wait4) and how long it ran."""
+    memory and how long it ran."""
 
     def __init__(self, code: int, out: bytes, err: bytes, err_size: int, peak_mb: float,
                  seconds: float) -> None:
-        self.code, self.out, self.err_bytes = code, out.decode(errors="replace"), err
+        self.code, self.out = code, out.decode(errors="replace")
         self.err, self.err_size = err.decode(errors="replace"), err_size
         self.peak_mb, self.seconds = peak_mb, seconds
+
+
+#: Runs a command and writes its exit code and peak memory (KiB) to the file argv[1]. A
+#: forked child's ru_maxrss starts at its parent's: measured from this small launcher, not
+#: from the test process, it is the command's own.
+LAUNCHER = """\
+import os, subprocess, sys
+proc = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(proc.pid, 0)
+with open(sys.argv[1], "w") as out:
+    out.write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}")
+"""
 
 
 def swarm_run(env: dict[str, str], cwd: Path, task: str, *, limit: float = 60) -> Finished:
     """``swarm run --yes TASK``; killed after ``limit`` seconds or 20 MB of stderr (a run
     that never ends must fail the test, not fill its memory)."""
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "swarm", "run", "--yes", task], env=env,
-                            cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    measured = cwd.parent / f"measured-{time.monotonic_ns()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(measured), sys.executable, "-m", "swarm", "run",
+         "--yes", task], env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True)
+
+    def kill() -> None:  # the launcher, the run and what the run started: all ours
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
     kept = {1: bytearray(), 2: bytearray()}
     sizes = {1: 0, 2: 0}
 
@@ -58,27 +79,27 @@ def swarm_run(env: dict[str, str], cwd: Path, task: str, *, limit: float = 60) -
             sizes[fd] += len(chunk)
             if len(kept[fd]) < KEPT:
                 kept[fd].extend(chunk[:KEPT - len(kept[fd])])
-            if sizes[fd] > 20_000_000 and proc.returncode is None:
-                proc.kill()
+            if sizes[fd] > 20_000_000:
+                kill()
 
     readers = [threading.Thread(target=read, args=(proc.stdout, 1), daemon=True),
                threading.Thread(target=read, args=(proc.stderr, 2), daemon=True)]
     for reader in readers:
         reader.start()
-    timer = threading.Timer(limit, proc.kill)
+    timer = threading.Timer(limit, kill)
     timer.start()
     try:
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc.wait()
     finally:
         timer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
     for reader in readers:
         reader.join(10)
     for pipe in (proc.stdout, proc.stderr):
         assert pipe is not None
         pipe.close()
-    return Finished(proc.returncode, bytes(kept[1]), bytes(kept[2]), sizes[2],
-                    usage.ru_maxrss / 1024, time.monotonic() - started)
+    code, peak = measured.read_text().split() if measured.exists() else ("-9", "0")
+    return Finished(int(code), bytes(kept[1]), bytes(kept[2]), sizes[2], int(peak) / 1024,
+                    time.monotonic() - started)
 
 
 @pytest.fixture
