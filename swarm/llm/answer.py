@@ -124,11 +124,11 @@ class MessageAssembler:
                 # Some servers send both names with the same text; keep the first name seen.
                 if self._reasoning_key and key != self._reasoning_key:
                     continue
-                self._reasoning_key = key
                 self._current = None
                 piece = self._take(piece)
-                self._reasoning.append(piece)
                 if piece:
+                    self._reasoning_key = key
+                    self._reasoning.append(piece)
                     self._emit("reasoning", piece)
         piece = delta.get("content")
         if isinstance(piece, str) and piece:
