@@ -91,6 +91,12 @@ KNOBS: dict[str, Knob] = {
     "retries": Knob(("SWARM_RETRIES",), "tries per model call on 429/5xx/timeouts"),
     "backoff_max": Knob(("SWARM_BACKOFF_MAX",), "longest wait between tries, seconds"),
     "stream": Knob(("SWARM_STREAM",), "stream answers (1) or not (0)"),
+    "answer_max": Knob(("SWARM_ANSWER_MAX",),
+                       "characters of one model answer kept (text, thinking, tool calls' "
+                       "arguments); the rest is cut, and the answer says so to the model"),
+    "call_timeout": Knob(("SWARM_CALL_TIMEOUT",),
+                         "seconds one model call may take from request to last byte, however "
+                         "slowly the bytes come; then it fails"),
     "approval": Knob(("SWARM_APPROVAL",),
                      "per-tool policies, e.g. 'run_cli=review,mcp__github__*=always,*=once' "
                      "(always|never|once|review; globs allowed)"),
@@ -230,6 +236,8 @@ class Settings:
     retries: int = 5
     backoff_max: float = 30.0
     stream: bool = True
+    answer_max: int = 1_000_000
+    call_timeout: float = 1800.0
     approval: dict[str, str] = field(default_factory=lambda: {"run_cli": "review"})
     yes: bool = False
     lock_ttl: int = LOCK_TTL
@@ -327,7 +335,7 @@ class Settings:
                      "retries", "lock_ttl", "session_ttl", "connect_timeout", "read_timeout",
                      "max_depth", "max_children", "max_parallel", "child_timeout",
                      "approval_timeout", "lease", "reclaim_idle", "takeover_grace",
-                     "mcp_start_timeout"):
+                     "mcp_start_timeout", "answer_max", "call_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{KNOBS[name].env[0]} must be a positive number")
         for name in ("max_turns", "child_max_turns", "repeat_limit", "backoff_max",

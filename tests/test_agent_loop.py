@@ -15,7 +15,7 @@ from swarm.agent.approval import approve_all, deny_all
 from swarm.agent.loop import INTERRUPTED_BY_USER, Agent, Observer
 from swarm.config import Settings
 from swarm.domain.history import problems
-from swarm.domain.messages import ChatResult, Message, OnEvent, StreamEvent
+from swarm.domain.messages import ChatResult, Message, OnEvent, StreamEvent, Usage
 from swarm.domain.spawn import SpawnCall
 from swarm.errors import Interrupted, LockError, RepeatedCalls, TaskTooLarge, TurnLimitReached
 from swarm.llm.client import LLMClient
@@ -229,6 +229,65 @@ def test_a_task_too_large_for_the_context_is_refused_before_any_model_call(
                        "context: little is left to work in before the conversation is "
                        "compacted (material in a file in the workspace, which the agent reads "
                        "as it needs, costs less)"]
+class LyingModel:
+    """A Model (not an LLMClient, so nothing checks its figures) whose every answer claims
+    10^12 prompt tokens."""
+
+    def __init__(self, inner: LLMClient) -> None:
+        self.inner, self.model = inner, inner.model
+
+    def context_length(self) -> int:
+        return self.inner.context_length()
+
+    def chat(self, messages: list[Message], tools: list[dict[str, Any]] | None = None, *,
+             on_event: OnEvent | None = None, temperature: float | None = None,
+             stream: bool | None = None) -> ChatResult:
+        result = self.inner.chat(messages, tools, on_event=on_event)
+        result.usage = Usage(10**12, 1, 10**12 + 1)
+        return result
+
+
+def test_no_figure_alone_compacts_the_conversation(model_server: ScriptedModelServer,
+                                                   tmp_path: Path) -> None:
+    # A context the history fills a small part of, even at a token a byte.
+    model_server.context_length = 50_000
+    model_server.script(Reply("first answer"),
+                        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo a"})]),
+                        Reply(tool_calls=[ToolCall("run_cli", {"command": "echo b"})]),
+                        Reply("done"))
+    notices: list[str] = []
+    observer = Observer()
+    observer.on_notice = notices.append  # type: ignore[method-assign]
+    agent = make_agent(model_server, tmp_path, observer=observer)
+    agent.model = LyingModel(agent.model)  # type: ignore[arg-type]
+    assert agent.run("the first task") == "first answer"
+    assert agent.run("the second task") == "done"
+    contents = [m.get("content") for m in agent.messages]
+    assert contents[1:3] == ["the first task", "first answer"]
+    assert compaction.EMERGENCY not in contents and notices == []
+
+
+def test_a_cut_answer_is_told_to_the_model_with_its_tool_results(
+        model_server: ScriptedModelServer, tmp_path: Path) -> None:
+    model_server.script(Reply("a" * 200, [ToolCall("run_cli", {"command": "echo hi"}),
+                                          ToolCall("run_cli", {"command": "b" * 5000})]),
+                        Reply("done"))
+    notices: list[str] = []
+    observer = Observer()
+    observer.on_notice = notices.append  # type: ignore[method-assign]
+    agent = make_agent(model_server, tmp_path, observer=observer)
+    agent.model = client_for(model_server, answer_max=1000)
+    assert agent.run("go") == "done"
+    cut = "cut at 1,000 characters (SWARM_ANSWER_MAX=1000)"
+    answer, result = model_server.requests[1]["messages"][-2:]
+    assert answer["content"].endswith(f"[swarm: this answer was {cut}; the rest of it was "
+                                      "dropped, with its unfinished call of run_cli]")
+    assert len(answer["tool_calls"]) == 1  # the call cut short was not run
+    assert result["content"] == ("hi\n[exit code: 0]\n\n[swarm: your last answer was "
+                                 f"{cut}: the rest of it was dropped. Keep answers shorter; "
+                                 "write long output to files.]")
+    assert notices == [f"the model's answer was {cut}; the rest of it was dropped"]
+    assert problems(model_server.requests[1]["messages"]) == []
 
 
 def test_a_429_closes_the_shared_rate_gate(model_server: ScriptedModelServer,

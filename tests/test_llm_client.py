@@ -563,9 +563,11 @@ def completion(content: str, usage: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("usage", [{"prompt_tokens": "n/a", "completion_tokens": 2},
                                    {"prompt_tokens": {}, "total_tokens": [3]},
-                                   {"prompt_tokens": None, "completion_tokens": None}, "lots"])
+                                   {"prompt_tokens": None, "completion_tokens": None}, "lots",
+                                   {"prompt_tokens": -5}, {"completion_tokens": 2.5}])
 @pytest.mark.parametrize("stream", [False, True])
-def test_garbage_usage_counts_as_zero(sleeps: list[float], usage: Any, stream: bool) -> None:
+def test_garbage_usage_is_replaced_by_swarms_own_count(sleeps: list[float], usage: Any,
+                                                        stream: bool) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if not stream:
             return httpx.Response(200, json=completion("fine", usage))
@@ -577,7 +579,11 @@ def test_garbage_usage_counts_as_zero(sleeps: list[float], usage: Any, stream: b
     with mock_client(handler, sleeps) as c:
         result = c.chat(USER, stream=stream)
     assert result.content == "fine" and sleeps == []
-    assert result.usage.prompt_tokens == 0 and result.usage.total_tokens in (0, 2)
+    if usage == {"prompt_tokens": None, "completion_tokens": None}:  # none reported
+        assert result.usage.total_tokens == 0 and result.notices == {}
+    else:  # a quarter of the request's bytes, a quarter of the answer's characters
+        assert result.usage.prompt_tokens > 0 and result.usage.completion_tokens == 1
+        assert "cannot be true" in result.notices["usage"]
 
 
 @pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000,
@@ -752,3 +758,66 @@ def test_script_file_format(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--help"])
     assert info.value.code == 0
+
+
+# -- a misbehaving server cannot make a call unbounded ---------------------------------------
+
+
+def test_a_silent_server_fails_at_the_call_timeout_not_the_read_timeout(
+        model_server: ScriptedModelServer, sleeps: list[float]) -> None:
+    model_server.script(Slow(20, Reply("too late")))
+    with make_client(model_server, sleeps, read_timeout=60, call_timeout=0.5) as c, \
+            pytest.raises(ModelConnectionError, match=r"after 0\.5 s \(SWARM_CALL_TIMEOUT\)"):
+        c.chat(USER)
+    assert len(model_server.requests) == 1 and sleeps == []  # not tried again
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_tool_call_cut_short_is_left_out_and_the_cut_marked(
+        model_server: ScriptedModelServer, sleeps: list[float], stream: bool) -> None:
+    model_server.script(Reply("a" * 300, [ToolCall("run_cli", {"command": "true"}),
+                                          ToolCall("run_cli", {"command": "b" * 5000})]))
+    events: list[StreamEvent] = []
+    with make_client(model_server, sleeps, answer_max=1000) as c:
+        result = c.chat(USER, [RUN_CLI], stream=stream, on_event=events.append)
+    assert result.cut == "cut at 1,000 characters (SWARM_ANSWER_MAX=1000)"
+    assert [json.loads(call["function"]["arguments"]) for call in result.tool_calls] == [
+        {"command": "true"}]
+    assert result.content == "a" * 300 + (
+        "\n\n[swarm: this answer was cut at 1,000 characters (SWARM_ANSWER_MAX=1000); the rest "
+        "of it was dropped, with its unfinished call of run_cli]")
+    assert "".join(e.text for e in events if e.kind == "content") == "a" * 300
+
+
+@pytest.mark.parametrize("kind", ["stream", "whole", "stream in a whole body"])
+def test_an_answer_in_one_piece_too_large_to_read_is_read_as_far_as_it_goes(
+        sleeps: list[float], kind: str) -> None:
+    text = "é" * 3_000_000  # 6 bytes a character once escaped: past any bound of the cap
+    def handler(request: httpx.Request) -> httpx.Response:
+        if kind == "whole":
+            return httpx.Response(200, json=completion(text, {"prompt_tokens": 3}))
+        chunk = {"choices": [{"delta": {"content": text}, "finish_reason": "stop"}]}
+        body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
+        return httpx.Response(200, content=body, headers={
+            "content-type": "text/event-stream" if kind == "stream" else "application/json"})
+
+    with mock_client(handler, sleeps, answer_max=100_000) as c:
+        result = c.chat(USER, stream=kind != "whole")
+    assert result.cut and sleeps == []
+    assert result.content.startswith("é" * 100_000 + "\n\n[swarm: this answer was cut at")
+
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": 10**12, "completion_tokens": 5, "total_tokens": 10**12 + 5},
+    {"prompt_tokens": 5, "completion_tokens": 10**9},
+    {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10**9}])
+def test_token_counts_that_cannot_be_true_give_way_to_swarms_own(
+        model_server: ScriptedModelServer, sleeps: list[float], usage: dict[str, int]) -> None:
+    model_server.script(Reply("fine", usage=usage), Reply("fine", usage={
+        "prompt_tokens": 900, "completion_tokens": 1, "total_tokens": 901}))
+    with make_client(model_server, sleeps) as c:
+        lied, told = c.chat(USER), c.chat(USER)
+    sent = len(json.dumps(model_server.requests[0], separators=(",", ":")))
+    assert abs(lied.usage.prompt_tokens - sent // 4) <= 8 and lied.usage.completion_tokens == 1
+    assert "cannot be true" in lied.notices["usage"]
+    assert told.usage.total_tokens == 901 and told.notices == {}  # a plausible one is kept

@@ -19,6 +19,7 @@ from click.testing import CliRunner, Result
 from swarm.agent.tools import AGENT, RUN_CLI
 from swarm.cli import main
 from swarm.testing.cluster import local_swarm
+from swarm.testing.misbehave import MODES
 from swarm.testing.server import ScriptedModelServer, parse_script
 from swarm.testing.server import main as server_main
 
@@ -137,7 +138,8 @@ def test_help_explains_the_forms_and_the_examples() -> None:
     for words in ("fan out N: `COMMAND`", "calls the agent tool N times", "--script FILE",
                   "recurse N", "--recurse N",
                   "examples/", "default: 8099", "SWARM_BASE_URL=http://127.0.0.1:8099/v1",
-                  "answers with its output, whole", "[... N characters cut]"):
+                  "answers with its output, whole", "[... N characters cut]",
+                  "--misbehave MODE", "misbehave: MODE", *(f"  {mode} " for mode in MODES)):
         assert words in done.stdout, words
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarm.llm.sse import LineDecoder, ServerSentEvent, SSEDecoder, iter_events
+from swarm.llm.sse import EventTooLarge, LineDecoder, ServerSentEvent, SSEDecoder, iter_events
 
 # Every line ending, multi-line data, a comment, an id, a retry, a named event,
 # a field without colon, and multi-byte UTF-8 characters.
@@ -147,3 +147,24 @@ def test_json() -> None:
     assert ServerSentEvent(data='{"x": [1]}').json() == {"x": [1]}
     with pytest.raises(ValueError):
         ServerSentEvent(data="{broken").json()
+
+
+def test_bytes_that_are_not_utf8_are_replaced_and_told_across_chunks() -> None:
+    lines = LineDecoder()
+    stream = b"data: caf\xe9 ok \xe2\x9c\x93 \xff\n\n"
+    got = [line for i in range(len(stream)) for line in lines.decode(stream[i:i + 1])]
+    assert got == ["data: caf\ufffd ok \u2713 \ufffd", ""] and lines.replaced
+    clean = LineDecoder()
+    assert clean.decode("data: ✓\n".encode()[:7]) == [] and not clean.replaced
+    assert clean.decode("data: ✓\n".encode()[7:]) == ["data: ✓"] and not clean.replaced
+
+
+def test_an_event_past_its_bound_stops_the_stream_with_its_start() -> None:
+    with pytest.raises(EventTooLarge) as info:
+        list(iter_events([b"data: {\"a\": \"", b"x" * 5000, b"x" * 5000], max_event=8000))
+    assert info.value.data == '{"a": "' + "x" * 7993
+    events = iter_events([b"data: 1\n", b"data: 2\n"] * 3000 + [b"\n"], max_event=1000)
+    with pytest.raises(EventTooLarge):  # many lines of one event count together
+        list(events)
+    assert [e.data for e in iter_events([b"data: short\n\n"] * 500, max_event=100)] == \
+        ["short"] * 500

@@ -57,6 +57,27 @@ def test_elsewhere_one_plain_line_every_interval() -> None:
     assert ERASE not in stream.getvalue()
 
 
+def test_a_retry_joins_the_line_on_a_terminal_and_is_a_line_elsewhere() -> None:
+    stream = io.StringIO()
+    waiting = Waiting(stream, "http://127.0.0.1:9/v1", threshold=60, tty=True, color=False)
+    waiting.start(lambda: "m")
+    waiting.retrying("model call: try 1 of 3 failed, the next in 1.0 s: refused\nreally")
+    waiting.retrying("model call: try 2 of 3 failed, the next in 2.0 s: refused")
+    waiting.stop()
+    # Once the wait is over (the answer began), nothing would erase a drawn line: a line.
+    waiting.retrying("model call: try 3 of 4 failed, the next in 2.0 s: cut")
+    assert stream.getvalue() == (
+        ERASE + "| 0 s, model call: try 1 of 3 failed, the next in 1.0 s: refused really"
+        + ERASE + "| 0 s, model call: try 2 of 3 failed, the next in 2.0 s: refused" + ERASE
+        + "model call: try 3 of 4 failed, the next in 2.0 s: cut\n")
+    plain = io.StringIO()
+    waiting = Waiting(plain, "http://127.0.0.1:9/v1", threshold=60, tty=False)
+    waiting.start(lambda: "m")
+    waiting.retrying("model call: try 1 of 3 failed, the next in 1.0 s: refused")
+    waiting.stop()
+    assert plain.getvalue() == "model call: try 1 of 3 failed, the next in 1.0 s: refused\n"
+
+
 # -- `swarm run` and `swarm chat` against a slow model --------------------------------------
 
 @pytest.fixture

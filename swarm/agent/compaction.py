@@ -11,10 +11,8 @@ message still answers a kept ``tool_calls`` message.
 
 from __future__ import annotations
 
-import json
-
 from swarm.domain.history import repair
-from swarm.domain.messages import Message
+from swarm.domain.messages import CHARS_PER_TOKEN, Message, estimate_tokens
 from swarm.errors import TaskTooLarge
 
 EMERGENCY = """[EMERGENCY: your context is nearly full. Your memory will be wiped soon.]
@@ -30,19 +28,12 @@ NOTE = ("[Your memory was compacted: the earlier conversation was dropped. Your 
         "of the conversation, tool outputs shortened. Check the state of the task and carry on.]")
 
 TOOL_RESULT_CHARS = 200
-#: The rough estimate used where a server's count is not at hand.
-CHARS_PER_TOKEN = 4
 #: A task over this share of the context is taken with a warning.
 WARN_AT = 0.5
 
 
 def used_fraction(tokens: int, context_length: int) -> float:
     return tokens / context_length if context_length > 0 else 0.0
-
-
-def estimate_tokens(messages: list[Message]) -> int:
-    """A rough count (4 characters a token) for servers that report no usage."""
-    return len(json.dumps(messages, ensure_ascii=False)) // CHARS_PER_TOKEN
 
 
 def check_task(task: str, context_length: int, compact_at: float) -> str:

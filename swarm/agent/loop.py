@@ -32,7 +32,13 @@ from swarm.agent.tools import (
 )
 from swarm.domain import history
 from swarm.domain.approval import ApprovalRequest
-from swarm.domain.messages import ChatResult, Message, StreamEvent
+from swarm.domain.messages import (
+    TOKENS_BEYOND_BYTES,
+    ChatResult,
+    Message,
+    StreamEvent,
+    estimate_tokens,
+)
 from swarm.domain.session import Session
 from swarm.domain.spawn import SpawnCall
 from swarm.errors import (
@@ -82,6 +88,11 @@ class Observer:
     def on_notice(self, text: str) -> None:
         """Something the user should know (compaction, a repaired session, ...)."""
 
+    def on_retry(self, text: str) -> None:
+        """A model call (or lookup) failed and is tried again; ``text`` says why and when.
+        A terminal shows it in place (see :class:`swarm.cli.render.TerminalView`)."""
+        log.warning("%s", text)
+
 
 @dataclass
 class AgentConfig:
@@ -130,6 +141,8 @@ class Agent:
     _typed: dict[str, TypedTool] = field(default_factory=dict, init=False)
     run_start: int | None = field(default=None, init=False)
     """The session's turn count when :meth:`run` gave the current task."""
+    _noticed: set[str] = field(default_factory=set, init=False)
+    _tools_bytes: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if self.folder is not None:
@@ -215,6 +228,11 @@ class Agent:
                 output = self.execute(call)
             except KeyboardInterrupt:
                 raise self.interrupted(calls[i:]) from None
+            if result.cut and i == len(calls) - 1:
+                # Told with the results (a message of its own could break the alternation
+                # of roles some chat templates insist on).
+                output += (f"\n\n[swarm: your last answer was {result.cut}: the rest of it "
+                           "was dropped. Keep answers shorter; write long output to files.]")
             self.add_result(call, output)
             if call.name == "leave_memory_hints" and not call.error:
                 hints = str(call.arguments["hints"])
@@ -286,6 +304,14 @@ class Agent:
             if self.before_step is not None:
                 self.before_step(self)
             raise
+        self._tools_bytes = len(json.dumps(tools, ensure_ascii=False).encode())
+        for kind, text in result.notices.items():
+            if kind not in self._noticed:  # once a run
+                self._noticed.add(kind)
+                self.observer.on_notice(text)
+        if result.cut:
+            self.observer.on_notice(f"the model's answer was {result.cut}; the rest of it "
+                                    "was dropped")
         usage = self.session.usage
         for key, value in result.usage.as_dict().items():
             usage[key] = usage.get(key, 0) + value
@@ -295,11 +321,16 @@ class Agent:
 
     def used_tokens(self, result: ChatResult, since: int | None = None) -> int:
         """Tokens the context holds after ``result``: the model's count, plus an estimate of
-        the messages appended since (tool results), else an estimate of everything."""
+        the messages appended since (tool results), else an estimate of everything.
+
+        Never more than a token a byte of the messages and tools (and a chat template): a
+        figure alone must not make the loop compact the conversation away."""
         if not result.usage.total_tokens:
-            return compaction.estimate_tokens(self.messages)
+            return estimate_tokens(self.messages)
         extra = self.messages[since:] if since is not None else []
-        return result.usage.total_tokens + compaction.estimate_tokens(extra)
+        used = result.usage.total_tokens + estimate_tokens(extra)
+        most = len(json.dumps(self.messages, ensure_ascii=False).encode())
+        return min(used, most + self._tools_bytes + TOKENS_BEYOND_BYTES)
 
     def execute(self, call: Call) -> str:
         """Run one checked tool call; every failure becomes the text the model sees."""

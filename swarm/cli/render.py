@@ -146,6 +146,15 @@ class TerminalView(Observer):
     def on_usage(self, used_tokens: int, context_length: int) -> None:
         self.used, self.context = used_tokens, context_length
 
+    def on_retry(self, text: str) -> None:
+        """On the waiting line (one line redrawn on a terminal, a line a retry elsewhere),
+        not a warning in the log."""
+        if self.waiting is None:
+            super().on_retry(text)
+            return
+        self._end_line()
+        self.waiting.retrying(text)
+
     def on_notice(self, text: str) -> None:
         self._end_line()
         self.err.write(self._c(DIM, f"[{text}]") + "\n")

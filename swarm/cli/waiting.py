@@ -3,7 +3,8 @@
 After ``threshold`` seconds without a first token, :class:`Waiting` says on stderr which
 model it waits for and where: on a terminal, one line redrawn in place (a spinner and the
 elapsed time) and erased when the answer starts; elsewhere (CI logs), one plain line and
-then one every ``interval`` seconds.
+then one every ``interval`` seconds. A try that failed and will be tried again
+(:meth:`Waiting.retrying`) joins the line on a terminal, and is one line elsewhere.
 """
 
 from __future__ import annotations
@@ -44,23 +45,47 @@ class Waiting:
         self._lock = threading.Lock()
         self._done: threading.Event | None = None
         self._drawn = False
+        self._retry = ""
+        self._active = False  # between start and stop: a line drawn now is erased by stop
+        self._quiet_until = 0.0  # a retry's line was a sign of life: no waiting line before
+        self._started = time.monotonic()
+        self._model: Callable[[], str] = str
 
     def start(self, model: Callable[[], str]) -> None:
         """A request went out; ``model`` names the model when a line is drawn (a client may
         learn it only once the call started)."""
         self.stop()
+        started = time.monotonic()
+        with self._lock:
+            self._started, self._model, self._active = started, model, True
         if self.interval <= 0:
             return
         done = threading.Event()
         with self._lock:
             self._done = done
-        threading.Thread(target=self._run, args=(done, model, time.monotonic()),
+        threading.Thread(target=self._run, args=(done, model, started),
                          name="swarm-waiting", daemon=True).start()
+
+    def retrying(self, text: str) -> None:
+        """A try failed and another follows (``text`` says why and when): on a terminal the
+        waiting line shows it, drawn now and redrawn in place; elsewhere (or when no wait
+        is shown, as the answer had begun) one line."""
+        with self._lock:
+            try:
+                if not self.tty or not self._active:
+                    self._write(text + "\n")
+                    self._quiet_until = time.monotonic() + self.interval
+                    return
+                self._retry = " ".join(text.split())
+                self._draw(self._line(0, time.monotonic() - self._started))
+            except (OSError, ValueError):
+                pass
 
     def stop(self) -> None:
         """The answer started (or the call ended): stop, and erase the line on a terminal."""
         with self._lock:
             done, self._done = self._done, None
+            self._retry, self._active = "", False
             if done is not None:
                 done.set()
             if self._drawn:
@@ -72,6 +97,14 @@ class Waiting:
         """E.g. ``waiting for my-model at http://127.0.0.1:8080/v1 ... 12 s``."""
         return f"waiting for {model or 'the model'} at {self.endpoint} ... {int(elapsed)} s"
 
+    def _line(self, frame: int, elapsed: float) -> str:
+        """The line drawn on a terminal (hold the lock): the wait, or the last retry (what
+        failed first: the end of the line may not fit)."""
+        spinner = SPINNER[frame % len(SPINNER)]
+        if self._retry:
+            return f"{spinner} {int(elapsed)} s, {self._retry}"
+        return f"{spinner} {self.text(self._model(), elapsed)}"
+
     def _run(self, done: threading.Event, model: Callable[[], str], started: float) -> None:
         due = started + self.threshold
         frame = 0
@@ -80,12 +113,14 @@ class Waiting:
             with self._lock:
                 if done.is_set():
                     return
-                text = self.text(model(), now - started)
+                if not self.tty and now < self._quiet_until:
+                    due = self._quiet_until
+                    continue
                 try:
                     if self.tty:
-                        self._draw(f"{SPINNER[frame % len(SPINNER)]} {text}")
+                        self._draw(self._line(frame, now - started))
                     else:
-                        self._write(text + "\n")
+                        self._write(self.text(model(), now - started) + "\n")
                 except (OSError, ValueError):  # stderr went away: nothing left to tell
                     return
             frame += 1

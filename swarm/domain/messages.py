@@ -10,6 +10,18 @@ from typing import Any, Literal
 Message = dict[str, Any]
 """One Chat Completions message, exactly as sent to / received from the API."""
 
+CHARS_PER_TOKEN = 4
+"""swarm's own token count, where a server's is missing or cannot be true: four characters
+(of the messages' JSON, or bytes sent) a token."""
+TOKENS_BEYOND_BYTES = 16_384
+"""Tokens a request may count beyond one a byte it sends: the chat template, a server's own
+system prompt, images sent by URL. More is a figure that cannot be true."""
+
+
+def estimate_tokens(messages: list[Message]) -> int:
+    """swarm's own count of the tokens ``messages`` hold (see :data:`CHARS_PER_TOKEN`)."""
+    return len(json.dumps(messages, ensure_ascii=False)) // CHARS_PER_TOKEN
+
 
 def tool_body(message: Message) -> dict[str, Any] | None:
     """The JSON object a ``tool`` message carries (a child's result), else None."""
@@ -93,6 +105,12 @@ class ChatResult:
     message: Message
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
+    cut: str = ""
+    """Why the answer was cut short, e.g. "it went over SWARM_ANSWER_MAX (1,000 characters)"
+    (the message ends with a note saying so); "" for a whole answer."""
+    notices: dict[str, str] = field(default_factory=dict)
+    """What the user should know about the call, by kind ("usage", "utf8"): the agent says
+    each kind once per run."""
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:

@@ -34,10 +34,21 @@ class _Call:
 
 
 class MessageAssembler:
-    """Feed parsed stream chunks with :meth:`feed`; take the answer with :meth:`result`."""
+    """Feed parsed stream chunks with :meth:`feed`; take the answer with :meth:`result`.
 
-    def __init__(self, on_event: OnEvent | None = None) -> None:
+    ``limit`` (0: none) caps the characters kept of text, thinking, tool names and arguments
+    together: what goes over it is dropped (``on_event`` never sees it), :attr:`cut` is
+    set, and a tool call cut short is left out of the message. :meth:`cut_here` cuts the
+    answer where it stands (its source was cut)."""
+
+    def __init__(self, on_event: OnEvent | None = None, limit: int = 0) -> None:
         self._on_event = on_event
+        self.limit = limit
+        self.size = 0
+        """Characters kept so far."""
+        self.cut = False
+        self._current: _Call | None = None
+        self._dropped: _Call | None = None
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._reasoning_key = ""
@@ -48,6 +59,8 @@ class MessageAssembler:
         self._held: dict[str, str] = {}
         self.finish_reason: str | None = None
         self.usage = Usage()
+        self.raw_usage: Any = None
+        """The last ``usage`` the server sent, as it came (to be checked)."""
 
     def feed(self, chunk: dict[str, Any]) -> None:
         """Take one ``chat.completion.chunk``; raise ModelResponseError for an error chunk.
@@ -74,7 +87,8 @@ class MessageAssembler:
 
     def _feed_chunk(self, chunk: dict[str, Any]) -> None:
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
+        if usage is not None:
+            self.raw_usage = usage
             self.usage = Usage.from_dict(usage)
         choices = chunk.get("choices")
         for choice in choices if isinstance(choices, list) else []:
@@ -86,6 +100,23 @@ class MessageAssembler:
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
 
+    def cut_here(self) -> None:
+        """End the answer here, as if it went over the limit: a tool call being received is
+        left out (its arguments may be unfinished)."""
+        if not self.cut:
+            self.cut = True
+            self._dropped = self._current
+
+    def _take(self, piece: str) -> str:
+        """The part of ``piece`` within the limit (cutting the answer there)."""
+        if self.cut:
+            return ""
+        if self.limit and self.size + len(piece) > self.limit:
+            piece = piece[:self.limit - self.size]
+            self.cut_here()
+        self.size += len(piece)
+        return piece
+
     def _feed_delta(self, delta: dict[str, Any]) -> None:
         for key in REASONING_KEYS:
             piece = delta.get(key)
@@ -93,20 +124,28 @@ class MessageAssembler:
                 # Some servers send both names with the same text; keep the first name seen.
                 if self._reasoning_key and key != self._reasoning_key:
                     continue
-                self._reasoning_key = key
-                self._reasoning.append(piece)
-                self._emit("reasoning", piece)
+                self._current = None
+                piece = self._take(piece)
+                if piece:
+                    self._reasoning_key = key
+                    self._reasoning.append(piece)
+                    self._emit("reasoning", piece)
         piece = delta.get("content")
         if isinstance(piece, str) and piece:
+            self._current = None
+            piece = self._take(piece)
             self._content.append(piece)
-            self._emit("content", piece)
+            if piece:
+                self._emit("content", piece)
         parts = delta.get("tool_calls")
         for position, part in enumerate(parts if isinstance(parts, list) else []):
             if isinstance(part, dict):
                 self._feed_call(position, part)
 
     def _feed_call(self, position: int, part: dict[str, Any]) -> None:
-        call = self._find_call(position, part)
+        if self.cut:
+            return
+        call = self._current = self._find_call(position, part)
         call_id = part.get("id")
         if isinstance(call_id, str) and call_id and not call.id:
             call.id = call_id
@@ -119,12 +158,14 @@ class MessageAssembler:
         name = function.get("name")
         if isinstance(name, str) and name and name != call.name:
             # Names normally arrive whole, once; a server that repeats it must not double it.
-            call.name += name
+            call.name += self._take(name)
         arguments = function.get("arguments")
         if isinstance(arguments, dict):
             arguments = json.dumps(arguments, ensure_ascii=False)
         if isinstance(arguments, str) and arguments:
-            call.arguments.append(arguments)
+            call.arguments.append(self._take(arguments))
+        if self.cut:
+            return
         if call.name and not call.announced:
             call.announced = True
             self._emit("tool_call", _clean(call.name))
@@ -175,12 +216,13 @@ class MessageAssembler:
         message: Message = {"role": "assistant", "content": content}
         if self._reasoning:
             message[self._reasoning_key] = _clean("".join(self._reasoning))
-        if self._calls:
+        kept = [call for call in self._calls if call is not self._dropped]
+        if kept:
             if not content:
                 message["content"] = None
             used: set[str] = set()
             calls = []
-            for call in self._calls:
+            for call in kept:
                 call_id = _clean(call.id)
                 if not call_id or call_id in used:  # tool results pair with calls by id
                     call_id = f"call_{uuid.uuid4().hex[:24]}"
@@ -194,9 +236,20 @@ class MessageAssembler:
             message["tool_calls"] = calls
         return message
 
-    def result(self) -> ChatResult:
-        """The finished answer."""
-        return ChatResult(message=self.message, usage=self.usage, finish_reason=self.finish_reason)
+    @property
+    def dropped_call(self) -> str | None:
+        """The name of the tool call left out because the answer was cut in it, if any."""
+        return _clean(self._dropped.name) or "?" if self._dropped is not None else None
+
+    def result(self, cut: str = "", note: str = "") -> ChatResult:
+        """The finished answer; when :attr:`cut`, ``note`` ends its text and ``cut`` says
+        why (see :attr:`ChatResult.cut`)."""
+        message = self.message
+        if self.cut and note:
+            text = message.get("content") or ""
+            message["content"] = f"{text}\n\n{note}" if text else note
+        return ChatResult(message=message, usage=self.usage, finish_reason=self.finish_reason,
+                          cut=cut if self.cut else "")
 
 
 def from_completion(data: Any, on_event: OnEvent | None = None) -> ChatResult:
@@ -204,6 +257,14 @@ def from_completion(data: Any, on_event: OnEvent | None = None) -> ChatResult:
 
     ``on_event`` still receives the text, so a caller shows a non-streamed answer too.
     """
+    return completion_assembler(data, on_event).result()
+
+
+def completion_assembler(data: Any, on_event: OnEvent | None = None, *, limit: int = 0,
+                         cut: bool = False) -> MessageAssembler:
+    """:func:`from_completion`'s assembler, holding the answer (``result()`` takes it);
+    ``limit`` as for :class:`MessageAssembler`; ``cut``: ``data`` is the start of a body
+    that was cut (closed by :func:`swarm.llm.bounds.close_cut_json`)."""
     if not isinstance(data, dict):
         raise ModelResponseError(f"the model server's answer is not a JSON object: "
                                  f"{str(data)[:200]}")
@@ -224,12 +285,14 @@ def from_completion(data: Any, on_event: OnEvent | None = None) -> ChatResult:
         delta["tool_calls"] = [
             {**call, "index": i} for i, call in enumerate(calls) if isinstance(call, dict)
         ]
-    assembler = MessageAssembler(on_event)
+    assembler = MessageAssembler(on_event, limit)
     assembler.feed({
         "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
         "usage": data.get("usage"),
     })
-    return assembler.result()
+    if cut:
+        assembler.cut_here()
+    return assembler
 
 
 def _clean(text: str) -> str:

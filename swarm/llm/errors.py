@@ -82,14 +82,18 @@ def http_error(response: httpx.Response, body: str, *, where: str, model: str,
     status = response.status_code
     text = summary(body)
     server = f"the model server at {where}"
-    delay = retry_after(response.headers.get("retry-after"), backoff_max)
+    asked = retry_after(response.headers.get("retry-after"))
+    delay = None if asked is None else min(asked, backoff_max)
+    capped = "" if asked is None or asked <= backoff_max else (
+        f". It asked to wait {asked:.0f} s (Retry-After); swarm waits at most {backoff_max:g} s "
+        "between tries (SWARM_BACKOFF_MAX: raise it to wait as long as asked)")
     if status == 429:
         return Retry(ModelRateLimitError(
             f"{server} is rate limiting (HTTP 429): {text}. Wait and try again, or lower "
-            "SWARM_MAX_PARALLEL", status, body), delay)
+            f"SWARM_MAX_PARALLEL{capped}", status, body), delay)
     if status >= 500 or status in RETRY_STATUSES:
         return Retry(ModelHTTPError(
-            f"{server} failed with HTTP {status}: {text}. Check the server's log",
+            f"{server} failed with HTTP {status}: {text}. Check the server's log{capped}",
             status, body), delay)
     if 300 <= status < 400:
         message = (f"{server} redirects to {response.headers.get('location', '?')!r} "
@@ -125,8 +129,8 @@ def summary(body: str) -> str:
     return text or "(empty body)"
 
 
-def retry_after(value: str | None, cap: float) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (seconds or HTTP-date), capped."""
+def retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (seconds or HTTP-date)."""
     if not value:
         return None
     try:
@@ -141,4 +145,4 @@ def retry_after(value: str | None, cap: float) -> float | None:
         seconds = (when - datetime.now(UTC)).total_seconds()
     if math.isnan(seconds):
         return None
-    return min(cap, max(0.0, seconds))
+    return max(0.0, seconds)

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -256,9 +256,12 @@ def local_agent(
             # Before the model is looked up: a spawner may start processes in the background.
             made = spawner(store, session, outage) if spawner is not None else None
             model = LLMClient.from_settings(settings)
+            if observer is not None:
+                model.on_retry = observer.on_retry
             try:
-                model.resolve_model()
-                model.context_length()  # an unknown model id fails here, before any step
+                with observer.model_call(model) if observer is not None else nullcontext():
+                    model.resolve_model()
+                    model.context_length()  # an unknown model id fails here, before any step
                 agent = build_agent(
                     settings, workspace, model, session, store=sessions,
                     hints=HomeHints(store.redis, settings.home), approver=approver,

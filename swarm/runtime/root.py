@@ -45,7 +45,7 @@ INHERITED = ("model", "base_url", "yes", "max_turns", "child_max_turns", "repeat
              "approval", "max_depth", "max_children", "max_parallel", "token_budget",
              "child_timeout", "command_timeout", "command_timeout_max", "output_cap",
              "context_length", "stream", "approval_timeout", "mcp_start_timeout",
-             "snapshot_max", "snapshot_swarm_max")
+             "snapshot_max", "snapshot_swarm_max", "answer_max", "call_timeout")
 #: Seconds to wait for a deployment's coordinator and workers to answer.
 ANSWER_TIMEOUT = 5.0
 

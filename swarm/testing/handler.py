@@ -11,6 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
+from swarm.testing import misbehave
 from swarm.testing.replies import CutStream, Fault, Reply, Slow
 from swarm.testing.responders import review_command
 
@@ -148,7 +149,9 @@ class Handler(BaseHTTPRequestHandler):
         if command is not None:
             self._reply(Reply(owner.reviewer(command)), request, stream)
             return
-        item = owner.take(request)
+        item = misbehave.answer(self, request, stream, lambda: owner.take(request))
+        if item is None:  # it misbehaved
+            return
         pause = 0.0
         if isinstance(item, Slow):
             if item.after_thinking and stream:

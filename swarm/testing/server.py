@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from swarm.testing.handler import Handler, HTTPServer
+from swarm.testing.misbehave import MODES
 from swarm.testing.recursion import MAX_RECURSE, recursion_reply
 from swarm.testing.replies import (
     CutStream,
@@ -91,6 +92,7 @@ class ScriptedModelServer:
         reject_stream_options: bool = False,
         reasoning_key: str = "reasoning_content",
         seed: int = 0,
+        misbehave: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -110,6 +112,15 @@ class ScriptedModelServer:
         self.recurse = 0
         """Answer every conversation with this many ``agent`` calls (0: only those whose
         task says ``recurse N``)."""
+        if misbehave is not None and misbehave not in MODES:
+            raise ValueError(f"misbehave={misbehave!r} is not one of {', '.join(MODES)}")
+        self.misbehave = misbehave
+        """A mode of :mod:`swarm.testing.misbehave` for every chat request (None: only a
+        conversation whose task says ``misbehave: MODE``)."""
+        self.trickle_every = 2.0
+        """Seconds between the 5-byte pieces of the ``trickle`` mode."""
+        self.huge_size = 50_000_000
+        """Bytes of text of the ``huge`` mode's answer."""
         self.host = host
         self.port = port
         self._rng = random.Random(seed)
@@ -340,6 +351,11 @@ none), whichever conversation sends them; then the answers above:
   {"content": "..."}  {"tool_calls": [{"name": "agent", "arguments": {"message": "..."}}]}
   {"fault": 429, "retry_after": 1}  {"cut": 3}  {"garbage": true}  {"slow": 2}
 examples/ in the swarm repository has scripts to start from.
+
+--misbehave MODE (every answer) or a task holding "misbehave: MODE" (that conversation):
+a model that misbehaves, to see that swarm holds (safety reviews never misbehave):
+""" + "".join(f"  {name:<13} {text}\n" for name, text in MODES.items()) + """\
+e.g. SWARM_BASE_URL=http://127.0.0.1:8099/v1 swarm run --yes 'misbehave: endless'
 """
 
 
@@ -368,6 +384,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recurse", type=int, default=0, metavar="N",
                         help="recursion mode for every conversation: always call the agent "
                         f"tool N times (1-{MAX_RECURSE}); see 'recurse N' below")
+    parser.add_argument("--misbehave", choices=list(MODES), metavar="MODE",
+                        help="misbehave on every chat request (see below)")
+    parser.add_argument("--trickle-every", type=float, default=2.0, metavar="SECONDS",
+                        help="trickle mode: seconds between pieces (default: %(default)s)")
+    parser.add_argument("--huge-size", type=int, default=50_000_000, metavar="BYTES",
+                        help="huge mode: bytes of the answer (default: %(default)s)")
     args = parser.parse_args(argv)
     if not 0 <= args.recurse <= MAX_RECURSE:
         parser.error(f"--recurse takes 1 to {MAX_RECURSE} agent calls an answer")
@@ -375,8 +397,10 @@ def main(argv: list[str] | None = None) -> None:
         models=args.model or ["scripted-model"], context_style=args.context_style,
         context_length=args.context_length, tool_call_ids=args.tool_call_ids,
         latency=args.latency, require_key=args.api_key, host=args.host, port=args.port,
+        misbehave=args.misbehave,
     )
     server.recurse = args.recurse
+    server.trickle_every, server.huge_size = args.trickle_every, args.huge_size
     if args.script:
         try:
             items = json.loads(args.script.read_text())
