@@ -321,7 +321,8 @@ class Snapshot:
             "swarm": info,
             "totals": {"agents": len(self.agents), "states": self.counts(), "usage": usage,
                        "wall": round(self.wall(), 3), "cost": prices.cost(usage)},
-            "agents": [a.to_json(self.taken) for a in self.agents],
+            "agents": [{**a.to_json(self.taken), "cost": prices.cost(a.usage)}
+                       for a in self.agents],
         }
 
 
