@@ -20,8 +20,8 @@
 
   // Figures for tests and benchmarks: events applied and the time it took.
   const stats = window.swarmStats = {
-    events: 0, eventMs: 0, snapshots: 0, snapshotMs: 0, firstRenderMs: 0, rows: 0,
-    connects: 0,
+    events: 0, eventMs: 0, eventMaxMs: 0, snapshots: 0, snapshotMs: 0, snapshotMaxMs: 0,
+    firstRenderMs: 0, rows: 0, connects: 0,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -390,8 +390,10 @@
         if (!this.lastId) this.lastId = snap.last_event;
         const began = performance.now();
         this.apply(snap);
+        const took = performance.now() - began;
         stats.snapshots += 1;
-        stats.snapshotMs += performance.now() - began;
+        stats.snapshotMs += took;
+        stats.snapshotMaxMs = Math.max(stats.snapshotMaxMs, took);
       })();
       return this.loading;
     }
@@ -557,8 +559,10 @@
       try { event = JSON.parse(data); } catch (e) { return kind; }
       const began = performance.now();
       this.event(event);
+      const took = performance.now() - began;
       stats.events += 1;
-      stats.eventMs += performance.now() - began;
+      stats.eventMs += took;
+      stats.eventMaxMs = Math.max(stats.eventMaxMs, took);
       return kind;
     }
 
