@@ -100,10 +100,15 @@ def open_tab(browser: Any, base: str, hash_: str) -> tuple[Any, Any, Any]:
     return context, page, cdp
 
 
-def busy(cdp: Any) -> float:
-    """Seconds the tab's main thread has worked (Chrome's TaskDuration)."""
-    metrics = cdp.send("Performance.getMetrics")["metrics"]
-    return float(next(m["value"] for m in metrics if m["name"] == "TaskDuration"))
+#: Chrome's counters of the main thread's work (seconds), whole and in parts.
+BUSY = ("TaskDuration", "ScriptDuration", "RecalcStyleDuration", "LayoutDuration")
+
+
+def busy(cdp: Any) -> dict[str, float]:
+    """Seconds the tab's main thread has worked: in all, in scripts, style, layout."""
+    metrics = {m["name"]: float(m["value"])
+               for m in cdp.send("Performance.getMetrics")["metrics"]}
+    return {name: metrics.get(name, 0.0) for name in BUSY}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,7 +139,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 wait_js(page, "document.getElementById('conn').textContent === 'settled'",
                         timeout=max(600.0, n * 2.0))
                 live_wall = time.perf_counter() - started
-                main_thread = busy(cdp) - before
+                after = busy(cdp)
+                parts = {k: after[k] - before[k] for k in BUSY}
+                main_thread = parts["TaskDuration"]
+                wait_js(page, "[...document.querySelectorAll('#tree tbody .c-state')]"
+                              f".filter(c => c.textContent === 'done').length === {n + 1}",
+                        timeout=30)  # the last snapshot read, at most a second later
                 live = page.evaluate("Object.assign({}, window.swarmStats)")
                 rows = page.evaluate("document.querySelectorAll('#tree tbody tr').length")
                 states = page.evaluate("[...document.querySelectorAll('#tree tbody .c-state')]"
@@ -176,6 +186,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                  "event_handler_ms_mean": live["eventMs"] / events,
                  "event_handler_ms_max": live["eventMaxMs"],
                  "main_thread_s": main_thread,
+                 "script_s": parts["ScriptDuration"], "style_s": parts["RecalcStyleDuration"],
+                 "layout_s": parts["LayoutDuration"],
                  "main_thread_ms_per_event": main_thread * 1000 / events,
                  "snapshots": live["snapshots"],
                  "snapshot_apply_ms_mean": live["snapshotMs"] / snapshots,
@@ -197,7 +209,9 @@ def report(out: dict[str, Any]) -> list[str]:
              f"({live['done']} done)",
              f"  per event: handler {live['event_handler_ms_mean']:.3f} ms mean, "
              f"{live['event_handler_ms_max']:.2f} ms worst; main thread in all "
-             f"{live['main_thread_ms_per_event']:.2f} ms/event ({live['main_thread_s']:.2f} s)",
+             f"{live['main_thread_ms_per_event']:.2f} ms/event ({live['main_thread_s']:.2f} s: "
+             f"script {live['script_s']:.2f} s, style {live['style_s']:.2f} s, layout "
+             f"{live['layout_s']:.2f} s)",
              f"  per snapshot read ({live['snapshots']}): apply "
              f"{live['snapshot_apply_ms_mean']:.1f} ms mean, "
              f"{live['snapshot_apply_ms_max']:.1f} ms worst"]

@@ -63,9 +63,10 @@ def entries(messages: list[dict[str, Any]], *, tail: int, text_cap: int
             if tool_calls and text:
                 out.append({"kind": "said", "text": text})
             for call in tool_calls:
-                entry: dict[str, Any] = {"kind": "call", "tool": str((call.get("function") or {}).get(
-                    "name", "?")), "id": str(call.get("id", "")), "text": call_line(call),
-                    "output": None}
+                name = str((call.get("function") or {}).get("name", "?"))
+                entry: dict[str, Any] = {"kind": "call", "tool": name,
+                                         "id": str(call.get("id", "")),
+                                         "text": call_line(call), "output": None}
                 calls[entry["id"]] = entry
                 out.append(entry)
             if not tool_calls:

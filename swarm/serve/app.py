@@ -1,9 +1,11 @@
-"""The ASGI app of ``swarm serve`` (FastAPI): jobs, their events, cancel, approvals, and
-the same over MCP at ``/mcp`` (:mod:`swarm.serve.mcp`).
+"""The ASGI app of ``swarm serve`` (FastAPI): jobs, their trees, agents and events, cancel,
+approvals, the same over MCP at ``/mcp`` (:mod:`swarm.serve.mcp`), and the page at ``/``
+(:mod:`swarm.serve.page`).
 
-Every route needs ``Authorization: Bearer <token>``; the OpenAPI document is at
-``/openapi.json`` (behind the token too). A user token sees and acts on the jobs it
-submitted only (another's is a 404); an admin token on every job (:mod:`swarm.serve.auth`).
+Every route but the page's static files needs ``Authorization: Bearer <token>``; the
+OpenAPI document is at ``/openapi.json`` (behind the token too). A user token sees and
+acts on the jobs it submitted only (another's is a 404); an admin token on every job
+(:mod:`swarm.serve.auth`).
 The routes are thin: what they do is :class:`~swarm.serve.service.Service`'s, whose
 :class:`~swarm.errors.RequestError` becomes the response's status. Handlers that talk to
 Redis are plain functions (FastAPI runs them in threads); the event stream reads the swarm's

@@ -243,6 +243,7 @@
 
   // -- one swarm, live ----------------------------------------------------------------------
   const CELLS = ["agent", "state", "depth", "time", "turns", "tokens", "cost", "landing", "last"];
+  const EVENT_FIELDS = ["state", "last", "landing", "error"];
 
   class Row {
     constructor(watch, data) {
@@ -251,6 +252,7 @@
       this.data = {};
       this.kids = [];
       this.shown = {};
+      this.touched = 0;  // the sequence number of the last event that changed it
       this.tr = el("tr");
       this.tr.dataset.id = data.id;
       this.cells = {};
@@ -271,6 +273,14 @@
       this.shown[name] = text;
       if (name === "agent") this.label.textContent = text;
       else this.cells[name].textContent = text;
+    }
+    // From a snapshot read before this row's last event: that event's fields stay.
+    merge(fields, asked) {
+      if (this.touched > asked) {
+        fields = Object.assign({}, fields);
+        for (const name of EVENT_FIELDS) delete fields[name];
+      }
+      this.update(fields);
     }
     update(fields) {
       Object.assign(this.data, fields);
@@ -313,6 +323,7 @@
       this.rows = new Map();
       this.order = [];
       this.lastId = "";
+      this.seq = 0;  // events applied
       this.stopped = false;
       this.ended = false;
       this.abort = new AbortController();
@@ -370,6 +381,7 @@
     async load() {
       if (this.loading) return this.loading;
       this.loadedAt = Date.now();
+      const asked = this.seq;
       this.loading = (async () => {
         let snap;
         try {
@@ -389,7 +401,7 @@
         if (this.stopped) return;
         if (!this.lastId) this.lastId = snap.last_event;
         const began = performance.now();
-        this.apply(snap);
+        this.apply(snap, asked);
         const took = performance.now() - began;
         stats.snapshots += 1;
         stats.snapshotMs += took;
@@ -398,10 +410,11 @@
       return this.loading;
     }
 
-    apply(snap) {
+    apply(snap, asked) {
       const body = $("tree").tBodies[0];
       const ids = snap.agents.map((a) => a.id);
       let fresh = ids.length !== this.order.length;
+      let stale = false;
       for (const agent of snap.agents) {
         let row = this.rows.get(agent.id);
         if (!row) {
@@ -410,7 +423,8 @@
           this.rows.set(agent.id, row);
           fresh = true;
         } else {
-          row.update(agent);
+          if (row.touched > asked) stale = true;
+          row.merge(agent, asked);
         }
         row.kids = agent.children || [];
       }
@@ -426,6 +440,7 @@
         this.order = ids;
       }
       stats.rows = this.rows.size;
+      if (stale) this.soon();  // rows that events changed meanwhile: read again
       this.summary(snap);
       this.failures(snap.agents);
       if (Date.now() - this.approvalsAt > 2000) this.refreshApprovals();
@@ -578,6 +593,7 @@
     event(ev) {
       const id = ev.agent;
       let row = this.rows.get(id);
+      this.seq += 1;
       switch (ev.kind) {
         case "queued":
           if (!row) row = this.add(id, ev.parent, Number(ev.depth) || 0);
@@ -615,6 +631,7 @@
         default:
           break;
       }
+      if (row) row.touched = this.seq;
       if (id && id === this.selected) this.panel.soon();
       this.soon();
     }
