@@ -324,6 +324,7 @@
       this.order = [];
       this.lastId = "";
       this.seq = 0;  // events applied
+      this.live = false;  // the event stream is connected
       this.stopped = false;
       this.ended = false;
       this.abort = new AbortController();
@@ -391,7 +392,7 @@
             $("swarm-error").textContent = "No job " + this.id + " that this token may see.";
             this.stopped = true;
             setConn("");
-          } else if (e.status !== 401) {
+          } else if (e.status !== 401 && this.live) {  // else the stream says why
             setConn("cannot read the swarm: " + e.message, "bad");
           }
           return;
@@ -521,6 +522,7 @@
           }
           if (!response.ok) throw new Error("HTTP " + response.status);
           stats.connects += 1;
+          this.live = true;
           if (connected) this.soon();  // back after a break: catch up
           connected = true;
           delay = 500;
@@ -529,6 +531,7 @@
         } catch (e) {
           if (this.stopped) return;
         }
+        this.live = false;
         const seconds = Math.round(delay / 100) / 10;
         setConn("disconnected; trying again in " + seconds + " s", "bad");
         await sleep(delay);
