@@ -193,7 +193,8 @@ def test_a_fan_out_appears_and_settles_live_and_an_agent_shows_its_work(
     running = page.locator("#tree tbody .c-state", has_text="running")
     running.first.wait_for()  # seen at work, live
     assert "live" in page.inner_text("#conn")
-    wait_js(page, "document.getElementById('summary').textContent.includes('4 agents')")
+    wait_js(page, "document.getElementById('summary').textContent.includes('4 agents') && "
+                  "[...document.querySelectorAll('#tree .label')].every(l => l.textContent)")
     page.screenshot(path=str(ROOT / "docs" / "img" / "page-tree.png"))
     wait_js(page,
         "[...document.querySelectorAll('#tree tbody .c-state')].every(c => "

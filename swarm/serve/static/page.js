@@ -245,6 +245,23 @@
   const CELLS = ["agent", "state", "depth", "time", "turns", "tokens", "cost", "landing", "last"];
   const EVENT_FIELDS = ["state", "last", "landing", "error"];
 
+  // Rows' new texts are written together, at most every WRITE_EVERY ms: the browser lays
+  // the tree out once for a burst of events, not once per frame.
+  const WRITE_EVERY = 200;
+  let unwritten = [];
+  let writeTimer = null;
+  function later(row) {
+    unwritten.push(row);
+    if (writeTimer === null) {
+      writeTimer = setTimeout(() => requestAnimationFrame(() => {
+        writeTimer = null;
+        const rows = unwritten;
+        unwritten = [];
+        for (const r of rows) r.write();
+      }), WRITE_EVERY);
+    }
+  }
+
   class Row {
     constructor(watch, data) {
       this.watch = watch;
@@ -253,6 +270,7 @@
       this.kids = [];
       this.shown = {};
       this.touched = 0;  // the sequence number of the last event that changed it
+      this.pending = null;  // texts to write (later)
       this.tr = el("tr");
       this.tr.dataset.id = data.id;
       this.cells = {};
@@ -267,12 +285,25 @@
       this.cells.agent.appendChild(this.label);
       this.tr.addEventListener("click", () => { location.hash = "#/job/" + watch.id + "/" + this.id; });
       this.update(data);
+      this.write();  // a new row is drawn whole at once
     }
     set(name, text) {
       if (this.shown[name] === text) return;
       this.shown[name] = text;
-      if (name === "agent") this.label.textContent = text;
-      else this.cells[name].textContent = text;
+      if (!this.pending) { this.pending = {}; later(this); }
+      this.pending[name] = text;
+    }
+    write() {
+      if (!this.pending) return;
+      for (const [name, text] of Object.entries(this.pending)) {
+        if (name === "agent") this.label.textContent = text;
+        else if (name === "stateClass") {
+          this.cells.state.className = "c-state state s-" + (text || "unknown");
+          this.tr.classList.toggle("failed", FAILED.has(text));
+        } else if (name === "indent") this.cells.agent.style.paddingLeft = text;
+        else this.cells[name].textContent = text;
+      }
+      this.pending = null;
     }
     // From a snapshot read before this row's last event: that event's fields stay.
     merge(fields, asked) {
@@ -288,11 +319,7 @@
       const usage = d.usage || {};
       this.set("agent", d.label || "");
       this.set("state", d.state || "?");
-      if (this.shown.stateClass !== d.state) {
-        this.shown.stateClass = d.state;
-        this.cells.state.className = "c-state state s-" + (d.state || "unknown");
-        this.tr.classList.toggle("failed", FAILED.has(d.state));
-      }
+      this.set("stateClass", d.state);
       this.set("depth", d.depth === undefined ? "" : String(d.depth));
       this.set("time", d.elapsed === undefined ? "" : duration(d.elapsed));
       this.set("turns", d.turns ? String(d.turns) : "");
@@ -300,11 +327,7 @@
       this.set("cost", cost(d.cost));
       this.set("landing", d.landing || "");
       this.set("last", doing(d));
-      const indent = (d.depth || 0) * 1.2 + "em";
-      if (this.shown.indent !== indent) {
-        this.shown.indent = indent;
-        this.cells.agent.style.paddingLeft = indent;
-      }
+      this.set("indent", (d.depth || 0) * 1.2 + "em");
     }
     get settled() { return SETTLED.has(this.data.state); }
   }
