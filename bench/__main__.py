@@ -16,6 +16,9 @@ Parts (``--only NAME[,NAME]``):
                 children: added wall, bytes fetched per host, Redis peak memory
 - ``land``      N children's edits of that repository landed in a dirty working tree:
                 seconds in all and per child (bench.land)
+- ``page``      the page of ``swarm serve`` in headless Chromium watching an N-agent swarm
+                (default 500) live, then opening it settled: per-event cost, time to
+                render (bench.page; needs /usr/bin/chromium and playwright)
 
 ``--smoke`` runs a tiny size of each (about a minute; results go to ``*-smoke.json``).
 """
@@ -36,7 +39,7 @@ from typing import Any
 from bench.common import RESULTS, configure, log, results_dir, write_result
 
 PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold", "seed",
-         "land")
+         "land", "page")
 MODULES = {"workers": "across", "redis": "redis_cost"}
 
 
@@ -133,6 +136,11 @@ def parser() -> argparse.ArgumentParser:
                    help="megabytes of the synthetic repository (default 50)")
     g.add_argument("--land-repeats", type=int, default=3,
                    help="landings measured, each on a fresh dirty tree (default 3)")
+    g = p.add_argument_group("page")
+    g.add_argument("--page-n", type=int, default=500,
+                   help="children of the swarm the page watches (default 500)")
+    g.add_argument("--page-turns", type=int, default=2,
+                   help="commands per child of that swarm (default 2)")
     p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
                    help="SWARM_SANDBOX of the workers (default auto, as a deployment runs; "
                         "none to compare with a swarm that had no sandbox)")
@@ -152,7 +160,7 @@ SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 
          "cold_repeats": 1, "cold_sizes": [1, 3], "cold_workers": 1, "seed_n": 4,
          "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1, "seed_view": "auto",
          "seed_command": "ls | wc -l", "land_n": 4, "land_files": 50, "land_mb": 0.5,
-         "land_repeats": 1}
+         "land_repeats": 1, "page_n": 3, "page_turns": 1}
 
 
 def display(path: Path) -> str:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed", "land")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed", "land",
+         "page")
 
 pytestmark = [
     pytest.mark.slow,

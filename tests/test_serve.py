@@ -189,11 +189,27 @@ def test_a_user_token_sees_and_acts_on_its_own_jobs_only(api: TestClient,
 
     unknown = api.get("/v1/jobs/snope", headers=bearer(bob)).json()["detail"]
     for method, path in [("GET", f"/v1/jobs/{job}"), ("GET", f"/v1/jobs/{job}/events"),
-                         ("POST", f"/v1/jobs/{job}/cancel"), ("GET", f"/v1/approvals?job={job}")]:
+                         ("POST", f"/v1/jobs/{job}/cancel"), ("GET", f"/v1/approvals?job={job}"),
+                         ("GET", f"/v1/jobs/{job}/snapshot"),
+                         ("GET", f"/v1/jobs/{job}/agents/{job}"),
+                         ("GET", f"/v1/jobs/{job}/agents/{job}/diff"),
+                         ("POST", f"/v1/jobs/{job}/agents/{job}/cancel")]:
         response = api.request(method, path, headers=bearer(bob))
         assert response.status_code == 404, (path, response.text)
         assert response.json()["detail"] == unknown.replace("snope", job), path
     assert api.get("/v1/approvals", headers=bearer(bob)).json() == []
+    # The list: Alice's job for Alice and the admin, not for Bob; nor through his own job.
+    bobs = api.post("/v1/jobs", headers=bearer(bob), json={"task": "BOBJOB"}).json()["id"]
+    assert [j["id"] for j in api.get("/v1/jobs", headers=bearer(bob)).json()] == [bobs]
+    assert [j["id"] for j in api.get("/v1/jobs", headers=bearer(alice)).json()] == [job]
+    assert {j["id"] for j in api.get("/v1/jobs", headers=AUTH).json()} == {job, bobs}
+    for method, path in [("GET", f"/v1/jobs/{bobs}/agents/{job}"),
+                         ("POST", f"/v1/jobs/{bobs}/agents/{job}/cancel")]:
+        response = api.request(method, path, headers=bearer(bob))
+        assert response.status_code == 404, (path, response.text)
+        assert response.json()["detail"] == f"no agent {job!r} in job {bobs!r}"
+    snapshot = api.get(f"/v1/jobs/{job}/snapshot", headers=bearer(alice)).json()
+    assert [a["id"] for a in snapshot["agents"]] == [job] and snapshot["last_event"]
     for params in (None, {"job": job}):
         refused = api.post(f"/v1/approvals/{approval['id']}", headers=bearer(bob),
                            params=params, json={"decision": "approve"})
@@ -753,3 +769,54 @@ def test_the_api_conforms_to_its_openapi_document(app: FastAPI) -> None:
 
         conforms()
     assert ("POST /v1/jobs", 201) in seen and ("GET /v1/approvals", 200) in seen, seen
+
+
+# -- the page -----------------------------------------------------------------------------
+
+
+def test_the_page_is_served_without_a_token_under_a_strict_csp(api: TestClient) -> None:
+    """A browser cannot send a header when it opens a page: the page's three files need
+    no token, hold nothing of a job or a token, and go with a CSP that runs only this
+    origin's script file, never inline script; the script sets text, never markup."""
+    for path, media in (("/", "text/html"), ("/static/page.js", "text/javascript"),
+                        ("/static/page.css", "text/css")):
+        got = api.get(path)
+        assert got.status_code == 200, path
+        assert got.headers["content-type"].startswith(media)
+        csp = got.headers["content-security-policy"]
+        assert "script-src 'self';" in csp and "default-src 'none'" in csp
+        assert "unsafe" not in csp and "connect-src 'self'" in csp
+        assert got.headers["x-content-type-options"] == "nosniff"
+        assert TOKEN not in got.text
+    html = api.get("/").text
+    assert '<script src="/static/page.js" defer></script>' in html
+    assert html.count("<script") == 1  # no inline script
+    script = api.get("/static/page.js").text
+    for markup in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert markup not in script, markup
+    assert "sessionStorage" in script and "localStorage" not in script
+    assert "document.cookie" not in script
+    assert api.get("/v1/jobs").status_code == 401  # the data still needs the token
+
+
+def test_an_agents_conversation_pairs_calls_with_outputs_and_caps_its_texts() -> None:
+    from swarm.report.conversation import entries
+
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "run_cli", "arguments": json.dumps({"command": "seq 100000"})}}
+    messages = [{"role": "system", "content": "the prompt"},
+                {"role": "user", "content": "count"},
+                {"role": "assistant", "content": "on it", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "\n".join(
+                    map(str, range(100000)))},
+                {"role": "assistant", "content": "done <b>counting</b>"}]
+    shown, earlier = entries(messages, tail=10, text_cap=1000)
+    assert earlier == 0
+    assert [e["kind"] for e in shown] == ["user", "said", "call", "answer"]
+    assert shown[2]["text"] == "$ seq 100000" and shown[2]["tool"] == "run_cli"
+    output = shown[2]["output"]
+    assert output.startswith("0\n1\n") and output.endswith("99999") and len(output) < 1100
+    assert "characters cut" in output
+    assert shown[3]["text"] == "done <b>counting</b>"
+    tail, earlier = entries(messages, tail=2, text_cap=1000)
+    assert earlier == 2 and [e["kind"] for e in tail] == ["call", "answer"]

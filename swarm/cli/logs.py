@@ -9,6 +9,7 @@ import click
 import redis
 
 from swarm.cli.options import Abort, handle_errors, settings_from
+from swarm.report.conversation import call_line
 from swarm.report.snapshot import content_text
 from swarm.store import keys
 from swarm.store.connection import open_store
@@ -46,23 +47,6 @@ def resolve_agent(redis_: redis.Redis, given: str) -> dict[str, str]:
     return {}
 
 
-def _call_line(call: dict[str, Any]) -> str:
-    function = call.get("function") or {}
-    name = str(function.get("name", "?"))
-    raw = str(function.get("arguments") or "")
-    try:
-        args = json.loads(raw) if raw else {}
-    except ValueError:
-        args = raw
-    if name == "run_cli" and isinstance(args, dict) and "command" in args:
-        return f"$ {args['command']}"
-    if name == "agent" and isinstance(args, dict):
-        target = f" (continue {args['agent_id']})" if args.get("agent_id") else ""
-        return f"> agent{target}: {args.get('message', '')}"
-    shown = json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else args
-    return f"> {name} {shown}"
-
-
 def conversation_lines(messages: list[dict[str, Any]], full: bool) -> list[str]:
     """The conversation as text: commands, shortened outputs, thoughts and the answer."""
     out: list[str] = []
@@ -84,7 +68,7 @@ def conversation_lines(messages: list[dict[str, Any]], full: bool) -> list[str]:
             if calls:
                 if text:
                     out += ["-- said", shorten(text, full)]
-                out += [shorten(_call_line(c), full) for c in calls]
+                out += [shorten(call_line(c), full) for c in calls]
             else:
                 out += ["== answer" if i == answer_at else "== assistant", text]
         elif role == "tool":

@@ -152,7 +152,8 @@ workers_option = click.option(
 @handle_errors
 def serve(host: str, port: int, root: Path | None, workers: int | None, log_level: str) -> None:
     """Serve the HTTP API: submit, watch, cancel and approve jobs (OpenAPI at /openapi.json),
-    and the same as MCP tools over Streamable HTTP at /mcp (see `swarm mcp -h`).
+    the same as MCP tools over Streamable HTTP at /mcp (see `swarm mcp -h`), and a live
+    page of the jobs at / (open it in a browser and paste a token).
 
     Every request needs `Authorization: Bearer TOKEN` (/mcp too): SWARM_SERVE_TOKEN (one
     admin token, from the environment) or tokens from `swarm token create`. A token sees
@@ -185,8 +186,8 @@ def serve(host: str, port: int, root: Path | None, workers: int | None, log_leve
         with local_runtime(store, settings, workers):
             service = Service(store.redis, configure(store.url, store.master), settings,
                               jobs_root(settings.home, str(root) if root else None), auth)
-            click.echo(f"swarm serve on http://{host}:{port} (OpenAPI at /openapi.json, MCP "
-                       f"at /mcp; "
+            click.echo(f"swarm serve on http://{host}:{port} (the page at /, OpenAPI at "
+                       f"/openapi.json, MCP at /mcp; "
                        f"store {store.masked_url}; jobs under {service.root})", err=True)
             config = uvicorn.Config(create_app(service), host=host, port=port,
                                     log_level=log_level, timeout_graceful_shutdown=3,

@@ -326,7 +326,8 @@ class Snapshot:
             "totals": {"agents": len(self.agents), "states": self.counts(),
                        "refused": self.refused, "usage": usage,
                        "wall": round(self.wall(), 3), "cost": prices.cost(usage)},
-            "agents": [a.to_json(self.taken) for a in self.agents],
+            "agents": [{**a.to_json(self.taken), "cost": prices.cost(a.usage)}
+                       for a in self.agents],
         }
 
 

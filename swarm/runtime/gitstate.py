@@ -99,6 +99,29 @@ def git(*args: str, repo: Path | None = None, cwd: Path | None = None,
     return out.stdout if raw else out.stdout.strip()
 
 
+def git_head(*args: str, repo: Path, limit: int, timeout: float = 60) -> tuple[str, bool]:
+    """The first ``limit`` bytes of ``git ARGS``'s output in the repository ``repo`` (decoded,
+    a broken last character replaced), and whether there was more (git is stopped then: a
+    large diff is never read whole); :class:`WorkspaceError` with git's message."""
+    env = _environ({"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo)})
+    try:
+        with subprocess.Popen(["git", *args], cwd=repo, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+            assert proc.stdout is not None and proc.stderr is not None
+            out = proc.stdout.read(limit + 1)
+            more = len(out) > limit
+            if more:
+                proc.kill()
+            err = proc.stderr.read(4000)
+            code = proc.wait(timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WorkspaceError(f"git {args[0]} failed: {exc}") from None
+    if code != 0 and not more:
+        raise WorkspaceError(f"git {' '.join(args[:2])} failed: "
+                             f"{err.decode(errors='replace').strip()[-500:]}")
+    return out[:limit].decode("utf-8", errors="replace"), more
+
+
 def merge_trees(repo: Path, ours: str, theirs: str) -> tuple[str, list[str]]:
     """Merge commits ``theirs`` into ``ours`` (their merge base: the commit both are
     over) without a work tree or an index: the merged tree, and the paths in conflict

@@ -55,6 +55,13 @@ def submit_job(ledger: Ledger, app: Celery, task: str, workspace: Path,
     return swarm_id
 
 
+def job_state_name(root_state: str) -> str:
+    """A job's state (queued, running, done, failed, cancelled) from its root run's."""
+    return {"queued": "queued", "done": "done", "cancelled": "cancelled",
+            "timed_out": "failed", "failed": "failed", "refused": "failed"}.get(
+        root_state, "running")
+
+
 def job_state(ledger: Ledger, swarm_id: str) -> dict[str, Any]:
     """A job as the API shows it: state, answer, usage and its agents."""
     info = ledger.swarm(swarm_id)
@@ -62,9 +69,7 @@ def job_state(ledger: Ledger, swarm_id: str) -> dict[str, Any]:
         return {}
     run = ledger.run(job_run_id(swarm_id))
     root_state = run.state if run is not None else info.get("state", "")
-    state = {"queued": "queued", "done": "done", "cancelled": "cancelled",
-             "timed_out": "failed", "failed": "failed", "refused": "failed"}.get(
-        root_state, "running")
+    state = job_state_name(root_state)
     agents = ledger.agents(swarm_id)
     result: dict[str, Any] = run.result if run is not None else {}
     if run is None:  # a `swarm run` root's swarm: its answer or error is kept with it

@@ -1,9 +1,11 @@
-"""The ASGI app of ``swarm serve`` (FastAPI): jobs, their events, cancel, approvals, and
-the same over MCP at ``/mcp`` (:mod:`swarm.serve.mcp`).
+"""The ASGI app of ``swarm serve`` (FastAPI): jobs, their trees, agents and events, cancel,
+approvals, the same over MCP at ``/mcp`` (:mod:`swarm.serve.mcp`), and the page at ``/``
+(:mod:`swarm.serve.page`).
 
-Every route needs ``Authorization: Bearer <token>``; the OpenAPI document is at
-``/openapi.json`` (behind the token too). A user token sees and acts on the jobs it
-submitted only (another's is a 404); an admin token on every job (:mod:`swarm.serve.auth`).
+Every route but the page's static files needs ``Authorization: Bearer <token>``; the
+OpenAPI document is at ``/openapi.json`` (behind the token too). A user token sees and
+acts on the jobs it submitted only (another's is a 404); an admin token on every job
+(:mod:`swarm.serve.auth`).
 The routes are thin: what they do is :class:`~swarm.serve.service.Service`'s, whose
 :class:`~swarm.errors.RequestError` becomes the response's status. Handlers that talk to
 Redis are plain functions (FastAPI runs them in threads); the event stream reads the swarm's
@@ -38,6 +40,9 @@ from swarm.serve.models import (
     ID_PATTERN,
     MAX_BODY,
     MAX_TASK,
+    AgentCancelled,
+    AgentDetail,
+    AgentDiff,
     Approval,
     ApprovalAnswer,
     ApprovalDone,
@@ -46,7 +51,10 @@ from swarm.serve.models import (
     Job,
     JobCreated,
     JobRequest,
+    JobSummary,
+    SwarmSnapshot,
 )
+from swarm.serve.page import add_page
 from swarm.serve.service import READ_BLOCK, Service
 
 log = logging.getLogger(__name__)
@@ -56,6 +64,7 @@ KEEPALIVE = 15.0
 EVENT_ID = r"^(?:[0-9]{1,20}-[0-9]{1,20})?$"
 
 JobId = Annotated[str, PathParam(pattern=ID_PATTERN, description="a job (swarm) id")]
+AgentId = Annotated[str, PathParam(pattern=ID_PATTERN, description="an agent id of the job")]
 ApprovalId = Annotated[str, PathParam(pattern=ID_PATTERN, description="an approval id")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(HTTPBearer(
     auto_error=False, description="SWARM_SERVE_TOKEN or a token from `swarm token create`"))]
@@ -198,6 +207,14 @@ def create_app(service: Service) -> FastAPI:
                  body.approve)
         return JobCreated(id=job_id)
 
+    @api.get("/jobs", response_model=list[JobSummary], summary="Jobs and swarms")
+    def list_jobs(caller: Who, limit: Annotated[int, Query(
+            ge=1, le=1000, description="at most this many, newest first")] = 100
+                  ) -> list[JobSummary]:
+        """The jobs the token may see, newest first (an admin token's: every job, and the
+        swarms of roots in a terminal)."""
+        return service.jobs(caller, limit)
+
     @api.get("/jobs/{job_id}", response_model=Job, responses=_errors(404), summary="A job")
     def get_job(job_id: JobId, caller: Who) -> Job:
         """State (queued, running, done, failed, cancelled), answer, usage and agents."""
@@ -228,6 +245,38 @@ def create_app(service: Service) -> FastAPI:
                                  headers={"Cache-Control": "no-cache",
                                           "X-Accel-Buffering": "no"})
 
+    @api.get("/jobs/{job_id}/snapshot", response_model=SwarmSnapshot, responses=_errors(404),
+             summary="A job's tree of agents")
+    def job_snapshot(job_id: JobId, caller: Who) -> SwarmSnapshot:
+        """Every agent of the job in tree order with its state, depth, times, tokens, cost,
+        last action, answer or error and landing (what `swarm status --json` prints), and
+        the id of the last event before it was read (follow the events from there)."""
+        return service.snapshot(job_id, caller)
+
+    @api.get("/jobs/{job_id}/agents/{agent_id}", response_model=AgentDetail,
+             responses=_errors(404), summary="An agent of a job")
+    def job_agent(job_id: JobId, agent_id: AgentId, caller: Who,
+                  tail: Annotated[int, Query(ge=1, le=500, description=(
+                      "entries of the conversation, from its end"))] = 50) -> AgentDetail:
+        """The agent's record, the end of its conversation (task, commands with their
+        output, what it said; each text capped at its head and tail) and its result."""
+        return service.agent(job_id, agent_id, caller, tail)
+
+    @api.get("/jobs/{job_id}/agents/{agent_id}/diff", response_model=AgentDiff,
+             responses=_errors(404), summary="The changes of an agent's work")
+    def job_agent_diff(job_id: JobId, agent_id: AgentId, caller: Who) -> AgentDiff:
+        """What the agent's settled work changed in the files it started from (as `swarm
+        land AGENT --show` prints it), capped."""
+        return service.diff(job_id, agent_id, caller)
+
+    @api.post("/jobs/{job_id}/agents/{agent_id}/cancel", status_code=202,
+              response_model=AgentCancelled, responses=_errors(404),
+              summary="Cancel an agent and its subtree")
+    def cancel_agent(job_id: JobId, agent_id: AgentId, caller: Who) -> AgentCancelled:
+        """Cancel the agent and every agent under it (idempotent); its parent goes on with
+        the others."""
+        return service.cancel_agent(job_id, agent_id, "cancelled over the HTTP API", caller)
+
     @api.get("/approvals", response_model=list[Approval], responses=_errors(404),
              summary="Pending approvals")
     def list_approvals(caller: Who, job: JobFilter = None) -> list[Approval]:
@@ -250,6 +299,7 @@ def create_app(service: Service) -> FastAPI:
         return app.openapi()
 
     app.router.routes.append(Route("/mcp", mcp, methods=["GET", "POST", "DELETE"]))
+    add_page(app)
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError) -> JSONResponse:

@@ -164,3 +164,70 @@ class Error(BaseModel):
     """Every error: ``detail`` says what is wrong (a list for invalid fields)."""
 
     detail: str | list[ErrorItem]
+
+
+class JobSummary(BaseModel):
+    """A job or swarm as listed: what it is, where it stands, when it started."""
+
+    id: str
+    kind: Literal["job", "swarm"] = Field(description=(
+        "job: submitted over the API, MCP or a schedule; swarm: a root in a terminal "
+        "(`swarm run`, `swarm chat`), which only admin tokens see"))
+    source: str = ""
+    state: str = Field(description="a job's state (queued, running, done, failed, "
+                                   "cancelled); a swarm's (running, done, failed, ...)")
+    task: str = ""
+    created: float
+    settled: float | None = None
+    agents: int = Field(description="agents in its tree")
+    owner: str = ""
+
+
+class SwarmSnapshot(BaseModel):
+    """A job's swarm at one moment: `swarm status --json`, plus where its events stand."""
+
+    swarm: dict[str, Any]
+    totals: dict[str, Any]
+    agents: list[dict[str, Any]] = Field(description=(
+        "every agent in tree order: id, parent, kind, state, depth, label, task, times, "
+        "turns, usage, cost (null without prices), last, answer, error, landing, children"))
+    last_event: str = Field(description=(
+        "the id of the job's last event before this snapshot was read (\"\" when none): "
+        "follow GET /v1/jobs/{id}/events with it as Last-Event-ID"))
+
+
+class ConversationEntry(BaseModel):
+    kind: Literal["user", "thinking", "said", "call", "output", "answer", "assistant"]
+    text: str
+    tool: str | None = None
+    id: str | None = None
+    output: str | None = Field(None, description="a call's result (null while it has none)")
+
+
+class AgentDetail(BaseModel):
+    """One agent: its record, the tail of its conversation (texts capped) and the result
+    of its latest run."""
+
+    agent: dict[str, Any]
+    conversation: list[ConversationEntry]
+    earlier: int = Field(description="entries of the conversation before those shown")
+    result: dict[str, Any] | None = Field(description="its latest run's result (null until "
+                                                      "it settles)")
+
+
+class AgentDiff(BaseModel):
+    """The changes an agent's work made to the files it started from (as `swarm land
+    AGENT --show` prints them), capped."""
+
+    agent: str
+    diff: str
+    stat: str = Field(description="git's --shortstat line (\"\" with no diff)")
+    truncated: bool
+    note: str = Field(description="why there is no diff, when there is none")
+
+
+class AgentCancelled(BaseModel):
+    id: str
+    job: str
+    flagged: list[str] = Field(description="agents of its subtree that were still active "
+                                           "and now stop")

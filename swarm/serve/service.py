@@ -11,6 +11,10 @@ token's calls see the jobs it submitted only (and their approvals); any other jo
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +27,14 @@ from celery import Celery
 from swarm.cache import TTLCache
 from swarm.config import Settings
 from swarm.domain.approval import Decision
-from swarm.errors import RequestError
-from swarm.runtime.jobs import job_state, submit_job
+from swarm.domain.records import AgentRecord
+from swarm.errors import RequestError, WorkspaceError
+from swarm.report import conversation
+from swarm.report.display import Prices
+from swarm.report.snapshot import AgentView, SnapshotReader
+from swarm.runtime import gitstate as g
+from swarm.runtime.jobs import job_run_id, job_state, job_state_name, submit_job
+from swarm.runtime.seed import EMPTY, Seeds
 from swarm.serve.auth import Authenticator, Caller
 from swarm.serve.jobs import (
     check_job_task,
@@ -33,10 +43,24 @@ from swarm.serve.jobs import (
     model_context,
     new_job_folder,
 )
-from swarm.serve.models import Approval, ApprovalDone, CancelResult, Job, JobRequest
+from swarm.serve.models import (
+    AgentCancelled,
+    AgentDetail,
+    AgentDiff,
+    Approval,
+    ApprovalDone,
+    CancelResult,
+    ConversationEntry,
+    Job,
+    JobRequest,
+    JobSummary,
+    SwarmSnapshot,
+)
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, closed_because, outcome, swarm_of
 from swarm.store.ledger import Ledger
+from swarm.store.sessions import RedisSessionStore
+from swarm.store.snapshots import SnapshotStore
 
 SETTLED_JOB = ("done", "failed", "cancelled")
 #: Limits where 0 means "no cap".
@@ -47,6 +71,15 @@ READ_BLOCK = 1.0
 CONTEXT_TTL = 300.0
 #: Where the answer to "which approvals are pending?" is, for messages.
 LIST_HINT = "GET /v1/approvals, the list_approvals tool or `swarm approve` lists the pending ones"
+#: Swarms whose snapshot reader (it keeps what settled runs left) a service keeps.
+READERS = 64
+#: Characters of one text of a conversation (a message, a command's output) an agent's
+#: detail carries: its head and tail.
+TEXT_CAP = 4000
+#: Bytes of an agent's diff its detail carries.
+DIFF_CAP = 256 * 1024
+#: Swarms of the index a listing reads at most, looking for those the caller may see.
+LIST_SCAN = 5000
 
 Entry = tuple[str, dict[str, str]]
 
@@ -78,6 +111,9 @@ class Service:
     #: Set by :meth:`stop`: the server is stopping, every :meth:`follow` ends.
     stopping: bool = field(default=False, init=False)
     _reads: set[anyio.CancelScope] = field(default_factory=set, init=False, repr=False)
+    prices: Prices = field(default_factory=Prices.from_env_or_none)
+    _readers: OrderedDict[str, SnapshotReader] = field(init=False, default_factory=OrderedDict)
+    _readers_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.redis)
@@ -197,6 +233,136 @@ class Service:
                 yield Batch([], final)
                 return
             yield Batch(entries)
+
+    def jobs(self, caller: Caller, limit: int = 100) -> list[JobSummary]:
+        """The latest ``limit`` jobs and swarms ``caller`` may see, newest first (a user
+        token's own jobs; an admin's every job and every swarm of a terminal)."""
+        out: list[JobSummary] = []
+        names = ["root", "task", "state", "created", "settled", "source", "owner"]
+        for start in range(0, LIST_SCAN, 500):
+            ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), start,
+                                                         start + 499))
+            with self.redis.pipeline(transaction=False) as pipe:
+                for sid in ids:
+                    pipe.hmget(keys.swarm(sid), names)
+                rows = [dict(zip(names, row, strict=True)) for row in pipe.execute()]
+            mine = [(sid, row) for sid, row in zip(ids, rows, strict=True)
+                    if row["created"] is not None and caller.owns(row["owner"] or "")]
+            with self.redis.pipeline(transaction=False) as pipe:
+                for sid, _ in mine:
+                    pipe.hget(keys.run(job_run_id(sid)), "state")
+                    pipe.zcard(keys.swarm_agents(sid))
+                replies = pipe.execute()
+            for n, (sid, row) in enumerate(mine):
+                run_state, count = replies[2 * n], replies[2 * n + 1]
+                out.append(JobSummary(
+                    id=sid, kind="job" if run_state is not None else "swarm",
+                    source=row["source"] or "", task=row["task"] or "",
+                    state=job_state_name(run_state) if run_state is not None
+                    else row["state"] or "?",
+                    created=float(row["created"] or 0),
+                    settled=float(row["settled"]) if row["settled"] else None,
+                    agents=int(count or 0), owner=row["owner"] or ""))
+                if len(out) >= limit:
+                    return out
+            if len(ids) < 500:
+                break
+        return out
+
+    def reader(self, job_id: str) -> SnapshotReader:
+        """The snapshot reader of ``job_id`` (kept for the latest :data:`READERS` swarms)."""
+        with self._readers_lock:
+            reader = self._readers.pop(job_id, None) or SnapshotReader(self.redis)
+            self._readers[job_id] = reader
+            while len(self._readers) > READERS:
+                self._readers.popitem(last=False)
+            return reader
+
+    def snapshot(self, job_id: str, caller: Caller) -> SwarmSnapshot:
+        """The job's swarm now (what `swarm status --json` prints) and the id of its last
+        event before it was read, to follow its events from."""
+        self.visible(job_id, caller)
+        last = cast("list[tuple[str, Any]]", self.redis.xrevrange(keys.events(job_id),
+                                                                   count=1))
+        snapshot = self.reader(job_id).load(job_id)
+        if snapshot is None:
+            raise RequestError(f"no job {job_id!r}", 404)
+        return SwarmSnapshot(**snapshot.to_json(self.prices),
+                             last_event=last[0][0] if last else "")
+
+    def agent_record(self, job_id: str, agent_id: str, caller: Caller) -> AgentRecord:
+        """The agent ``agent_id`` of the job; 404 when the job is not ``caller``'s to see
+        or has no such agent."""
+        self.visible(job_id, caller)
+        record = self.ledger.agent(agent_id)
+        if record is None or record.swarm != job_id:
+            raise RequestError(f"no agent {agent_id!r} in job {job_id!r}", 404)
+        return record
+
+    def agent(self, job_id: str, agent_id: str, caller: Caller, tail: int = 50) -> AgentDetail:
+        """The agent's record, the last ``tail`` entries of its conversation (each text
+        capped at :data:`TEXT_CAP` characters) and its latest run's result."""
+        record = self.agent_record(job_id, agent_id, caller)
+        run = self.ledger.run(record.run) if record.run else None
+        session = RedisSessionStore(self.redis, index=False).load(record.session_id)
+        shown, earlier = conversation.entries(session.messages if session else [], tail=tail,
+                                              text_cap=TEXT_CAP)
+        view = AgentView.from_record(cast("dict[str, str]",
+                                          self.redis.hgetall(keys.agent(agent_id))))
+        view.task = run.message if run is not None and record.kind != "root" else \
+            self.ledger.swarm(job_id).get("task", "")
+        result: dict[str, Any] | None = None
+        if run is not None and run.state in ("done", "failed", "cancelled", "timed_out",
+                                             "refused"):
+            result = {k: v for k, v in run.result.items() if k != "usage_at_start"}
+            result["state"] = run.state
+        elif run is None and view.is_settled:  # a root in a terminal keeps its own
+            result = {"state": view.state, "answer": view.answer or None,
+                      "error": view.error or None}
+        for name in ("answer", "error", "output"):
+            if result is not None and isinstance(result.get(name), str):
+                result[name] = conversation.cap(result[name], TEXT_CAP * 4)
+        return AgentDetail(agent={**view.to_json(time.time()),
+                                  "cost": self.prices.cost(view.usage)},
+                           conversation=[ConversationEntry(**e) for e in shown],
+                           earlier=earlier, result=result)
+
+    def diff(self, job_id: str, agent_id: str, caller: Caller) -> AgentDiff:
+        """What the agent's work changed in the files it started from (its settled run's
+        changes, as `swarm land AGENT --show` prints them), at most :data:`DIFF_CAP`
+        bytes; fetched from the store into this host's cache as a worker would."""
+        record = self.agent_record(job_id, agent_id, caller)
+        run = self.ledger.run(record.run) if record.run else None
+        result = run.result if run is not None else {}
+
+        def none(note: str) -> AgentDiff:
+            return AgentDiff(agent=agent_id, diff="", stat="", truncated=False, note=note)
+
+        delta = str(result.get("delta") or "")
+        if run is None or run.state not in ("done", "failed", "cancelled", "timed_out"):
+            return none("its work is shown once it has settled")
+        if not delta:
+            return none(str(result.get("home_error") or "it changed no file"))
+        seed = str(result.get("seed") or "")
+        base = seed if seed and seed != EMPTY else g.EMPTY_TREE
+        seeds = Seeds(SnapshotStore(self.redis), self.settings.home, socket.gethostname())
+        try:
+            repo = seeds.cache
+            seeds.fetch(delta, repo)
+            stat = g.git("diff", "--shortstat", base, delta, repo=repo)
+            text, more = g.git_head("diff", "--no-ext-diff", "--no-textconv", "--no-color",
+                                    base, delta, repo=repo, limit=DIFF_CAP)
+        except WorkspaceError as exc:
+            return none(f"its work cannot be read: {exc}")
+        return AgentDiff(agent=agent_id, diff=text, stat=stat, truncated=more,
+                         note="" if text else "it changed no file")
+
+    def cancel_agent(self, job_id: str, agent_id: str, reason: str,
+                     caller: Caller) -> AgentCancelled:
+        """Cancel the agent and everything under it (idempotent)."""
+        self.agent_record(job_id, agent_id, caller)
+        return AgentCancelled(id=agent_id, job=job_id,
+                              flagged=self.ledger.cancel(agent_id, reason))
 
     # -- approvals ----------------------------------------------------------------------------
 
