@@ -2,8 +2,10 @@
 Chromium): a real ``swarm serve`` process on a module's local swarm (embedded server,
 coordinator, worker processes), jobs answered by the scripted model.
 
-The fan-out test saves two screenshots for the README (docs/img/page-tree.png, the live
-tree; docs/img/page-agent.png, an agent's panel).
+The fan-out test takes two screenshots (the live tree; an agent's panel). With
+``SWARM_SCREENSHOTS=docs/img`` it writes them where the README shows them
+(page-tree.png, page-agent.png); otherwise into its temporary folder, so a test run
+leaves the repository as it was.
 """
 
 from __future__ import annotations
@@ -175,7 +177,8 @@ def children_of(serve: Serve, job: str) -> list[str]:
 
 
 def test_a_fan_out_appears_and_settles_live_and_an_agent_shows_its_work(
-        page: Page, serve: Serve, swarm: tuple[str, Path]) -> None:
+        page: Page, serve: Serve, swarm: tuple[str, Path], tmp_path: Path) -> None:
+    shots = Path(os.environ.get("SWARM_SCREENSHOTS") or tmp_path)
     folder = swarm[1] / "jobs" / "fan-out"  # inside the jobs root: its files seed the children
     folder.mkdir(parents=True)
     (folder / "README.md").write_text("the children's work lands here\n")
@@ -195,7 +198,7 @@ def test_a_fan_out_appears_and_settles_live_and_an_agent_shows_its_work(
     assert "live" in page.inner_text("#conn")
     wait_js(page, "document.getElementById('summary').textContent.includes('4 agents') && "
                   "[...document.querySelectorAll('#tree .label')].every(l => l.textContent)")
-    page.screenshot(path=str(ROOT / "docs" / "img" / "page-tree.png"))
+    page.screenshot(path=str(shots / "page-tree.png"))
     wait_js(page,
         "[...document.querySelectorAll('#tree tbody .c-state')].every(c => "
         "c.textContent === 'done')", timeout=60)
@@ -218,7 +221,7 @@ def test_a_fan_out_appears_and_settles_live_and_an_agent_shows_its_work(
     assert '"state": "done"' in page.inner_text("#p-result")
     assert "+hello" in page.inner_text("#p-diff")
     assert "1 file changed" in page.inner_text("#p-stat")
-    page.screenshot(path=str(ROOT / "docs" / "img" / "page-agent.png"))
+    page.screenshot(path=str(shots / "page-agent.png"))
 
 
 def test_an_approval_answered_on_the_page_runs_the_childs_command(

@@ -577,6 +577,7 @@
           buffer = buffer.slice(cut + 2);
           const kind = this.block(block);
           if (kind === "end") { this.end(); return true; }
+          if (kind === "stopping") return false;
           if (kind === "error") throw new Error("the stream broke");
         }
       }
@@ -593,7 +594,13 @@
         else if (name === "event") kind = value;
         else if (name === "data") data += (data ? "\n" : "") + value;
       }
-      if (kind === "end" || kind === "error") return kind;
+      if (kind === "end") {
+        // The service stopping ends the stream, not the job: follow it again.
+        let reason = "";
+        try { reason = JSON.parse(data).reason || ""; } catch (e) { /* an older service */ }
+        return reason === "server stopping" ? "stopping" : "end";
+      }
+      if (kind === "error") return kind;
       if (!data) return kind;
       if (id) this.lastId = id;
       let event;
