@@ -150,6 +150,13 @@ def host_env(spec: HostSpec, env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+class IpFailed(subprocess.CalledProcessError):
+    """An ``ip`` command that failed, with what it said."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}: {str(self.stderr or '').strip()}"
+
+
 @dataclass
 class Network:
     """A bridge on this side (address ``.1`` of a /24) and one network namespace per host,
@@ -217,4 +224,7 @@ class Network:
 
     @staticmethod
     def _ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+        done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30,
+                              check=False)
+        if done.returncode:  # what ip said, not only its exit status
+            raise IpFailed(done.returncode, done.args, done.stdout, done.stderr)
