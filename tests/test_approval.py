@@ -91,10 +91,13 @@ def test_a_child_is_told_no_one_answered_its_approval(redis: redis_lib.Redis) ->
     assert verdict.reason == "no one answered within 0 s"
 
 
-@pytest.mark.parametrize("gone", [{"lease_until": "0"}, {"lease": "tok-next"}],
-                         ids=["its lease ran out", "another attempt took the run"])
-def test_a_request_of_an_attempt_that_is_gone_expires(redis: redis_lib.Redis,
-                                                      gone: dict[str, str]) -> None:
+GONE = pytest.mark.parametrize("gone", [{"lease_until": "0"}, {"lease": "tok-next"}],
+                               ids=["its lease ran out", "another attempt took the run"])
+
+
+def asking(redis: redis_lib.Redis) -> tuple[threading.Thread, threading.Event, list[Any]]:
+    """A child's attempt (run r1, lease token "tok") asking for approval in a thread: the
+    thread, the event that stops it, and the list its verdict is appended to."""
     ledger = Ledger(redis)
     ledger.create_swarm("s1", "aroot", "/w", "task", {}, "host", "aroot")
     run = RunRecord(id="r1", agent="a1", request="q1", call_id="c1", message="m",
@@ -109,6 +112,13 @@ def test_a_request_of_an_attempt_that_is_gone_expires(redis: redis_lib.Redis,
     thread = threading.Thread(target=lambda: got.append(asker.ask(req(), 30, stop.is_set)),
                               daemon=True)
     thread.start()
+    return thread, stop, got
+
+
+@GONE
+def test_a_request_of_an_attempt_that_is_gone_expires(redis: redis_lib.Redis,
+                                                      gone: dict[str, str]) -> None:
+    thread, stop, got = asking(redis)
     listed = wait_until(lambda: ApprovalQueue(redis, "s1").pending(), "the request")
     assert ApprovalQueue(redis, "s1").pending() == listed  # listed while its lease holds
     redis.hset(keys.run("r1"), mapping=gone)  # the worker died, or the run was taken over
@@ -117,6 +127,23 @@ def test_a_request_of_an_attempt_that_is_gone_expires(redis: redis_lib.Redis,
     assert not redis.hexists(keys.approvals("s1"), listed[0].id)
     assert not ApprovalQueue(redis, "s1").answer(listed[0].id, "approve")
     stop.set()  # an asker still alive (a partitioned worker) stops: denied, never approved
+    thread.join(timeout=10)
+    assert got and got[0][0] == "deny"
+
+
+@GONE
+def test_an_answer_to_a_request_of_an_attempt_that_is_gone_is_refused(
+        redis: redis_lib.Redis, gone: dict[str, str]) -> None:
+    """``swarm approve ID`` and the API answer without listing the queue first: answer()
+    itself refuses a request whose attempt is gone, and closes it as expired."""
+    thread, stop, got = asking(redis)
+    approval_id = wait_until(lambda: redis.hkeys(keys.approvals("s1")), "the request")[0]
+    redis.hset(keys.run("r1"), mapping=gone)
+    assert not ApprovalQueue(redis, "s1").answer(approval_id, "approve")
+    assert outcome(redis, approval_id) == EXPIRED
+    assert not redis.hexists(keys.approvals("s1"), approval_id)
+    assert redis.llen(keys.approval_answer(approval_id)) == 0  # no approval on its way
+    stop.set()
     thread.join(timeout=10)
     assert got and got[0][0] == "deny"
 

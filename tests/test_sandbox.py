@@ -218,7 +218,9 @@ def test_the_trial_fails_a_box_that_is_root_on_the_host(
     try:
         found = sandbox.probe()
         assert not found.ok
-        assert "secret-readable" in found.reason and "owner: uid 0" in found.reason, found
+        assert "could read a file only root may read" in found.reason, found
+        assert f"owner was uid 0, not {sandbox.UID}" in found.reason, found
+        assert "as set" not in found.reason and "could not write" not in found.reason, found
     finally:
         sandbox.probe.cache_clear()
 

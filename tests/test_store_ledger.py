@@ -471,3 +471,30 @@ def test_a_settled_swarms_record_is_never_written_again(redis: redis_py.Redis) -
     assert root is not None and root.kept and root.error == "stopped"
     assert root.usage == {"total_tokens": 5} and root.base_turns == 3
     assert kept[0]["state"] == "cancelled" and kept[0]["error"] == "stopped"
+
+
+def test_a_join_that_read_the_request_before_another_joined_it_does_nothing(
+        redis: redis_py.Redis) -> None:
+    """Two coordinators join the same request: the second read it as ``dispatched``, then
+    the first joined it before the second's transaction; the second must not wake the root
+    again (its check of the state inside the transaction is what stops it)."""
+    first, second = Ledger(redis), Ledger(redis)
+    parked_parent(first, redis, "root")
+    run = first.run("r1")
+    assert run is not None and first.settle(run, "s1", "done", {"answer": "one"}, {})
+    read_runs = second.runs
+    won: list[object] = []
+
+    def runs_then_the_other_joins(ids):  # type: ignore[no-untyped-def]
+        got = read_runs(ids)  # the second has read the request (dispatched) and its runs
+        won.append(first.join("q1"))
+        return got
+
+    second.runs = runs_then_the_other_joins  # type: ignore[method-assign]
+    assert second.join("q1") is None
+    assert won and won[0] is not None  # the first did join it in between
+    assert first.wait_woken("aparent", 0.1) == "q1"
+    assert first.wait_woken("aparent", 0.1) is None  # woken once
+    session = RedisSessionStore(redis).load("aparent")
+    assert session is not None and [m["tool_call_id"] for m in session.messages
+                                    if m["role"] == "tool"] == ["c1", "c2"]  # answered once

@@ -742,10 +742,16 @@ def probe(net: Network | None = None, uid: int = UID, base: Path | None = None,
     net_up = "net-up" in out
     out = [w for w in out if w != "net-up"]
     expected = [str(UID), "CapEff:", "0000000000000000", "NoNewPrivs:", "1", "Seccomp:", "2"]
-    if out[:7] != expected or "root-writable" in out or "secret-readable" in out \
-            or out[-1:] != ["workspace-writable"] or owner != (box.run_as or os.geteuid()):
-        return Probe(False, f"a trial command was not confined as expected ({' '.join(out)}; "
-                            f"its file's owner: uid {owner})")
+    want = box.run_as or os.geteuid()
+    failed = [what for what, bad in (
+        ("it was not uid, capabilities, no_new_privs and seccomp as set", out[:7] != expected),
+        ("it could write /", "root-writable" in out),
+        ("it could read a file only root may read", "secret-readable" in out),
+        ("it could not write its workspace", out[-1:] != ["workspace-writable"]),
+        (f"its file's owner was uid {owner}, not {want}", owner != want)) if bad]
+    if failed:
+        return Probe(False, f"a trial command was not confined as expected: "
+                            f"{'; '.join(failed)} (it said: {' '.join(out)})")
     net_note = ""
     if net.mode == "user" and not net_up:
         found = [line for line in notes.splitlines() if line.startswith("[no network")]
