@@ -23,10 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from swarm.agent.loop import FROM_A_PERSON
 from swarm.serve.auth import TokenStore
 from swarm.store.connection import connect
 from swarm.testing.cluster import local_swarm
-from swarm.agent.loop import FROM_A_PERSON
 from swarm.testing.responders import default_responder, message_text
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall

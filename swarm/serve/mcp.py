@@ -65,7 +65,8 @@ hand it wide jobs (many files, many independent checks or fixes). submit_job que
 returns its id; with wait_seconds it waits (sending progress) until the job settles, an
 approval needs an answer, or the time is up; job_answer waits again. With approve="ask",
 tool calls the swarm's policies ask about wait in list_approvals until answer_approval
-answers them (or they are denied after a timeout). job_status shows the tree of agents."""
+answers them (or they are denied after a timeout). job_status shows the tree of agents;
+say_to_agent tells a running agent of it something (it reads it at its next turn)."""
 
 JobIdArg = Annotated[str, Field(pattern=ID_PATTERN, description="the job's id (from submit_job)")]
 WaitArg = Annotated[int, Field(
