@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from click.testing import CliRunner, Result
 from swarm.agent.loop import FROM_A_PERSON
 from swarm.cli import main
 from swarm.errors import LeaseLost
+from swarm.runtime.root import describe
 from swarm.serve.auth import TokenStore
 from swarm.store import keys
 from swarm.store.connection import connect
@@ -245,8 +248,9 @@ def test_a_message_to_a_running_child_reaches_its_next_model_call_and_changes_it
     logs = cli(cluster, "logs", kid)
     assert logs.exit_code == 0 and "PINEAPPLE" in logs.stdout
     events = [f for _, f in Ledger(client).events_since(job, "0-0")]
-    assert any(e["kind"] == "message" and e["agent"] == kid and "PINEAPPLE" in e["text"]
-               for e in events)
+    (told,) = [e for e in events if e["kind"] == "message"]
+    assert told["agent"] == kid and "PINEAPPLE" in told["text"]
+    assert describe(told) == f"[{kid}] told: the word is"  # the line views print
     assert client.xlen(keys.mailbox(kid)) == 0
 
 
@@ -315,3 +319,40 @@ def test_a_user_token_cannot_message_the_agents_of_another_users_job(
     done = settled(api, job)
     assert done["answer"] == "heard: " + FROM_A_PERSON.format(text="from alice")
     assert "from bob" not in json.dumps(model.requests)
+
+
+@pytest.mark.slow
+def test_a_root_in_a_terminal_hears_a_message_sent_to_its_swarm_id(
+        cluster: tuple[str, Path], model: ScriptedModelServer, client: redis_lib.Redis,
+        tmp_path: Path) -> None:
+    sent = threading.Event()
+    model.responder = ByTask({
+        "SAYROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "SAYRKID a"}, id="k")]),
+                    heard("root heard")],
+        "SAYRKID": [held(sent, Reply(content="kid done"))],
+    })
+    url, home = cluster
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    env.update(SWARM_REDIS_URL=url, SWARM_HOME=str(home), SWARM_BASE_URL=model.base_url,
+               SWARM_MODEL=model.models[0], PYTHONPATH=str(Path(__file__).parent.parent))
+    root = subprocess.Popen([sys.executable, "-m", "swarm", "run", "--yes", "--workers", "0",
+                             "-C", str(tmp_path), "SAYROOT go"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        swarm_id = wait_until(lambda: next(
+            (s for s in [Ledger(client).latest_swarm()] if s and state_of(client, s) == "parked"
+             and "SAYROOT" in Ledger(client).swarm(s).get("task", "")), None),
+            "the root to park", timeout=60)
+        said = cli(cluster, "say", swarm_id, "answer in French")
+        sent.set()
+        assert said.exit_code == 0, said.output
+        out, err = root.communicate(timeout=60)
+    finally:
+        sent.set()
+        if root.poll() is None:
+            root.kill()
+            root.wait()
+    assert root.returncode == 0, err
+    assert out.strip() == "root heard: " + FROM_A_PERSON.format(text="answer in French")

@@ -387,6 +387,8 @@ def describe(event: dict[str, Any]) -> str:
         return f"[{who}] {event.get('state', '')}"
     if kind == "landed":
         return f"[{who}] its work: {event.get('landing', '')}"
+    if kind == "message":
+        return f"[{who}] told: {(str(event.get('text', '')).splitlines() or [''])[0][:200]}"
     if kind in ("spawn", "dispatched", "joined"):
         count = str(event.get("children", ""))
         children = plural(int(count), "child", "children") if count.isdigit() else "children"
