@@ -96,7 +96,7 @@ async def whole_job_with_an_approval(session: ClientSession) -> None:
 
     tools = {t.name: t for t in (await session.list_tools()).tools}
     assert set(tools) == {"submit_job", "job_answer", "job_status", "cancel_job",
-                          "list_approvals", "answer_approval"}
+                          "list_approvals", "answer_approval", "say_to_agent"}
     assert tools["job_status"].annotations and tools["job_status"].annotations.read_only_hint
 
     started = time.monotonic()
@@ -139,6 +139,9 @@ async def whole_job_with_an_approval(session: ClientSession) -> None:
     assert status["usage"]["total_tokens"] > 0
     unknown = await session.call_tool("job_status", {"job_id": "snope"})
     assert "no job 'snope'" in error_text(unknown)
+    late = await session.call_tool("say_to_agent", {"job_id": job, "agent_id": job,
+                                                    "text": "too late"})
+    assert f"agent {job} has settled (done)" in error_text(late)
 
 
 async def cancel_a_running_job(session: ClientSession) -> None:
@@ -160,6 +163,9 @@ async def cancel_a_running_job(session: ClientSession) -> None:
         tasks.start_soon(wait)
         with anyio.fail_after(30):
             await sleeping.wait()
+        told = structured(await session.call_tool(
+            "say_to_agent", {"job_id": job, "agent_id": job, "text": "stop soon"}))
+        assert told["job"] == job and told["agent"] == job and told["id"]
         started = time.monotonic()
         cancelled = structured(await session.call_tool("cancel_job", {"job_id": job}))
         assert cancelled["flagged"] == [job]

@@ -10,10 +10,12 @@ leaves the repository as it was.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,13 @@ from typing import Any
 import httpx
 import pytest
 
+from swarm.agent.loop import FROM_A_PERSON
 from swarm.serve.auth import TokenStore
 from swarm.store.connection import connect
 from swarm.testing.cluster import local_swarm
-from swarm.testing.server import ScriptedModelServer
+from swarm.testing.responders import default_responder, message_text
+from swarm.testing.scripts import ByTask, tool_results
+from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 from tests.helpers import wait_until
 from tests.test_serve_process import free_port
 
@@ -319,3 +324,41 @@ def test_the_page_follows_a_job_across_a_restart_of_swarm_serve(
            timeout=60)
     states = page.eval_on_selector_all("#tree tbody .c-state", "cs => cs.map(c => c.textContent)")
     assert states == ["done", "done", "done"], states
+
+
+def test_a_message_sent_from_the_page_reaches_a_running_child(
+        page: Page, serve: Serve, model: ScriptedModelServer) -> None:
+    sent = threading.Event()
+
+    def held(request: dict[str, Any]) -> Reply:  # its first call waits for the message
+        sent.wait(60)
+        return Reply(tool_calls=[ToolCall("run_cli", {"command": "echo ok"})])
+
+    def heard(request: dict[str, Any]) -> Reply:
+        users = [m for m in request["messages"] if m.get("role") == "user"]
+        return Reply(content="kid heard: " + message_text(users[-1]))
+
+    model.responder = ByTask({
+        "PAGESAYJOB": [Reply(tool_calls=[ToolCall("agent", {"message": "PAGESAYKID"})]),
+                       lambda r: Reply(content=json.loads(tool_results(r)[0])["answer"])],
+        "PAGESAYKID": [held, heard]})
+    try:
+        job = serve.submit("PAGESAYJOB go")
+        kid = wait_until(lambda: children_of(serve, job), "the child", timeout=60)[0]
+        log_in(page, serve, hash_=f"#/job/{job}/{kid}")
+        page.wait_for_selector("#p-say", state="visible")
+        text = "<b>use</b> the PAPAYA folder"
+        page.fill("#p-say-text", text)
+        page.click("#p-say-send")
+        wait_js(page, "document.getElementById('p-say-msg').textContent.startsWith('sent')")
+        sent.set()
+        said = FROM_A_PERSON.format(text=text)
+        wait_until(lambda: serve.job(job)["state"] == "done", "the job", timeout=60)
+        assert serve.job(job)["answer"] == f"kid heard: {said}"
+        # The panel shows it in the conversation, as text.
+        wait_js(page, "[...document.querySelectorAll('#p-conv .k-user')].some(e => "
+                      "e.textContent.includes('PAPAYA'))", timeout=30)
+        assert page.locator("#p-conv b").count() == 0
+        wait_js(page, "document.getElementById('p-say').hidden")  # settled: no more
+    finally:
+        model.responder = default_responder

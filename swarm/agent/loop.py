@@ -19,7 +19,14 @@ from swarm import telemetry
 from swarm.agent import compaction
 from swarm.agent.approval import ApprovalGate
 from swarm.agent.folder import AgentFolder, TypedTool
-from swarm.agent.protocols import Environment, HintStore, Model, SessionStore, Spawner
+from swarm.agent.protocols import (
+    Environment,
+    HintStore,
+    Mailbox,
+    Model,
+    SessionStore,
+    Spawner,
+)
 from swarm.agent.shell import clamp_timeout
 from swarm.agent.tools import (
     AGENT,
@@ -57,6 +64,8 @@ if TYPE_CHECKING:  # the MCP SDK takes seconds to import: only agents with serve
 log = logging.getLogger(__name__)
 
 INTERRUPTED_BY_USER = "[interrupted by the user before this call finished]"
+#: How a message a person sent to the running agent (``swarm say``) enters its conversation.
+FROM_A_PERSON = "[message from a person, sent while you work: {text}]"
 #: Past this share of the context, compaction happens even without hints.
 FORCE_AT = 0.92
 
@@ -138,6 +147,8 @@ class Agent:
     before_step: Callable[[Agent], None] | None = None
     """Called before every model call, and after one was aborted (:class:`ModelCallAborted`);
     raises to stop (cancel, limits) or adds a message."""
+    mailbox: Mailbox | None = None
+    """Messages people send it while it works (``swarm say``), heard at turn boundaries."""
     _typed: dict[str, TypedTool] = field(default_factory=dict, init=False)
     run_start: int | None = field(default=None, init=False)
     """The session's turn count when :meth:`run` gave the current task."""
@@ -199,13 +210,14 @@ class Agent:
                     f"{name}."
                 )
             answer = self.step()
-            if answer is not None:
+            if answer is not None and not self.hear():  # a message since: answer that too
                 return answer
 
     def step(self) -> str | None:
         """One model call and its tool calls. Returns the answer when there were no calls."""
         if self.before_step is not None:
             self.before_step(self)
+        self.hear()
         self.check_repeats()
         offered = self.tools()
         result = self.query(list(offered.values()))
@@ -238,6 +250,29 @@ class Agent:
                 hints = str(call.arguments["hints"])
         self.manage_context(result, hints, since=answered_from)
         return None
+
+    def hear(self) -> bool:
+        """Add the messages people sent since the last turn as user messages, and save them
+        before the model sees them; True when there were any. Only at a turn boundary:
+        never between a tool call and its result. The session's ``said`` moves on in the
+        same save, and the mailbox forgets them after it: read again after a crash before
+        the save, skipped after one after it."""
+        if self.mailbox is None:
+            return False
+        last = self.messages[-1] if self.messages else {}
+        if last.get("role") == "assistant" and last.get("tool_calls"):
+            return False
+        heard = self.mailbox.unread(self.session.said)
+        if not heard:
+            return False
+        for _, text in heard:
+            self.messages.append({"role": "user", "content": FROM_A_PERSON.format(text=text)})
+        self.session.said = heard[-1][0]
+        self.save()
+        self.mailbox.delivered([mid for mid, _ in heard])
+        for _, text in heard:
+            self.observer.on_notice(f"a message from a person: {text[:200]}")
+        return True
 
     def check_repeats(self) -> None:
         """Stop an agent whose last answers each made the same calls and got the same

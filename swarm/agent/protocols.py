@@ -101,6 +101,18 @@ class SessionStore(Protocol):
         ...
 
 
+class Mailbox(Protocol):
+    """Messages people send to the running agent (``swarm say``), read at turn boundaries."""
+
+    def unread(self, after: str) -> list[tuple[str, str]]:
+        """(id, text) of the messages after id ``after`` ("": every one), oldest first."""
+        ...
+
+    def delivered(self, ids: list[str]) -> None:
+        """Forget these messages: the saved conversation holds them now."""
+        ...
+
+
 class HintStore(Protocol):
     """Memory hints an agent leaves for its future self (``hints.md`` and Redis)."""
 

@@ -1,13 +1,16 @@
-"""``swarm cancel`` and ``swarm approve``: act on a running swarm from any terminal."""
+"""``swarm cancel``, ``swarm approve`` and ``swarm say``: act on a running swarm from any
+terminal."""
 
 from __future__ import annotations
 
 import click
 
 from swarm.cli.options import Abort, handle_errors, settings_from
+from swarm.errors import RequestError
 from swarm.store.approvals import ApprovalQueue, closed_because, outcome
 from swarm.store.connection import open_store
 from swarm.store.ledger import Ledger
+from swarm.store.mailbox import Mailbox
 from swarm.text import plural
 
 CTX = {"help_option_names": ["-h", "--help"]}
@@ -65,3 +68,46 @@ def approve(approval_id: str | None, swarm_id: str | None, decision: str) -> Non
             raise Abort(f"no pending request {approval_id!r} in swarm {swarm_id} (another "
                         "swarm? pass --swarm)")
     click.echo(f"{approval_id}: {decision}", err=True)
+
+
+@click.command(context_settings=CTX)
+@click.argument("agent_id")
+@click.argument("message", nargs=-1)
+@click.option("-f", "--message-file", metavar="FILE",
+              help="Read the message from FILE (UTF-8; - for stdin), after MESSAGE's words if "
+                   "any.")
+@handle_errors
+def say(agent_id: str, message: tuple[str, ...], message_file: str | None) -> None:
+    """Send MESSAGE to the running agent AGENT_ID (an id from `swarm status`; a swarm id
+    for its root, in a terminal or a job).
+
+    \b
+      swarm say 3f2a9c1d0e7b "skip the tests folder, it is generated"
+      swarm say 3f2a9c1d0e7b -f notes.md
+
+    The agent reads it at its next turn boundary (after the command or model call in
+    flight; a parent waiting for its children, after their results), as a user message
+    `[message from a person, ...]`. It shows in `swarm logs` and in the swarm's events.
+    A settled agent refuses it. A `-` among the words (or -f -) reads stdin; a message
+    has at most 262,144 characters.
+    """
+    from swarm.cli.run import read_task_file
+
+    dashes = message.count("-")
+    if dashes + (message_file is not None) > 1:
+        raise click.UsageError("give the message's text once: -f FILE or - (stdin), not both")
+    source = message_file if message_file is not None else ("-" if dashes else None)
+    parts = [" ".join(w for w in message if w != "-")]
+    if source is not None:
+        parts.append(read_task_file(source, "message", "--message-file").rstrip("\r\n"))
+    text = "\n\n".join(p for p in parts if p.strip())
+    if not text.strip():
+        raise click.UsageError("the message is empty: give it as words (swarm say AGENT_ID "
+                               "\"...\"), -f FILE or - (stdin)")
+    with open_store(settings_from()) as store:
+        try:
+            Mailbox(store.redis, agent_id).send(text, "cli")
+        except RequestError as exc:
+            raise Abort(str(exc)) from None
+    click.echo(f"told {agent_id} ({plural(len(text), 'character')}); it reads it at its next "
+               "turn", err=True)

@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "demo"),
     "cancel": ("control", "cancel"),
     "approve": ("control", "approve"),
+    "say": ("control", "say"),
     "serve": ("serve", "serve"),
     "token": ("serve", "token"),
     "mcp": ("serve", "mcp"),

@@ -137,13 +137,14 @@ def task_text(words: tuple[str, ...], task_file: str | None) -> tuple[str, bool]
     return text, source == "-"
 
 
-def read_task_file(source: str) -> str:
-    """The UTF-8 text of file ``source`` (``-``: stdin); a clear error when it cannot be read."""
-    param = "'-f' / '--task-file'" if source != "-" else "'-' (stdin)"
+def read_task_file(source: str, what: str = "task", option: str = "--task-file") -> str:
+    """The UTF-8 text of file ``source`` (``-``: stdin); a clear error when it cannot be read.
+    ``what`` it holds and the ``option`` that named it are for the messages."""
+    param = f"'-f' / '{option}'" if source != "-" else "'-' (stdin)"
     if source == "-":
         stream = sys.stdin.buffer
         if stream.isatty():
-            click.echo("reading the task from stdin; end it with Ctrl-D", err=True)
+            click.echo(f"reading the {what} from stdin; end it with Ctrl-D", err=True)
         data = stream.read()
         name = "stdin"
     else:

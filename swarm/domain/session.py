@@ -21,3 +21,6 @@ class Session:
     parked: str = ""
     """Set while the agent waits for its children: the id of its spawn request. The last
     assistant message's calls are answered when they settle, so no repair at load."""
+    said: str = ""
+    """The id of the last message people sent it (its mailbox) that the conversation holds;
+    those after it are still to be read."""

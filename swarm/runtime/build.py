@@ -26,7 +26,7 @@ from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
 from swarm.agent.probe import probe_environment, tool_versions
 from swarm.agent.prompts import PromptParts, system_prompt
-from swarm.agent.protocols import Approver, HintStore, Model, SessionStore, Spawner
+from swarm.agent.protocols import Approver, HintStore, Mailbox, Model, SessionStore, Spawner
 from swarm.agent.sandbox import Box
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
@@ -93,6 +93,7 @@ def build_agent(
     cancel: threading.Event | None = None,
     guard: Callable[[], None] | None = None,
     before_step: Callable[[Agent], None] | None = None,
+    mailbox: Mailbox | None = None,
     mcp: McpConfig | None = None,
     read_only: tuple[Path, ...] = (),
     die_with_runner: bool = False,
@@ -106,9 +107,10 @@ def build_agent(
 
     ``cancel`` kills a running command (and abandons an MCP call) when set; ``guard`` and
     ``before_step`` are the agent's (:class:`Agent`): the root's session lock, a child's
-    limits. ``mcp`` lists its MCP servers (a root reads them from its folder, a child
-    inherits its swarm's). ``read_only`` folders are seen by sandboxed commands (the objects
-    a child's repository borrows). With ``die_with_runner`` (a worker's children) an unconfined
+    limits; so is ``mailbox``, what people tell it while it works. ``mcp`` lists its MCP
+    servers (a root reads them from its folder, a child inherits its swarm's).
+    ``read_only`` folders are seen by sandboxed commands (the objects a child's repository
+    borrows). With ``die_with_runner`` (a worker's children) an unconfined
     command dies with the process that runs it. ``linked``: a view's upper folder, where its
     git worktree is registered; ``beneath``: the folder the workspace must lie in, opened
     from there following no symbolic link before the sandbox grants it (a job's jobs root)
@@ -151,6 +153,7 @@ def build_agent(
         spawner=spawner,
         guard=guard,
         before_step=before_step,
+        mailbox=mailbox,
         mcp=mcp_tools(settings, mcp, cancel, box) if mcp is not None else None,
     )
 

@@ -36,6 +36,7 @@ from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import Outage, Store
 from swarm.store.ledger import Ledger, new_swarm_id
+from swarm.store.mailbox import Mailbox
 from swarm.store.sessions import RedisSessionStore
 from swarm.store.snapshots import SnapshotStore
 from swarm.text import plural
@@ -192,6 +193,7 @@ class RootSwarm:
         if agent.mcp is not None:
             self.mcp = agent.mcp.config
         self.limit(agent)
+        self.listen(agent)
         try:
             return agent.run(task)
         except Parked as parked:
@@ -201,6 +203,7 @@ class RootSwarm:
         """Take over a root whose terminal went away: wait for its children, then finish."""
         self.model_id = agent.model.model
         self.limit(agent)
+        self.listen(agent)
         self.ensure_runtime()
         if agent.session.parked:
             return self.carry_on(agent, agent.session.parked, sessions)
@@ -211,6 +214,10 @@ class RootSwarm:
             return agent.resume()
         except Parked as parked:
             return self.carry_on(agent, parked.request_id, sessions)
+
+    def listen(self, agent: Agent) -> None:
+        """Give the root its mailbox: its agent id is its swarm's (``swarm say SWARM_ID``)."""
+        agent.mailbox = Mailbox(self.store.redis, self.swarm_id, self.outage)
 
     def limit(self, agent: Agent) -> None:
         """Count the root's tokens in its swarm's and stop it before a model call once the
@@ -380,6 +387,8 @@ def describe(event: dict[str, Any]) -> str:
         return f"[{who}] {event.get('state', '')}"
     if kind == "landed":
         return f"[{who}] its work: {event.get('landing', '')}"
+    if kind == "message":
+        return f"[{who}] told: {(str(event.get('text', '')).splitlines() or [''])[0][:200]}"
     if kind in ("spawn", "dispatched", "joined"):
         count = str(event.get("children", ""))
         children = plural(int(count), "child", "children") if count.isdigit() else "children"

@@ -43,6 +43,7 @@ from swarm.serve.models import (
     AgentCancelled,
     AgentDetail,
     AgentDiff,
+    AgentMessage,
     Approval,
     ApprovalAnswer,
     ApprovalDone,
@@ -52,6 +53,7 @@ from swarm.serve.models import (
     JobCreated,
     JobRequest,
     JobSummary,
+    MessageSent,
     SwarmSnapshot,
 )
 from swarm.serve.page import add_page
@@ -276,6 +278,17 @@ def create_app(service: Service) -> FastAPI:
         """Cancel the agent and every agent under it (idempotent); its parent goes on with
         the others."""
         return service.cancel_agent(job_id, agent_id, "cancelled over the HTTP API", caller)
+
+    @api.post("/jobs/{job_id}/agents/{agent_id}/messages", status_code=202,
+              response_model=MessageSent, responses=_errors(404, 409, 413, 415),
+              dependencies=[Depends(json_body)], summary="Tell a running agent something")
+    def say_to_agent(job_id: JobId, agent_id: AgentId, body: AgentMessage,
+                     caller: Who) -> MessageSent:
+        """Queue a message for the agent: it reads it at its next turn boundary (after the
+        command or model call in flight; a parent waiting for its children, after their
+        results) as a user message, and the job's events show it (``message``). A settled
+        agent refuses it with 409."""
+        return service.say(job_id, agent_id, body.text, "api", caller)
 
     @api.get("/approvals", response_model=list[Approval], responses=_errors(404),
              summary="Pending approvals")

@@ -45,6 +45,7 @@ from swarm.serve.models import (
     JobRequest,
     JobStatus,
     Limits,
+    MessageSent,
 )
 from swarm.serve.service import Service
 
@@ -64,7 +65,8 @@ hand it wide jobs (many files, many independent checks or fixes). submit_job que
 returns its id; with wait_seconds it waits (sending progress) until the job settles, an
 approval needs an answer, or the time is up; job_answer waits again. With approve="ask",
 tool calls the swarm's policies ask about wait in list_approvals until answer_approval
-answers them (or they are denied after a timeout). job_status shows the tree of agents."""
+answers them (or they are denied after a timeout). job_status shows the tree of agents;
+say_to_agent tells a running agent of it something (it reads it at its next turn)."""
 
 JobIdArg = Annotated[str, Field(pattern=ID_PATTERN, description="the job's id (from submit_job)")]
 WaitArg = Annotated[int, Field(
@@ -225,6 +227,24 @@ def build_server(service: Service, trusted: Caller | None = None) -> MCPServer[A
         result: CancelResult = await call(service.cancel, job_id, "cancelled over MCP",
                                           who(ctx))
         return result
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                                             open_world_hint=False))
+    async def say_to_agent(
+        job_id: JobIdArg,
+        agent_id: Annotated[str, Field(pattern=ID_PATTERN,
+                                       description="the agent's id (job_status; the job's "
+                                                   "id for its root)")],
+        text: Annotated[str, Field(description=f"what to tell it (at most {MAX_TASK} "
+                                               "characters)")],
+        ctx: Context[Any, Any],
+    ) -> MessageSent:
+        """Tell a running agent of a job something (a correction, a hint): it reads it at
+        its next turn boundary, as a message from a person. A settled agent refuses it."""
+        if not text.strip() or len(text) > MAX_TASK:
+            raise ToolError(f"text must be 1 to {MAX_TASK} characters, not blank")
+        sent: MessageSent = await call(service.say, job_id, agent_id, text, "mcp", who(ctx))
+        return sent
 
     @server.tool(annotations=READ_ONLY)
     async def list_approvals(ctx: Context[Any, Any], job_id: Annotated[str | None, Field(

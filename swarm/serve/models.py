@@ -231,3 +231,18 @@ class AgentCancelled(BaseModel):
     job: str
     flagged: list[str] = Field(description="agents of its subtree that were still active "
                                            "and now stop")
+
+
+class AgentMessage(Strict):
+    """A message for a running agent: it reads it at its next turn boundary."""
+
+    text: str = Field(min_length=1, max_length=MAX_TASK, pattern=r"\S",
+                      description=f"what to tell it (at most {MAX_TASK} characters, not blank; "
+                                  "like a task, one too large for the model's context is "
+                                  "refused with 413)")
+
+
+class MessageSent(BaseModel):
+    id: str = Field(description="the message's id in the agent's mailbox")
+    job: str
+    agent: str

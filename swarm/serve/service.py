@@ -54,11 +54,13 @@ from swarm.serve.models import (
     Job,
     JobRequest,
     JobSummary,
+    MessageSent,
     SwarmSnapshot,
 )
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, closed_because, outcome, swarm_of
 from swarm.store.ledger import Ledger
+from swarm.store.mailbox import Mailbox
 from swarm.store.sessions import RedisSessionStore
 from swarm.store.snapshots import SnapshotStore
 
@@ -363,6 +365,16 @@ class Service:
         self.agent_record(job_id, agent_id, caller)
         return AgentCancelled(id=agent_id, job=job_id,
                               flagged=self.ledger.cancel(agent_id, reason))
+
+    def say(self, job_id: str, agent_id: str, text: str, source: str,
+            caller: Caller) -> MessageSent:
+        """Tell a running agent of the job ``text`` at its next turn boundary: 404 as for
+        its other calls, 409 once it has settled, 413 for a message too large for the
+        model's context (as a task would be)."""
+        self.agent_record(job_id, agent_id, caller)
+        check_job_task(text, self.context_length(), self.settings)
+        sent = Mailbox(self.redis, agent_id).send(text, source)
+        return MessageSent(id=sent, job=job_id, agent=agent_id)
 
     # -- approvals ----------------------------------------------------------------------------
 

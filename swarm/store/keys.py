@@ -175,6 +175,13 @@ def events(swarm_id: str) -> str:
     return f"{PREFIX}events:{swarm_id}"
 
 
+def mailbox(agent_id: str) -> str:
+    """Stream of the messages people sent to a running agent (``swarm say``), oldest first
+    (fields ``text``, ``from``); its loop reads those after its session's ``said`` at its
+    next turn boundary and deletes them once the session that holds them is saved."""
+    return f"{PREFIX}mailbox:{agent_id}"
+
+
 def wake(agent_id: str) -> str:
     """List the coordinator pushes to when a parent waiting in a terminal may go on."""
     return f"{PREFIX}wake:{agent_id}"

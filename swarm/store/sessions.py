@@ -165,6 +165,7 @@ def _decode(session_id: str, meta_raw: str, messages_raw: str | None) -> LoadedS
             updated=float(meta.get("updated", 0.0)),
             turns=int(meta.get("turns", 0)),
             parked=parked,
+            said=str(meta.get("said") or ""),
             repairs=found,
         )
     except (ValueError, TypeError, AttributeError) as exc:
@@ -178,7 +179,7 @@ def session_fields(session: Session) -> dict[str, str]:
     """The fields of a session's hash (``meta`` and ``messages``, both JSON)."""
     meta = {"id": session.id, "workspace": session.workspace, "created": session.created,
             "updated": session.updated, "usage": session.usage, "turns": session.turns,
-            "parked": session.parked}
+            "parked": session.parked, "said": session.said}
     return {"meta": json.dumps(meta),
             "messages": json.dumps(session.messages, ensure_ascii=False)}
 

@@ -57,6 +57,7 @@ from swarm.store.approvals import ApprovalQueue, QueueApprover
 from swarm.store.gate import RedisRateGate
 from swarm.store.hints import HomeHints, SwarmHints
 from swarm.store.ledger import SETTLED, AgentRecord, Ledger, RunRecord, Start
+from swarm.store.mailbox import Mailbox
 from swarm.store.sessions import RedisSessionStore
 from swarm.store.snapshots import SnapshotStore
 from swarm.workers import workspace as ws
@@ -260,6 +261,7 @@ class ChildRunner:
                 cancel=control.event,
                 guard=control.check_lease,
                 before_step=control.before_step,
+                mailbox=Mailbox(self.redis, run.agent),
                 mcp=self.mcp_servers(swarm_id),
                 # Its repository borrows the objects of the one its seed is in.
                 read_only=(workspace.odb / "objects",) if workspace.odb is not None else (),

@@ -661,6 +661,9 @@
         case "cancel":
           if (row) row.update({ last: "cancel: " + firstLine(ev.text, 200) });
           break;
+        case "message":
+          if (row) row.update({ last: "told: " + firstLine(ev.text, 200) });
+          break;
         default:
           break;
       }
@@ -708,7 +711,8 @@
         this.diffFor = "";
         this.convKey = "";
         for (const id of ["p-id", "p-state", "p-task", "p-result", "p-diff", "p-stat",
-          "p-earlier", "p-cancel-msg"]) $(id).textContent = "";
+          "p-earlier", "p-cancel-msg", "p-say-msg"]) $(id).textContent = "";
+        $("p-say-text").value = "";
         clear($("p-conv"));
         clear($("p-facts"));
         $("p-cancel-sure").hidden = true;
@@ -774,6 +778,7 @@
       $("p-task").textContent = a.task || "";
       const active = !SETTLED.has(a.state);
       $("p-cancel").disabled = !active;
+      $("p-say").hidden = !active;  // a settled agent reads no more messages
       $("p-earlier").textContent = detail.earlier ? "(" + detail.earlier + " earlier entries not shown)" : "";
       const key = JSON.stringify(detail.conversation);
       if (key !== this.convKey) {
@@ -851,6 +856,27 @@
         (done.flagged.length === 1 ? "" : "s") + " stopping";
     } catch (e) {
       $("p-cancel-msg").textContent = e.message;
+    }
+  });
+  // A message to the selected agent: it reads it at its next turn boundary.
+  $("p-say").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!watching || !watching.panel.agent) return;
+    const agent = watching.panel.agent;
+    const text = $("p-say-text").value;
+    if (!text.trim()) return;
+    $("p-say-send").disabled = true;
+    try {
+      await api("/v1/jobs/" + watching.id + "/agents/" + agent + "/messages",
+        { method: "POST", body: { text } });
+      if (agent === watching.panel.agent) {
+        $("p-say-text").value = "";
+        $("p-say-msg").textContent = "sent: it reads it at its next turn";
+      }
+    } catch (e) {
+      if (agent === watching.panel.agent) $("p-say-msg").textContent = e.message;
+    } finally {
+      $("p-say-send").disabled = false;
     }
   });
   $("p-close").addEventListener("click", () => {
