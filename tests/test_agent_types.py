@@ -21,6 +21,7 @@ from swarm.store.ledger import Ledger
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+from tests.helpers import wait_until
 
 LEAF = """---
 description: A cheap leaf for one small, well-described piece of a wide fan-out.
@@ -149,7 +150,10 @@ def tools_of(request: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def answer_with_results(request: dict[str, Any]) -> Reply:
-    return Reply(content="results: " + json.dumps(results_of(request)))
+    try:
+        return Reply(content="results: " + json.dumps(results_of(request)))
+    except ValueError:  # a call refused by its schema: its error, as it came
+        return Reply(content="results: " + json.dumps(tool_results(request)))
 
 
 @pytest.mark.slow
@@ -285,3 +289,42 @@ def test_status_shows_tokens_and_cost_per_agent_type(
     text = swarm(cluster, model, "status", swarm_id)
     assert text.exit_code == 0, text.output
     assert "  leaf: 2 agents, 3.0k tokens, ~$0.0040" in text.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_a_wrong_type_file_stops_swarm_run_with_its_file_and_line(
+        cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
+    model.responder = ByTask({}, default=Reply(content="never asked"))
+    folder = folder_with_types(tmp_path, leaf=LEAF.replace("max_turns: 5", "max_turns: -1"))
+    result = run(cluster, model, folder, "WRONG-TYPE")
+    assert result.exit_code != 0
+    assert f"{folder / '.swarm/agents/leaf.md'}:5: max_turns '-1'" in result.output
+    assert not [r for r in model.requests if task_of(r) == "WRONG-TYPE"]
+
+
+@pytest.mark.slow
+def test_a_jobs_types_are_taken_at_submission_and_its_typed_child_runs_on_the_workers(
+        cluster: tuple[str, Path], model: ScriptedModelServer, client: redis_lib.Redis,
+        tmp_path: Path) -> None:
+    from swarm.broker.app import configure
+    from swarm.runtime.jobs import job_state, submit_job
+
+    model.responder = ByTask({
+        "JOB-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "JOB-LEAF",
+                                                          "type": "leaf"}, id="c1")]),
+                     answer_with_results],
+        "JOB-LEAF": [Reply(content="job leaf done")],
+    })
+    folder = folder_with_types(tmp_path, leaf=LEAF)
+    ledger = Ledger(client)
+    settings = {"base_url": model.base_url, "model": "scripted-model", "yes": True}
+    swarm_id = submit_job(ledger, configure(cluster[0]), "JOB-ROOT", folder, settings,
+                          home=cluster[1])
+    # Written after submission: the job's types are those its folder had then.
+    (folder / ".swarm/agents/leaf.md").write_text(LEAF.replace("cheap-model", "evil-model"))
+    job = wait_until(lambda: (j := job_state(ledger, swarm_id))["state"] not in (
+        "queued", "running") and j, "the job to settle")
+    assert job["state"] == "done", job
+    assert [a["type"] for a in job["agents"]] == [None, "leaf"]
+    (leaf,) = [r for r in model.requests if task_of(r) == "JOB-LEAF"]
+    assert leaf["model"] == "cheap-model" and set(tools_of(leaf)) == {"run_cli"}
