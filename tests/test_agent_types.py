@@ -82,6 +82,7 @@ def test_a_type_file_is_read_from_its_front_matter_and_body(tmp_path: Path) -> N
     ("---\ndescription: d\n", 1, "not closed"),
     ("description: d\n", 1, "starts with a front matter"),
     ("---\ndescription: d\ndescription: e\n---\n", 3, "given twice"),
+    ("---\ndescription: d\nbase_url: https://u:sk-1@h/v1\n---\n", 3, "holds credentials"),
 ])
 def test_a_wrong_type_file_is_an_error_naming_its_file_and_line(
         tmp_path: Path, text: str, line: int, says: str) -> None:

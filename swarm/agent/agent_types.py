@@ -28,9 +28,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from swarm.config import POLICIES, parse_policies
 from swarm.errors import ConfigError
+from swarm.text import public_url
 
 TYPES_DIR = ".swarm/agents"
 USER_DIR = "agents"
@@ -213,7 +215,15 @@ def parse_type(name: str, text: str, where: str) -> AgentType:
                                   f"under {DESCRIPTION_MAX}")
     base_url = one("base_url")
     if base_url and not base_url.startswith(("http://", "https://")):
-        raise fail("base_url", f"base_url {base_url!r} is not an http(s) URL")
+        raise fail("base_url", f"base_url {public_url(base_url)!r} is not an http(s) URL")
+    try:
+        netloc = urlsplit(base_url).netloc
+    except ValueError:
+        raise fail("base_url", f"base_url {public_url(base_url)!r} is not a URL") from None
+    if "@" in netloc:
+        raise fail("base_url", "base_url holds credentials; a type travels with the swarm's "
+                               "record, so it holds no key: give the workers the key in "
+                               "their environment (SWARM_API_KEY)")
     tools = many("tools")
     for tool in tools or ():
         if not TOOL.match(tool):
