@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarm import telemetry
 from swarm.agent import compaction
+from swarm.agent.agent_types import AgentType, AgentTypes
 from swarm.agent.approval import ApprovalGate
 from swarm.agent.folder import AgentFolder, TypedTool
 from swarm.agent.protocols import (
@@ -29,11 +30,11 @@ from swarm.agent.protocols import (
 )
 from swarm.agent.shell import clamp_timeout
 from swarm.agent.tools import (
-    AGENT,
     LEAVE_MEMORY_HINTS,
     LOAD_SKILL,
     RUN_CLI,
     Call,
+    agent_schema,
     parse_call,
     tool_name,
 )
@@ -142,6 +143,10 @@ class Agent:
     """Offers the ``agent`` tool when set (berserk mode)."""
     mcp: McpTools | None = None
     """The tools of the agent's MCP servers (``mcp__<server>__<tool>``)."""
+    types: AgentTypes | None = None
+    """The agent types its ``agent`` tool may start (the swarm's)."""
+    kind: AgentType | None = None
+    """Its own type, whose tools are the only ones it is offered (None: every tool)."""
     guard: Callable[[], None] | None = None
     """Called before every save; raises to stop an agent that lost its session lock."""
     before_step: Callable[[Agent], None] | None = None
@@ -301,7 +306,8 @@ class Agent:
                     trace = telemetry.traceparent()
                 spawns.append(SpawnCall(call.id, str(args["message"]),
                                         str(args.get("agent_id", "")), args.get("output_schema"),
-                                        trace, empty=args.get("seed") is False))
+                                        trace, empty=args.get("seed") is False,
+                                        type=str(args.get("type") or "")))
                 self.observer.on_tool_start(call, self.summary(call))
                 continue
             try:
@@ -417,7 +423,7 @@ class Agent:
         if self.folder is not None and self.folder.skills():
             schemas.append(LOAD_SKILL)
         if self.spawner is not None:
-            schemas.append(AGENT)
+            schemas.append(agent_schema(self.types))
         schemas.extend(t.schema() for t in self._typed.values())
         if self.mcp is not None:
             schemas.extend(self.mcp.schemas())
@@ -425,7 +431,8 @@ class Agent:
                 self.observer.on_notice(notice)
         if self.crisis_index() is not None:
             schemas.append(LEAVE_MEMORY_HINTS)
-        return {tool_name(s): s for s in schemas}
+        kind = self.kind
+        return {tool_name(s): s for s in schemas if kind is None or kind.allows(tool_name(s))}
 
     def crisis_index(self) -> int | None:
         """Where the emergency instruction stands, when the context is in crisis."""

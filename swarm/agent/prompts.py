@@ -27,6 +27,8 @@ class PromptParts:
     """Everything the system prompt is made of, gathered by the caller."""
 
     hints: str = ""
+    base: str = INSTRUCTIONS
+    """What the agent is and how it works: swarm's own, or a declared type's body."""
     environment: str = ""
     instructions: str = ""
     """AGENTS.md and .swarm/instructions.md, already read."""
@@ -40,7 +42,7 @@ class PromptParts:
 
 def system_prompt(parts: PromptParts) -> str:
     """Assemble the system prompt from its parts; empty parts are left out."""
-    sections = [INSTRUCTIONS]
+    sections = [parts.base]
     if parts.extra:
         sections.append(parts.extra)
     sections.append(f"<memory_hints>\n{parts.hints.strip()}\n</memory_hints>")

@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from swarm.agent.agent_types import AgentTypes
 
 ToolSchema = dict[str, Any]
 
@@ -93,6 +96,28 @@ AGENT = function_schema(
     },
     ["message"],
 )
+
+
+def agent_schema(types: AgentTypes | None) -> ToolSchema:
+    """The ``agent`` tool: :data:`AGENT`, and with declared types a ``type`` parameter and
+    the types listed by name and description (an unknown name is refused when it is
+    dispatched, with the list)."""
+    if not types:
+        return AGENT
+    listed = "\n".join(f"- {t.name}: {t.description}" for _, t in sorted(types.types.items()))
+    function = AGENT["function"]
+    parameters = function["parameters"]
+    return {"type": "function", "function": {
+        **function,
+        "description": (f"{function['description']}\n\nAgent types: pass `type` to start a "
+                        "child of one (its own instructions, tools and model; without "
+                        "`type` the child is a copy of you). A continued child keeps its "
+                        f"type.\n{listed}"),
+        "parameters": {**parameters, "properties": {
+            **parameters["properties"],
+            "type": {"type": "string",
+                     "description": f"the agent type to start: {', '.join(types.names())}"}}},
+    }}
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,8 @@ def agent_line(agent: AgentView, now: float, color: bool = False) -> str:
             f"{fmt_duration(agent.elapsed(now)):>7}  {agent.turns or '-':>3} "
             f"{'turn ' if agent.turns == 1 else 'turns'}  "
             f"{fmt_tokens(agent.tokens) if agent.tokens else '-':>6} tok  "
-            f"{'  ' * agent.level}{agent.id}  {agent.label[:50]}"
+            f"{'  ' * agent.level}{agent.id}{f' [{agent.type}]' if agent.type else ''}  "
+            f"{agent.label[:50]}"
             + (f"  | {doing[:100]}" if doing else ""))
 
 
@@ -91,14 +92,16 @@ def worker_sandboxes(redis_: redis.Redis, workers: list[str]) -> dict[str, list[
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("swarm_id", required=False)
 @click.option("--json", "as_json", is_flag=True,
-              help="Every agent as JSON (id, parent, state, depth, usage, timings, error).")
+              help="Every agent as JSON (id, parent, state, depth, type, usage, timings, "
+                   "error), and the totals (per agent type too).")
 @handle_errors
 def status(swarm_id: str | None, as_json: bool) -> None:
     """Show the agents of SWARM_ID (default: the latest swarm) as a tree.
 
     Failures come first with their error; each agent shows its state, depth, elapsed time,
-    turns, tokens and last command. SWARM_PRICE_INPUT / SWARM_PRICE_OUTPUT (dollars per
-    million tokens) add an estimated cost.
+    turns, tokens and last command. With declared agent types, the tokens per type come
+    after the summary. SWARM_PRICE_INPUT / SWARM_PRICE_OUTPUT (dollars per million tokens)
+    add an estimated cost.
     """
     prices = prices_from_env()
     with open_store(settings_from()) as store:
@@ -110,6 +113,8 @@ def status(swarm_id: str | None, as_json: bool) -> None:
         return
     color = sys.stdout.isatty()
     click.echo(snapshot.summary(prices))
+    for line in snapshot.type_lines(prices):
+        click.echo(line)
     click.echo(f"  {snapshot.info.get('workspace', '')}  task: "
                f"{first_line(snapshot.info.get('task', ''), 80)}")
     click.echo(f"  {plural(len(workers), 'worker')}, "

@@ -6,9 +6,9 @@ transition, and this module adds the policy (which calls are refused) and the Ce
 tasks:
 
 - ``spawn``: a parent's ``agent`` calls. Each is checked (message size, output schema,
-  depth, ``agent_id``, a cancelled parent); the ledger writes the accepted children up to
-  the swarm's children limit and holds those over its in-flight limit; the rest are sent
-  as ``swarm.agent.run`` tasks.
+  depth, ``agent_id``, ``type`` against the swarm's recorded types, a cancelled parent);
+  the ledger writes the accepted children up to the swarm's children limit and holds
+  those over its in-flight limit; the rest are sent as ``swarm.agent.run`` tasks.
 - ``settle``: a run finished. Held runs are released, and when every run of the request
   has settled the ledger answers the parent's calls in its session; the parent is woken
   (a root in a terminal) or resumed (``swarm.agent.resume``).
@@ -98,6 +98,7 @@ class Coordinator:
         self.ledger = Ledger(redis_, grace=settings.takeover_grace)
         self.stop = threading.Event()
         self._limits: TTLCache[str, Settings] = TTLCache(LIMITS_TTL)
+        self._types: TTLCache[str, frozenset[str]] = TTLCache(LIMITS_TTL)
         self.events = BufferedEvents(app)
 
     def run(self) -> None:
@@ -174,6 +175,21 @@ class Coordinator:
             if k in ("max_depth", "max_children", "max_parallel", "token_budget",
                      "output_cap")}))
 
+    def types(self, swarm_id: str) -> frozenset[str]:
+        """The names of the swarm's agent types (fixed when it was created)."""
+        return self._types.get_or_load(
+            swarm_id, lambda: frozenset(self.ledger.swarm_types(swarm_id)))
+
+    def check_type(self, kind: str, swarm_id: str) -> str:
+        """Why a new child cannot be of type ``kind`` (or ""): only the types recorded
+        with the swarm exist, never one a workspace declares later."""
+        known = self.types(swarm_id)
+        if not kind or kind in known:
+            return ""
+        names = ", ".join(sorted(known)) or (
+            "none (no .swarm/agents/NAME.md files when the swarm started)")
+        return f"unknown agent type {kind!r}; known types: {names}. Omit type for a copy of you"
+
     def spawn(self, request_id: str) -> None:
         req = self.ledger.begin_dispatch(request_id)
         if not req:
@@ -203,6 +219,7 @@ class Coordinator:
             if run_id in existing:
                 continue
             target = call.get("agent_id") or ""
+            kind = str(call.get("type") or "")
             refusal, agent_id, label = check_call(call), "", ""
             if not refusal and cancelled:
                 refusal = "the parent was cancelled"
@@ -213,8 +230,10 @@ class Coordinator:
             if refusal:
                 pass  # refused before looking at the target
             elif target:
-                refusal, label = self.continuation(target, swarm_id, parent_id)
+                refusal, label = self.continuation(target, swarm_id, parent_id, kind)
                 agent_id = target
+            elif refusal := self.check_type(kind, swarm_id):
+                pass
             elif depth > limits.max_depth:
                 refusal = (f"depth limit reached: a child here would be at depth {depth}, "
                            f"the limit is {limits.max_depth} (SWARM_MAX_DEPTH); do this part "
@@ -232,7 +251,8 @@ class Coordinator:
                                    label=label or label_of(call["message"]),
                                    traceparent=str(call.get("traceparent") or ""),
                                    parent_run=parent.run,
-                                   seed="" if target else str(call.get("seed") or "")))
+                                   seed="" if target else str(call.get("seed") or ""),
+                                   type="" if target else kind))
         spawned = self.ledger.spawn(swarm_id, parent, accepted, limits.max_children,
                                     limits.max_parallel)
         for new in spawned.over:
@@ -245,8 +265,10 @@ class Coordinator:
         # and the replay re-sends what is not going yet (a task sent twice is claimed once).
         self.ledger.dispatched(request_id, swarm_id, parent_id, runs)
 
-    def continuation(self, target: str, swarm_id: str, parent_id: str) -> tuple[str, str]:
-        """Why the parent cannot continue its child ``target`` (or ""), and its label."""
+    def continuation(self, target: str, swarm_id: str, parent_id: str,
+                     kind: str = "") -> tuple[str, str]:
+        """Why the parent cannot continue its child ``target`` (or ""), and its label. A
+        continued child keeps its type: a call naming another is refused."""
         existing = self.ledger.agent(target)
         if existing is None or existing.swarm != swarm_id:
             return f"no agent {target!r} in this swarm; omit agent_id to start a new one", ""
@@ -255,6 +277,11 @@ class Coordinator:
                     existing.label)
         if existing.state not in SETTLED:
             return f"agent {target!r} is still {existing.state}; wait for it", existing.label
+        if kind and kind != existing.type:
+            was = f"of type {existing.type!r}" if existing.type else "a copy of you (no type)"
+            return (f"agent {target!r} is {was}, and a continued child keeps its type; omit "
+                    "type to continue it, or omit agent_id to start a new child of type "
+                    f"{kind!r}", existing.label)
         return "", existing.label
 
     def send_runs(self, runs: list[NewRun], swarm_id: str) -> None:

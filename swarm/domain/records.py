@@ -153,6 +153,8 @@ class AgentRecord:
     session_turns: int = 0
     """A root in a terminal: which conversation of its folder was this swarm's, and its
     turns when the root last stopped (``swarm attach`` resumes only that one)."""
+    type: str = ""
+    """Its declared agent type ("": a copy of its parent; a root has none)."""
     kept: bool = False
     """A root in a terminal whose figures, answer and error for this swarm were kept as
     the swarm settled (:class:`RootEnd`)."""
@@ -177,7 +179,8 @@ class AgentRecord:
             answer=row.get("answer", ""), error=row.get("error", ""),
             base_usage=usage_of(row.get("base_usage")), base_turns=_int(row.get("base_turns")),
             session_created=_float(row.get("session_created")),
-            session_turns=_int(row.get("session_turns")), kept=row.get("kept") == "1")
+            session_turns=_int(row.get("session_turns")), kept=row.get("kept") == "1",
+            type=row.get("type", ""))
 
     @property
     def session_id(self) -> str:

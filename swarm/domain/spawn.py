@@ -18,6 +18,8 @@ class SpawnCall:
     """The W3C trace context of this call, when telemetry is on (see swarm.telemetry)."""
     empty: bool = False
     """The model asked for a child that starts in an empty folder (``seed: false``)."""
+    type: str = ""
+    """The declared agent type it asks for ("": a copy of its parent)."""
     seed: str = ""
     """The snapshot of the parent's workspace the child starts from ("" : empty), set by
     the spawner when it takes the snapshot."""

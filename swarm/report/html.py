@@ -151,7 +151,12 @@ def render_html(snapshot: Snapshot, prices: Prices) -> str:
         out.append(f'<span class=chip data-state="{escape(state)}" title="click to hide or '
                    f'show" style="background:{COLORS.get(state, "#666")}">'
                    f"{counts[state]} {escape(state)}</span>")
-    out.append("</p></section>")
+    out.append("</p>")
+    by_type = snapshot.type_lines(prices)
+    if by_type:
+        out.append("<p>By agent type:</p><ul>"
+                   + "".join(f"<li>{escape(line.strip())}</li>" for line in by_type) + "</ul>")
+    out.append("</section>")
     failures = snapshot.failures()
     if failures:
         out.append(f"<section class=failures><h2>Failures ({len(failures)})</h2><ol>")

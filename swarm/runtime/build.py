@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from swarm.agent import sandbox
+from swarm.agent import agent_types, sandbox
+from swarm.agent.agent_types import AgentType, AgentTypes
 from swarm.agent.approval import ApprovalGate, LLMReviewer
 from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
@@ -58,18 +59,26 @@ def tools_cache(settings: Settings) -> Path:
 
 
 def prompt_builder(workspace: Path, folder: AgentFolder, extra: str = "",
-                   tools_file: Path | None = None) -> Callable[[str], str]:
+                   tools_file: Path | None = None,
+                   kind: AgentType | None = None) -> Callable[[str], str]:
     """A function of the memory hints that gives the whole system prompt.
 
-    The environment probe and the agent folder are read once per agent, not per turn.
+    The environment probe and the agent folder are read once per agent, not per turn. An
+    agent of a declared type ``kind`` has its instructions in place of swarm's and of the
+    folder's (unless it inherits those), and its skills only when it has ``load_skill``.
     """
     parts = PromptParts(
         environment=probe_environment(workspace, tools_file),
-        instructions=folder.instructions(),
-        skills=[(s.name, s.summary) for s in folder.skills()],
+        instructions=folder.instructions()
+        if kind is None or "instructions" in kind.inherit else "",
+        skills=[(s.name, s.summary) for s in folder.skills()]
+        if kind is None or kind.allows("load_skill") else [],
         tool_errors=folder.typed_tools()[1],
         extra=extra,
     )
+    if kind is not None:
+        parts = dataclasses.replace(parts, base=kind.instructions or (
+            f"You are an agent of type {kind.name}: {kind.description}"))
 
     def build(hints: str) -> str:
         return system_prompt(dataclasses.replace(parts, hints=hints))
@@ -102,6 +111,8 @@ def build_agent(
     boxed_mcp: bool = False,
     hidden: tuple[Path, ...] = (),
     kind: str = "root",
+    types: AgentTypes | None = None,
+    agent_type: AgentType | None = None,
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
@@ -118,7 +129,14 @@ def build_agent(
     servers start in the box its commands run in, when they run in one
     (:mod:`swarm.agent.mcp_box`). ``hidden`` folders are hidden from its sandboxed
     commands like ``SWARM_HOME`` (a same-host child's parent's workspace). ``kind`` (root in
-    a terminal, job, child) picks its turn limit (:meth:`Settings.turn_limit`)."""
+    a terminal, job, child) picks its turn limit (:meth:`Settings.turn_limit`). ``types``
+    are the declared types its ``agent`` tool may start; ``agent_type`` is its own: its
+    instructions, and its tools only (its MCP servers too: those its tools name). Its
+    model, approvals and turn limit are the caller's to put in ``settings`` and ``model``."""
+    if agent_type is not None and mcp is not None and \
+            (servers := agent_type.mcp_servers()) is not None:
+        mcp = dataclasses.replace(mcp, servers=tuple(s for s in mcp.servers
+                                                     if s.name in servers))
     folder = AgentFolder(workspace)
     env = LocalEnvironment(workspace, output_cap=settings.output_cap, cancel=cancel,
                            sandbox=settings.sandbox, network=sandbox.network_of(settings),
@@ -136,7 +154,8 @@ def build_agent(
         env=env,
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
-        system_prompt=prompt_builder(workspace, folder, extra_prompt, tools_cache(settings)),
+        system_prompt=prompt_builder(workspace, folder, extra_prompt, tools_cache(settings),
+                                     agent_type),
         store=store,
         hints=hints,
         folder=folder,
@@ -155,6 +174,8 @@ def build_agent(
         before_step=before_step,
         mailbox=mailbox,
         mcp=mcp_tools(settings, mcp, cancel, box) if mcp is not None else None,
+        types=types,
+        kind=agent_type,
     )
 
 
@@ -269,7 +290,8 @@ def local_agent(
                     settings, workspace, model, session, store=sessions,
                     hints=HomeHints(store.redis, settings.home), approver=approver,
                     observer=observer, spawner=made, guard=guard,
-                    mcp=mcp_config.load(workspace, settings.home))
+                    mcp=mcp_config.load(workspace, settings.home),
+                    types=agent_types.load(workspace, settings.home))
                 yield LocalRun(agent, store, sessions, resumed, repaired, outage)
             finally:
                 model.close()

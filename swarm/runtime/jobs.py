@@ -14,6 +14,8 @@ from typing import Any
 
 from celery import Celery
 
+from swarm.agent import agent_types
+from swarm.agent.agent_types import AgentTypes
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
 from swarm.store.ledger import Ledger, RunRecord, new_swarm_id
@@ -28,14 +30,18 @@ def job_run_id(swarm_id: str) -> str:
 def submit_job(ledger: Ledger, app: Celery, task: str, workspace: Path,
                settings: dict[str, Any], source: str = "api", owner: str = "",
                jobs_root: Path | None = None, *, mcp: McpConfig | None = None,
-               home: Path | None = None) -> str:
+               types: AgentTypes | None = None, home: Path | None = None) -> str:
     """Record a job's swarm and root, and enqueue the root; returns the swarm id. ``owner``:
     the id of the API token that submits it; ``jobs_root``: the folder ``workspace`` was
     checked to lie beneath (the worker opens it from there, following no symbolic link).
 
     The job's MCP servers are fixed now, with the swarm: ``mcp``, else those of ``home``'s
     ``mcp.json`` and of the workspace's files as they are at submission. The workers never
-    read them from the workspace, which the job's commands write."""
+    read them from the workspace, which the job's commands write. Its agent ``types`` alike
+    (:class:`~swarm.errors.ConfigError` for a type file that is wrong: nothing is
+    queued)."""
+    if types is None:
+        types = agent_types.load(workspace, home)
     if mcp is None:
         mcp = mcp_config.load(workspace, home)
     for problem in mcp.problems:
@@ -47,7 +53,7 @@ def submit_job(ledger: Ledger, app: Celery, task: str, workspace: Path,
                         socket.gethostname(), swarm_id, kind="job", state="queued", job=run,
                         source=source, owner=owner,
                         jobs_root=str(jobs_root) if jobs_root is not None else "",
-                        mcp=mcp.to_json())
+                        mcp=mcp.to_json(), types=types.to_json())
     app.send_task("swarm.agent.run", args=[run.id], task_id=run.id,
                   shadow=f"job {swarm_id}: {' '.join(task.split()[:8])}"[:200],
                   argsrepr=repr((run.id,)), kwargsrepr="{}", ignore_result=True,
@@ -83,4 +89,5 @@ def job_state(ledger: Ledger, swarm_id: str) -> dict[str, Any]:
     return {"id": swarm_id, "state": state, "answer": result.get("answer"),
             "error": result.get("error"), "usage": usage,
             "agents": [{"id": a.id, "parent": a.parent, "depth": a.depth, "state": a.state,
-                        "label": a.label, "landing": a.landing or None} for a in agents]}
+                        "label": a.label, "landing": a.landing or None, "type": a.type or None}
+                       for a in agents]}

@@ -20,6 +20,7 @@ import redis
 
 from swarm import faults
 from swarm.agent import sandbox
+from swarm.agent.agent_types import AgentTypes
 from swarm.agent.loop import Agent
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest, Decision
@@ -75,6 +76,9 @@ class RootSwarm:
     mcp: McpConfig = field(default_factory=McpConfig)
     """The root's MCP servers, recorded with the swarm for its children (as configured:
     ``${VAR}`` references, never their values)."""
+    types: AgentTypes = field(default_factory=AgentTypes)
+    """The agent types its children may be, recorded with the swarm (read from its folder
+    as it started, never again)."""
     start: RootStart | None = field(default=None, init=False)
     """Its folder's session as this run began (the swarm's figures are what it adds)."""
     _last_event: str = field(default="0-0", init=False)
@@ -118,7 +122,8 @@ class RootSwarm:
         if not self.ledger.swarm(self.swarm_id):
             self.ledger.create_swarm(self.swarm_id, self.swarm_id, self.session.workspace,
                                      self.task, inherited, socket.gethostname(), self.session.id,
-                                     mcp=self.mcp.to_json(), start=self.start,
+                                     mcp=self.mcp.to_json(), types=self.types.to_json(),
+                                     start=self.start,
                                      unconfined=self.unconfined)
         self.ensure_runtime()
         # What swarms that ended long ago left in SWARM_HOME and the repository's refs.
@@ -192,6 +197,8 @@ class RootSwarm:
         self.model_id = agent.model.model
         if agent.mcp is not None:
             self.mcp = agent.mcp.config
+        if agent.types is not None:
+            self.types = agent.types
         self.limit(agent)
         self.listen(agent)
         try:

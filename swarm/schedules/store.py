@@ -14,6 +14,7 @@ import redis
 from celery import Celery
 from redbeat.schedulers import REDBEAT_SENTINEL_KEY, RedBeatConfig, RedBeatSchedulerEntry
 
+from swarm.agent import agent_types
 from swarm.mcp_client import config as mcp_config
 from swarm.runtime.jobs import submit_job
 from swarm.schedules.spec import Schedule, ScheduleError, folder_source, load_folder, parse_cron
@@ -169,7 +170,7 @@ def fire(redis_: redis.Redis, app: Celery, name: str, fire_id: str, home: Path
     # folder earlier firings' commands wrote.
     job_id = submit_job(Ledger(redis_), app, schedule.task, workspace, settings,
                         source=f"schedule:{name}", jobs_root=root,
-                        mcp=mcp_config.load(None, home))
+                        mcp=mcp_config.load(None, home), types=agent_types.load(None, home))
     schedule.last_job, schedule.last_fired = job_id, time.time()
     if redis_.hexists(keys.schedules(), name):  # not removed meanwhile
         redis_.hset(keys.schedules(), name, json.dumps(schedule.to_dict(), ensure_ascii=False))

@@ -89,6 +89,9 @@ class AgentInfo(BaseModel):
     landing: str | None = Field(default=None, description=(
         "how a child's work came home in its parent's workspace: landed, conflict, kept, "
         "no changes, check failed, failed (null until its parent took it)"))
+    type: str | None = Field(default=None, description=(
+        "its declared agent type (.swarm/agents/NAME.md); null for a copy of its parent "
+        "and for the root"))
 
 
 class Job(BaseModel):

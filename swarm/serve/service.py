@@ -28,7 +28,7 @@ from swarm.cache import TTLCache
 from swarm.config import Settings
 from swarm.domain.approval import Decision
 from swarm.domain.records import AgentRecord
-from swarm.errors import RequestError, WorkspaceError
+from swarm.errors import ConfigError, RequestError, WorkspaceError
 from swarm.report import conversation
 from swarm.report.display import Prices
 from swarm.report.snapshot import AgentView, SnapshotReader
@@ -160,9 +160,12 @@ class Service:
             workspace, root = self.workspace, None  # the operator's folder (swarm mcp -C)
         else:
             workspace = new_job_folder(self.root)
-        return submit_job(self.ledger, self.celery, body.task, workspace,
-                          self.job_settings(body), source=source, owner=caller.id,
-                          jobs_root=root, home=self.settings.home)
+        try:
+            return submit_job(self.ledger, self.celery, body.task, workspace,
+                              self.job_settings(body), source=source, owner=caller.id,
+                              jobs_root=root, home=self.settings.home)
+        except ConfigError as exc:  # an agent type's file is wrong: nothing was queued
+            raise RequestError(str(exc), 400) from None
 
     def visible(self, job_id: str, caller: Caller) -> dict[str, str]:
         """The job's swarm record when ``caller`` may see it; else 404, the same as for a

@@ -385,6 +385,8 @@ class NewRun:
     """The Celery task of the parent's run ("" for a root in a terminal)."""
     seed: str = ""
     """The snapshot a new child's workspace starts from ("": an empty folder)."""
+    type: str = ""
+    """A new child's declared agent type ("": a copy of its parent)."""
     host: str = ""
     """The host whose workers must take it ("": any): its agent's folder is there, with no
     snapshot to restore it from elsewhere (a child taken over mid-run)."""
@@ -478,16 +480,18 @@ class Ledger:
                      settings: dict[str, Any], host: str, session_id: str,
                      kind: str = "root", state: str = "running",
                      job: RunRecord | None = None, source: str = "",
-                     mcp: dict[str, Any] | None = None, owner: str = "",
+                     mcp: dict[str, Any] | None = None, types: dict[str, Any] | None = None,
+                     owner: str = "",
                      jobs_root: str = "", start: RootStart | None = None,
                      unconfined: bool = False) -> None:
         """Create a swarm and its root agent (idempotent). ``kind`` is ``root`` for a root
         in a terminal, ``job`` for a root that runs as a task (HTTP jobs, schedules),
         whose queued ``job`` run is written in the same transaction. ``mcp`` is the swarm's
         MCP configuration, fixed for its agents (a root's as it started, a job's as it was
-        submitted). A job's ``owner`` is the id of the API token that submitted it; its
-        ``jobs_root`` the folder its workspace must stay beneath (the worker opens the
-        workspace from there, never through a symbolic link). ``start`` is a root's
+        submitted); ``types`` its declared agent types, fixed the same way
+        (:mod:`swarm.agent.agent_types`). A job's ``owner`` is the id of the API token that
+        submitted it; its ``jobs_root`` the folder its workspace must stay beneath (the
+        worker opens the workspace from there, never through a symbolic link). ``start`` is a root's
         folder session as the swarm began (:class:`~swarm.domain.records.RootStart`).
         ``unconfined``: a root in a
         terminal that runs its commands unconfined; its children may run unconfined too, on
@@ -503,7 +507,8 @@ class Ledger:
                 **({"owner": owner} if owner else {}),
                 **({"jobs_root": jobs_root} if jobs_root else {}),
                 **({"unconfined": "1"} if unconfined else {}),
-                **({"mcp": json.dumps(mcp)} if mcp is not None else {})})
+                **({"mcp": json.dumps(mcp)} if mcp is not None else {}),
+                **({"types": json.dumps(types)} if types else {})})
             pipe.zadd(keys.swarms_index(), {swarm_id: now}, nx=True)
             pipe.hset(keys.agent(root_id), mapping={
                 "id": root_id, "swarm": swarm_id, "parent": "", "depth": 0, "kind": kind,
@@ -549,6 +554,11 @@ class Ledger:
         """The MCP configuration recorded with the swarm; None before it is recorded."""
         raw = self.redis.hget(keys.swarm(swarm_id), "mcp")
         return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else None
+
+    def swarm_types(self, swarm_id: str) -> dict[str, Any]:
+        """The agent types recorded with the swarm (``{}``: none were declared)."""
+        raw = self.redis.hget(keys.swarm(swarm_id), "types")
+        return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else {}
 
     def unconfined(self, swarm_id: str) -> bool:
         """Whether the swarm's root runs its commands unconfined (:meth:`create_swarm`)."""
@@ -761,7 +771,8 @@ class Ledger:
                     "swarm": swarm_id, "parent": parent.id, "depth": item.depth,
                     "kind": "child", "workspace": "", "label": item.label,
                     "created": now, "host": "", "parent_workspace": parent.workspace,
-                    "parent_host": parent.host, "seed": item.seed})
+                    "parent_host": parent.host, "seed": item.seed,
+                    **({"type": item.type} if item.type else {})})
                 pipe.expire(akey, self.ttl)
                 pipe.zadd(keys.swarm_agents(swarm_id), {run.agent: now}, nx=True)
             pipe.hset(akey, mapping={"run": run.id, "state": "queued"})

@@ -29,6 +29,7 @@ import redis
 
 from swarm import faults, telemetry
 from swarm.agent import grants, sandbox
+from swarm.agent.agent_types import AgentType, AgentTypes
 from swarm.agent.loop import Agent
 from swarm.agent.output import ask_for, check_output, retry_message
 from swarm.cache import TTLCache
@@ -79,6 +80,13 @@ NO_CHANGES = "none: its workspace is as it was given, nothing to merge"
 ENDPOINT = frozenset({"base_url", "model"})
 
 
+def typed_settings(settings: Settings, kind: AgentType) -> Settings:
+    """``settings`` for a child of type ``kind``: its model and endpoint (the key stays the
+    worker's), its approval policies and its turn limit, where it gives them."""
+    return settings.with_(model=kind.model or None, base_url=kind.base_url or None,
+                          approval=kind.policies(), child_max_turns=kind.max_turns or None)
+
+
 @dataclass
 class ChildRunner:
     """Everything a worker process needs to run children; one per process."""
@@ -95,6 +103,7 @@ class ChildRunner:
         self.snapshots = SnapshotStore(self.redis)
         self._settings: TTLCache[str, dict[str, Any]] = TTLCache(SETTINGS_TTL)
         self._mcp: TTLCache[str, McpConfig] = TTLCache(SETTINGS_TTL)
+        self._types: TTLCache[str, AgentTypes] = TTLCache(SETTINGS_TTL)
         self.sandbox = sandbox.for_worker(self.settings)
         """Where this worker runs its children's commands (tried once, at the first child)."""
 
@@ -178,6 +187,15 @@ class ChildRunner:
             # A worker configured with its own endpoint keeps it (a deployment's workers);
             # one without (local workers, the demo) uses the root's.
             if not (k in ENDPOINT and ENDPOINT & self.settings.explicit)})
+        kind = self.agent_types(swarm_id).get(record.type) if record.type else None
+        if record.type and kind is None:
+            error = (f"its agent type {record.type!r} is not among those recorded with swarm "
+                     f"{swarm_id}: {self.agent_types(swarm_id).known()}")
+            self.ledger.settle(run, swarm_id, "failed", {"agent_id": run.agent, "error": error},
+                               {}, token=watched.token)
+            return {"run": run.id, "state": "failed"}
+        if kind is not None:
+            settings = typed_settings(settings, kind)
         if self.sandbox.refuse and not (self.sandbox.fallback
                                         and self.ledger.unconfined(swarm_id)):
             error = f"worker {self.host} cannot sandbox commands: {self.sandbox.refuse}"
@@ -202,7 +220,8 @@ class ChildRunner:
         isolated = workspace.view is not None and self.sandbox.box is not None and \
             views.isolate(self.settings.home / "workspaces", workspace.top)
         try:
-            return self._work_in(workspace, seeds, settings, run, start, resume, send, watched)
+            return self._work_in(workspace, seeds, settings, run, start, resume, send, watched,
+                                 kind)
         finally:
             try:
                 if isolated:
@@ -212,7 +231,8 @@ class ChildRunner:
 
     def _work_in(self, workspace: ws.Workspace, seeds: Seeds, settings: Settings,
                  run: RunRecord, start: Start, resume: bool,
-                 send: Callable[..., None] | None, watched: Watched) -> dict[str, Any]:
+                 send: Callable[..., None] | None, watched: Watched,
+                 kind: AgentType | None) -> dict[str, Any]:
         record = start.record
         swarm_id = record.swarm
         session = self.sessions.from_fields(run.agent, start.session_meta,
@@ -256,13 +276,15 @@ class ChildRunner:
                                      keeper=parked.state,
                                      host=self.host, keep_state=True),
                 extra_prompt=role_prompt(record.kind, run.agent, record.depth,
-                                         workspace.path),
+                                         workspace.path, record.type),
                 agent_id=run.agent,
                 cancel=control.event,
                 guard=control.check_lease,
                 before_step=control.before_step,
                 mailbox=Mailbox(self.redis, run.agent),
                 mcp=self.mcp_servers(swarm_id),
+                types=self.agent_types(swarm_id),
+                agent_type=kind,
                 # Its repository borrows the objects of the one its seed is in.
                 read_only=(workspace.odb / "objects",) if workspace.odb is not None else (),
                 die_with_runner=True,
@@ -401,6 +423,13 @@ class ChildRunner:
         config = McpConfig.from_json(raw)
         self._mcp.put(swarm_id, config)
         return config
+
+    def agent_types(self, swarm_id: str) -> AgentTypes:
+        """The agent types recorded with the swarm when it was started or submitted. Never
+        read from a workspace: its commands write it, and a type file planted there would
+        give a child the instructions, tools and model of their choosing."""
+        return self._types.get_or_load(
+            swarm_id, lambda: AgentTypes.from_json(self.ledger.swarm_types(swarm_id)))
 
     def _rebase(self, workspace: ws.Workspace, seeds: Seeds, run: RunRecord,
                 record: AgentRecord) -> tuple[ws.Workspace, RunRecord]:

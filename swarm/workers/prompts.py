@@ -9,6 +9,11 @@ own: nobody can answer questions. Your final answer (a message without tool call
 to your parent as the result, so make it self-contained: what you did, what you found, where
 the files are. Your workspace is {workspace}."""
 
+TYPED_PROMPT = """You are agent {agent_id}, a child of type {type} at depth {depth} of a swarm.
+Your parent handed you the task in the first user message. Do it completely on your own:
+nobody can answer questions. Your final answer (a message without tool calls) goes back to
+your parent as the result, so make it self-contained. Your workspace is {workspace}."""
+
 JOB_PROMPT = """You are agent {agent_id}, running a job submitted to the swarm (over HTTP or by a
 schedule); nobody watches a terminal. Do the task in the first user message completely; your
 final answer (a message without tool calls) is the job's result. Your workspace is
@@ -22,7 +27,10 @@ RESUMED = ("[your previous worker stopped while you were working; you are resume
            "effects before running it again.]")
 
 
-def role_prompt(kind: str, agent_id: str, depth: int | str, workspace: object) -> str:
-    """The part of the system prompt that says who the agent is: a job's or a child's."""
-    template = JOB_PROMPT if kind == "job" else CHILD_PROMPT
-    return template.format(agent_id=agent_id, depth=depth, workspace=workspace)
+def role_prompt(kind: str, agent_id: str, depth: int | str, workspace: object,
+                agent_type: str = "") -> str:
+    """The part of the system prompt that says who the agent is: a job's or a child's (of
+    a declared type: not a copy of its parent)."""
+    template = JOB_PROMPT if kind == "job" else TYPED_PROMPT if agent_type else CHILD_PROMPT
+    return template.format(agent_id=agent_id, depth=depth, workspace=workspace,
+                           type=agent_type)
