@@ -21,6 +21,8 @@ from swarm.cli import main
 from swarm.report.display import Prices
 from swarm.report.html import render_html
 from swarm.report.snapshot import SnapshotReader
+from swarm.store.ledger import Ledger
+from swarm.store.mailbox import Mailbox
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
@@ -229,3 +231,17 @@ def test_status_logs_and_report_of_a_real_swarm(cluster: tuple[str, Path],
     if shutil.which(CHROMIUM):
         dom = chromium_dom(target, tmp_path)
         assert all(f'id="agent-{a["id"]}"' in dom for a in agents)
+
+
+def test_the_report_shows_the_messages_people_sent_its_agents(redis: redis_py.Redis) -> None:
+    swarm_id = small_swarm(redis)
+    kid = next(a.id for a in Ledger(redis).agents(swarm_id) if a.state == "running")
+    Mailbox(redis, kid).send("<i>use</i> the PAPAYA folder")
+    snapshot = SnapshotReader(redis).load(swarm_id, root_answer=True)
+    assert snapshot is not None
+    page = render_html(snapshot, Prices(None, None))
+    assert "Messages sent to agents (1)" in page
+    section = page[page.index("Messages sent to agents"):page.index("<h2>Timeline")]
+    assert f"#agent-{kid}" in section
+    assert "&lt;i&gt;use&lt;/i&gt; the PAPAYA folder" in section and "<i>use" not in page
+    assert "told: &lt;i&gt;use" in page  # in its bar's hover text too

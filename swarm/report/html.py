@@ -105,6 +105,8 @@ def _tip(agent: AgentView, now: float) -> str:
         lines.append("error: " + _cut(agent.error))
     if agent.landing:
         lines.append("its work: " + agent.landing)
+    for _, text in agent.said:
+        lines.append("told: " + _cut(text))
     if agent.answer:
         lines.append("result: " + _cut(agent.answer))
     elif agent.last and not agent.is_settled:
@@ -167,6 +169,13 @@ def render_html(snapshot: Snapshot, prices: Prices) -> str:
                 f"<b>{escape(agent.state)}</b> after {fmt_duration(agent.elapsed(now))} — "
                 f"{escape(agent.label)}<pre>{escape(error)}"
                 "</pre></li>")
+        out.append("</ol></section>")
+    said = [(ts, agent, text) for agent in snapshot.agents for ts, text in agent.said]
+    if said:
+        out.append(f"<section class=messages><h2>Messages sent to agents ({len(said)})</h2><ol>")
+        for ts, agent, text in sorted(said, key=lambda m: m[0]):
+            out.append(f'<li>{_when(ts)} to <a href="#agent-{escape(agent.id)}"><code>'
+                       f"{escape(agent.id)}</code></a>: <q>{escape(_cut(text, 500))}</q></li>")
         out.append("</ol></section>")
     out.append("<section><h2>Timeline</h2>"
                '<input id=filter type=search placeholder="filter by id or task">'

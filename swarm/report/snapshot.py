@@ -86,6 +86,8 @@ class AgentView:
     frozen: bool = False
     """A settled root in a terminal whose figures for its swarm were kept as it settled
     (its folder's session has gone on since)."""
+    said: list[tuple[float, str]] = field(default_factory=list)
+    """Messages a person sent it (``swarm say``): (when, text); read for reports."""
 
     @classmethod
     def from_record(cls, row: Mapping[str, str]) -> AgentView:
@@ -403,6 +405,7 @@ class SnapshotReader:
         self._details(agents, swarm_info=info)
         tree = build_tree(agents)
         if root_answer:
+            self._messages_to(swarm_id, tree)
             for agent in tree:
                 if agent.kind == "root" and agent.is_settled and not agent.frozen:
                     agent.answer = self._last_answer(agent.session_id)  # before it was kept
@@ -448,6 +451,15 @@ class SnapshotReader:
             if agent.is_settled:
                 answer, error = self._outcomes.get(agent.run, ("", ""))
                 agent.answer, agent.error = agent.answer or answer, error or agent.error
+
+    def _messages_to(self, swarm_id: str, agents: list[AgentView]) -> None:
+        """The messages people sent its agents (``swarm say``), from the swarm's events."""
+        by_id = {a.id: a for a in agents}
+        for _, fields in cast("list[tuple[str, dict[str, str]]]",
+                              self.redis.xrange(keys.events(swarm_id))):
+            agent = by_id.get(fields.get("agent", ""))
+            if fields.get("kind") == "message" and agent is not None:
+                agent.said.append((_float(fields.get("ts")), fields.get("text", "")))
 
     def _last_answer(self, session_id: str) -> str:
         raw = self.redis.hget(keys.session(session_id), "messages")
