@@ -15,6 +15,7 @@ LAYERS: list[set[str]] = [
     {"config", "telemetry"},
     {"store", "llm", "mcp_client"},
     {"agent"},
+    {"workspace"},
     {"runtime", "broker"},
     {"coordinator", "workers"},
     {"report", "serve", "schedules", "testing"},

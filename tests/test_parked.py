@@ -14,10 +14,10 @@ import pytest
 import redis as redis_lib
 
 from swarm.domain.session import Session
-from swarm.runtime import gitstate as g
-from swarm.runtime import homecoming, parked, views
-from swarm.runtime.seed import Seeds, Workspace
 from swarm.store.snapshots import SnapshotStore
+from swarm.workspace import gitstate as g
+from swarm.workspace import homecoming, parked, views
+from swarm.workspace.seed import Seeds, Workspace
 
 SWARM = "sparktest"
 

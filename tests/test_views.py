@@ -15,10 +15,10 @@ import redis as redis_lib
 from swarm.agent import sandbox
 from swarm.agent.sandbox import UID
 from swarm.agent.shell import LocalEnvironment
-from swarm.runtime import gitstate as g
-from swarm.runtime import views
-from swarm.runtime.seed import Seeds, upper
 from swarm.store.snapshots import SnapshotStore
+from swarm.workspace import gitstate as g
+from swarm.workspace import views
+from swarm.workspace.seed import Seeds, upper
 
 SWARM = "sviewtest"
 

@@ -54,10 +54,10 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
 
     from swarm.agent import sandbox, tools
     from swarm.agent.probe import tool_versions
-    from swarm.runtime import views
     from swarm.runtime.build import tools_cache
     from swarm.runtime.local import exit_with_parent, started_for_a_run
     from swarm.secrets import hide_from_proc
+    from swarm.workspace import views
 
     # Agents' commands are this process's children: keep the API key and the Redis URL
     # out of what they can read in /proc/$PPID/environ.

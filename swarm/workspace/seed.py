@@ -2,18 +2,18 @@
 restore a workspace on another host.
 
 - **Seed.** At an ``agent`` call the parent's workspace is snapshotted
-  (:func:`~swarm.runtime.gitstate.write_tree`) into a commit without parents, whose id is
+  (:func:`~swarm.workspace.gitstate.write_tree`) into a commit without parents, whose id is
   the snapshot's id, and stored once in Redis as a git bundle
   (:class:`~swarm.store.snapshots.SnapshotStore`). A child on the parent's host starts
   from a ``git worktree`` of the object store that already has it (no transfer); a child
   elsewhere fetches the bundle into its host's cache (``SWARM_HOME/seeds/cache.git``)
   once per host, then makes a worktree from there.
 - **Views.** Where the worker may mount, a child's worktree is a copy-on-write view of
-  one shared checkout of its seed per host (:mod:`swarm.runtime.views`).
+  one shared checkout of its seed per host (:mod:`swarm.workspace.views`).
 - **Bring home.** A settling child's workspace is a commit over its seed, stored as a
-  delta bundle; :mod:`swarm.runtime.homecoming` makes it a branch or files where its
-  parent works. A parked workspace and its restore elsewhere: :mod:`swarm.runtime.parked`.
-  Cleanup: :mod:`swarm.runtime.sweep`.
+  delta bundle; :mod:`swarm.workspace.homecoming` makes it a branch or files where its
+  parent works. A parked workspace and its restore elsewhere: :mod:`swarm.workspace.parked`.
+  Cleanup: :mod:`swarm.workspace.sweep`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.errors import SnapshotTooLarge, WorkspaceError, WorkspaceLost
-from swarm.runtime import gitstate as g
-from swarm.runtime import views
 from swarm.store.snapshots import SnapshotMeta, SnapshotStore
 from swarm.text import human_bytes
+from swarm.workspace import gitstate as g
+from swarm.workspace import views
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Workspace:
     view: Path | None = None
     """The folder of its copy-on-write view (its upper folder, named for the agent,
     ``work`` and the file ``lower``), or None: a full checkout or a plain folder
-    (:mod:`swarm.runtime.views`)."""
+    (:mod:`swarm.workspace.views`)."""
 
     @property
     def top(self) -> Path:
@@ -254,7 +254,7 @@ class Seeds:
                  index: Path) -> Path | None:
         """The files of ``start`` (a commit of ``repo`` whose files are those of snapshot
         ``seed``) at ``path``, with a repository of its own on ``branch`` there
-        (:func:`~swarm.runtime.gitstate.own_repository`) and the worker's ``index`` of
+        (:func:`~swarm.workspace.gitstate.own_repository`) and the worker's ``index`` of
         them: a copy-on-write view of the host's shared checkout of ``seed`` where this
         process can mount one (its view folder), else a full checkout (None)."""
         if self.view == "auto" and not views.unavailable(self.home):

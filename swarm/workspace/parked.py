@@ -12,8 +12,8 @@ from __future__ import annotations
 import shutil
 
 from swarm.errors import WorkspaceError, WorkspaceLost
-from swarm.runtime import gitstate as g
-from swarm.runtime.seed import EMPTY, Seeds, Workspace
+from swarm.workspace import gitstate as g
+from swarm.workspace.seed import EMPTY, Seeds, Workspace
 
 
 def state(sid: str) -> str:
