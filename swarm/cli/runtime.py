@@ -84,6 +84,8 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     from celery.signals import worker_ready
 
     from swarm.broker.app import configure, host_queue
+    from swarm.schedules import tasks as _schedule_tasks  # noqa: F401 (registers its task)
+    from swarm.workers import tasks as _worker_tasks  # noqa: F401 (registers theirs)
 
     worker_ready.connect(lambda **_: tools.prewarm(), weak=False)
     # Celery's says to pass --uid, which swarm worker does not have: ROOT_NOTE says it.
