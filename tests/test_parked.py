@@ -94,7 +94,7 @@ def earlier_child(redis: redis_lib.Redis, tmp_path: Path, host: Seeds, parent: W
     (child.path / "from-c1.txt").write_text("c1\n")
     session = result_session({"agent_id": "c1", "state": "done",
                               "delta": third.capture(child, SWARM), "seed": seed})
-    third.release(child)
+    third.unmount(child)
     homecoming.bring_home(host, session, parent.path, SWARM, None, parent)
     assert json.loads(session.messages[-1]["content"])["landing"] == "landed"
     assert (parent.path / "from-c1.txt").read_text() == "c1\n"

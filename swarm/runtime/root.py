@@ -363,7 +363,7 @@ class RootSwarm:
     def close(self) -> None:
         """Let the local processes go (they stop on their own; the process need not wait)."""
         if self.cluster is not None:
-            self.cluster.release(self.store.redis)
+            self.cluster.let_go(self.store.redis)
             self.cluster = None
 
 

@@ -227,7 +227,7 @@ class ChildRunner:
                 if isolated:
                     views.rejoin()
             finally:
-                seeds.release(workspace)  # a view is mounted while a run works in it
+                seeds.unmount(workspace)  # a view is mounted while a run works in it
 
     def _work_in(self, workspace: Workspace, seeds: Seeds, settings: Settings,
                  run: RunRecord, start: Start, resume: bool,
@@ -310,7 +310,7 @@ class ChildRunner:
             self.ledger.event(swarm_id, "parked", run.agent)
             return {"run": run.id, "state": "parked"}
         finally:
-            self.models.release(model)
+            self.models.close(model)
         start_usage = run.result.get("usage_at_start") or {}
         changed, exact = self._changed(workspace, seeds, before, record)
         result.update(agent_id=run.agent, workspace=str(workspace.path), files_changed=changed,

@@ -564,9 +564,9 @@ def rebase(seeds: Seeds, ws: Workspace, seed: str, swarm_id: str,
     three-way merge; the files where they did not fit (the parent's version is there)."""
     old = ws.seed
     delta = seeds.capture(ws, swarm_id)
-    seeds.release(ws)
+    seeds.unmount(ws)
     top = ws.top
-    seeds.release_view(top.parent / ".views" / top.name, top, remove=True)
+    seeds.unmount_view(top.parent / ".views" / top.name, top, remove=True)
     shutil.rmtree(top, ignore_errors=True)
     new = seeds.child(swarm_id, agent_id, seed)
     if not delta or new.odb is None:

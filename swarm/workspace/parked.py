@@ -27,7 +27,7 @@ def restore(seeds: Seeds, swarm_id: str, agent_id: str, seed: str, sealed: str) 
     parked or settled; :class:`WorkspaceLost` when it cannot be."""
     path = seeds.home / "workspaces" / swarm_id / agent_id
     seed = "" if seed == EMPTY else seed
-    seeds.release_view(path.parent / ".views" / agent_id, path, remove=True)
+    seeds.unmount_view(path.parent / ".views" / agent_id, path, remove=True)
     if sealed == EMPTY:  # it was empty as it parked
         path.mkdir(parents=True, exist_ok=True)
         return Workspace(path, root=path)

@@ -262,7 +262,7 @@ class Seeds:
                 return self._view(repo, path, branch, start, seed, index)
             except (OSError, WorkspaceError) as exc:
                 log.warning("a full checkout for %s instead of a view: %s", path.name, exc)
-                self.release_view(path.parent / ".views" / path.name, path, remove=True)
+                self.unmount_view(path.parent / ".views" / path.name, path, remove=True)
         dot = g.own_repository(path, repo, branch, start)
         env = {"GIT_DIR": str(dot), "GIT_WORK_TREE": str(path),
                "GIT_INDEX_FILE": str(dot / "index")}
@@ -277,7 +277,7 @@ class Seeds:
             lower, shared = views.shared_checkout(repo, seed, self.home / "seeds" / "trees",
                                                   self.box_uid)
         folder = path.parent / ".views" / path.name
-        self.release_view(folder, path, remove=True)
+        self.unmount_view(folder, path, remove=True)
         folder.mkdir(parents=True)
         (folder / "work").mkdir()
         (folder / "lower").write_text(str(lower))
@@ -328,13 +328,14 @@ class Seeds:
         folder = top.parent / ".views" / top.name
         return folder if (folder / "lower").is_file() else None
 
-    def release(self, ws: Workspace) -> None:
+    def unmount(self, ws: Workspace) -> None:
         """The run in ``ws`` ended: unmount its view (its changes stay in its folder)."""
         if ws.view is not None and views.mounted(ws.top):
             views.unmount(ws.top)
 
     @staticmethod
-    def release_view(folder: Path, path: Path, remove: bool = False) -> None:
+    def unmount_view(folder: Path, path: Path, remove: bool = False) -> None:
+        """Unmount the view at ``path`` if mounted; with ``remove``, delete its ``folder``."""
         if views.mounted(path):
             views.unmount(path)
         if remove and folder.exists():
