@@ -5,7 +5,7 @@ all, committed and packed as a clone is: the ``seed`` part's) is the root's work
 made dirty as a user's is: one tracked file edited, one untracked file. Its snapshot is
 taken as for an ``agent`` call; then N children's work, each an edit of a different file
 of the repository committed over that snapshot (as a child's capture is), and N results
-naming them in a parent's session. Measured: :func:`swarm.runtime.homecoming.bring_home`,
+naming them in a parent's session. Measured: :func:`swarm.workspace.homecoming.bring_home`,
 the whole of what stands between the last child settling and the parent's next model
 request that grows with the children (the parent's snapshot, N merges in the object
 store, the work tree written once; the session save and the resume are not included),
@@ -27,12 +27,12 @@ from typing import Any
 from bench.common import log, median
 from bench.seed import make_repo
 from swarm.domain.session import Session
-from swarm.runtime import gitstate as g
-from swarm.runtime import homecoming
-from swarm.runtime.seed import Seeds
 from swarm.store.connection import connect
 from swarm.store.server import EmbeddedServer
 from swarm.store.snapshots import SnapshotStore
+from swarm.workspace import gitstate as g
+from swarm.workspace import homecoming
+from swarm.workspace.seed import Seeds
 
 SWARM = "sbenchland"
 

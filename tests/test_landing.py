@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import redis as redis_lib
 
-from swarm.runtime import gitstate as g
-from swarm.runtime import homecoming
-from swarm.runtime.seed import Seeds, Workspace
 from swarm.store.snapshots import SnapshotStore
+from swarm.workspace import gitstate as g
+from swarm.workspace import homecoming
+from swarm.workspace.seed import Seeds, Workspace
 
 SWARM = "slandtest"
 

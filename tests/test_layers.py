@@ -15,6 +15,7 @@ LAYERS: list[set[str]] = [
     {"config", "telemetry"},
     {"store", "llm", "mcp_client"},
     {"agent"},
+    {"workspace"},
     {"runtime", "broker"},
     {"coordinator", "workers"},
     {"report", "serve", "schedules", "testing"},
@@ -46,8 +47,9 @@ def module_level(tree: ast.Module) -> list[ast.stmt]:
 
 
 def imports(at_import_time: bool = False) -> list[tuple[str, str, int, str]]:
-    """(importing module, imported swarm module, line, file) for every import in swarm
-    (with ``at_import_time``, only those that run when the module is imported)."""
+    """(importing module, imported swarm module, line, file) for every import in swarm,
+    those by a module's name in a string included (:func:`string_imports`); with
+    ``at_import_time``, only the import statements that run when the module is imported."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE.parent).with_suffix("")
@@ -73,6 +75,52 @@ def imports(at_import_time: bool = False) -> list[tuple[str, str, int, str]]:
             for name in names:
                 if name == "swarm" or name.startswith("swarm."):
                     found.append((module, name, node.lineno, str(path)))
+        if not at_import_time:
+            found += [(module, name, line, str(path)) for name, line in string_imports(tree)]
+    return found
+
+
+#: Calls that import the module a string names: ``importlib.import_module("swarm.x")``,
+#: ``__import__``, Celery's ``autodiscover_tasks([...])``.
+IMPORTING_CALLS = {"import_module", "__import__", "autodiscover_tasks"}
+
+
+def _module_string(node: ast.expr) -> str:
+    """The swarm module a string names ("" when none): the whole string, or the fixed start
+    of an f-string (``f"swarm.cli.{name}"`` names ``swarm.cli``)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        text = node.value
+    elif isinstance(node, ast.JoinedStr) and node.values and \
+            isinstance(node.values[0], ast.Constant) and isinstance(node.values[0].value, str):
+        text = node.values[0].value.rstrip(".")
+    else:
+        return ""
+    return text if text.startswith("swarm.") and " " not in text else ""
+
+
+def string_imports(tree: ast.AST) -> list[tuple[str, int]]:
+    """(module, line) for every swarm module ``tree`` imports by its name in a string, where
+    that can be seen: the argument of an importing call (:data:`IMPORTING_CALLS`), the
+    strings of an ``include=`` (Celery's list of task modules), and ``-m swarm.x`` in a
+    command line."""
+    found = []
+    for node in ast.walk(tree):
+        named: list[ast.expr] = []
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else \
+                func.id if isinstance(func, ast.Name) else ""
+            if name in IMPORTING_CALLS:
+                for arg in node.args[:1]:
+                    named += arg.elts if isinstance(arg, ast.List | ast.Tuple) else [arg]
+            for kw in node.keywords:
+                if kw.arg == "include":
+                    value = kw.value
+                    named += value.elts if isinstance(value, ast.List | ast.Tuple) else [value]
+        elif isinstance(node, ast.List | ast.Tuple):
+            named += [b for a, b in zip(node.elts, node.elts[1:], strict=False)
+                      if isinstance(a, ast.Constant) and a.value == "-m"]
+        found += [(m, node.lineno) for m in map(_module_string, named) if m]
     return found
 
 
@@ -87,6 +135,20 @@ def test_every_package_is_in_a_layer() -> None:
     for path in PACKAGE.iterdir():
         if path.suffix == ".py" or (path.is_dir() and (path / "__init__.py").exists()):
             layer_of(path.stem)
+
+
+def test_imports_by_a_string_are_seen() -> None:
+    source = """
+app = Celery("swarm", include=["swarm.workers.tasks", "swarm.schedules.tasks"])
+app.autodiscover_tasks(["swarm.serve"])
+importlib.import_module(f"swarm.cli.{name}")
+__import__("swarm.runtime.root")
+subprocess.run([sys.executable, "-m", "swarm.testing.server", "-h"])
+log = logging.getLogger("swarm.workers")
+"""
+    assert sorted(string_imports(ast.parse(source))) == sorted([
+        ("swarm.workers.tasks", 2), ("swarm.schedules.tasks", 2), ("swarm.serve", 3),
+        ("swarm.cli", 4), ("swarm.runtime.root", 5), ("swarm.testing.server", 6)])
 
 
 def test_layers_import_downwards_only() -> None:

@@ -17,7 +17,7 @@ from swarm.errors import ModelHTTPError, TurnLimitReached
 from swarm.llm.client import LLMClient
 from swarm.report.display import Prices
 from swarm.report.html import render_html
-from swarm.report.snapshot import AgentView, Snapshot
+from swarm.report.view import AgentView, SwarmView
 from swarm.runtime.root import describe
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 from swarm.text import plural
@@ -66,7 +66,7 @@ def test_command_output_and_summaries_say_1_more_line_and_1_agent() -> None:
     view.on_tool_result(Call("c1", "run_cli", {}),
                         "\n".join(f"line {i}" for i in range(SHOWN_LINES + 1)))
     assert "(1 more line)" in err.getvalue()
-    alone = Snapshot("s1", {"state": "done"}, [AgentView("s1", state="done", turns=1)], 0.0)
+    alone = SwarmView("s1", {"state": "done"}, [AgentView("s1", state="done", turns=1)], 0.0)
     assert " 1 agent: 1 done " in alone.summary(Prices())
     assert "1 turn," in render_html(alone, Prices())
 

@@ -14,10 +14,10 @@ import pytest
 import redis as redis_lib
 
 from swarm.domain.session import Session
-from swarm.runtime import gitstate as g
-from swarm.runtime import homecoming, parked, views
-from swarm.runtime.seed import Seeds, Workspace
 from swarm.store.snapshots import SnapshotStore
+from swarm.workspace import gitstate as g
+from swarm.workspace import homecoming, parked, views
+from swarm.workspace.seed import Seeds, Workspace
 
 SWARM = "sparktest"
 
@@ -94,7 +94,7 @@ def earlier_child(redis: redis_lib.Redis, tmp_path: Path, host: Seeds, parent: W
     (child.path / "from-c1.txt").write_text("c1\n")
     session = result_session({"agent_id": "c1", "state": "done",
                               "delta": third.capture(child, SWARM), "seed": seed})
-    third.release(child)
+    third.unmount(child)
     homecoming.bring_home(host, session, parent.path, SWARM, None, parent)
     assert json.loads(session.messages[-1]["content"])["landing"] == "landed"
     assert (parent.path / "from-c1.txt").read_text() == "c1\n"

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from swarm.cli import main
 from swarm.report.display import Prices
 from swarm.report.html import render_html
-from swarm.report.snapshot import SnapshotReader
+from swarm.report.view import SwarmReader
 from swarm.store.ledger import Ledger
 from swarm.store.mailbox import Mailbox
 from swarm.testing.cluster import local_swarm
@@ -61,10 +61,10 @@ def big_swarm(r: redis_py.Redis, swarm_id: str = "sbig000000001", n: int = 500) 
 def test_html_has_every_agent_failures_first_and_nothing_external(
         redis: redis_py.Redis) -> None:
     ids = big_swarm(redis)
-    snapshot = SnapshotReader(redis).load("sbig000000001")
-    assert snapshot is not None
-    page = render_html(snapshot, Prices(0.5, None))
-    assert ROW_ID.findall(page) == [a.id for a in snapshot.agents]
+    view = SwarmReader(redis).load("sbig000000001")
+    assert view is not None
+    page = render_html(view, Prices(0.5, None))
+    assert ROW_ID.findall(page) == [a.id for a in view.agents]
     assert sorted(ROW_ID.findall(page)) == sorted(ids)
     assert page.index("Failures (5)") < page.index("<h2>Timeline")
     failures = page[page.index("Failures (5)"):page.index("<h2>Timeline")]
@@ -82,7 +82,7 @@ def test_html_has_every_agent_failures_first_and_nothing_external(
     assert bar is not None
     assert "task: part 97 of the job" in bar.group(1) and "error: boom 97" in bar.group(1)
     assert "~$" in page  # an input price alone gives a cost
-    assert page.count('class="bar open"') == sum(1 for a in snapshot.agents
+    assert page.count('class="bar open"') == sum(1 for a in view.agents
                                                  if a.state in ("running", "parked"))
     assert len(page) < 1_500_000
 
@@ -138,10 +138,10 @@ def chromium_dom(page: Path, tmp_path: Path, screenshot: Path | None = None) -> 
 
 def test_report_in_headless_chromium(redis: redis_py.Redis, tmp_path: Path) -> None:
     ids = big_swarm(redis)
-    snapshot = SnapshotReader(redis).load("sbig000000001")
-    assert snapshot is not None
+    view = SwarmReader(redis).load("sbig000000001")
+    assert view is not None
     page = tmp_path / "report.html"
-    page.write_text(render_html(snapshot, Prices()))
+    page.write_text(render_html(view, Prices()))
     shot = Path(os.environ.get("SWARM_REPORT_SCREENSHOT", tmp_path / "report.png"))
     dom = chromium_dom(page, tmp_path, shot)
     assert 'data-ready="500"' in dom  # the script ran without an error and saw every row
@@ -237,7 +237,7 @@ def test_the_report_shows_the_messages_people_sent_its_agents(redis: redis_py.Re
     swarm_id = small_swarm(redis)
     kid = next(a.id for a in Ledger(redis).agents(swarm_id) if a.state == "running")
     Mailbox(redis, kid).send("<i>use</i> the PAPAYA folder")
-    snapshot = SnapshotReader(redis).load(swarm_id, root_answer=True)
+    snapshot = SwarmReader(redis).load(swarm_id, root_answer=True)
     assert snapshot is not None
     page = render_html(snapshot, Prices(None, None))
     assert "Messages sent to agents (1)" in page

@@ -369,10 +369,10 @@ def test_a_childs_box_cannot_read_its_parents_env_in_place(
     even where the box shows the folder that holds it, as a deployment's /opt or
     SWARM_SANDBOX_SHOW would; the objects its own repository borrows from the parent's
     stay readable, so its git works."""
-    from swarm.runtime import gitstate as g
     from swarm.runtime.build import build_agent, new_session
-    from swarm.runtime.seed import Seeds
     from swarm.store.snapshots import SnapshotStore
+    from swarm.workspace import gitstate as g
+    from swarm.workspace.seed import Seeds
     from tests.helpers import MemoryHints
 
     parent, home = outside_tmp / "project", outside_tmp / "home"

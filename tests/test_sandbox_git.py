@@ -27,10 +27,10 @@ import redis as redis_lib
 from swarm.agent import sandbox
 from swarm.agent.shell import LocalEnvironment
 from swarm.domain.session import Session
-from swarm.runtime import gitstate as g
-from swarm.runtime import homecoming, parked
-from swarm.runtime.seed import Seeds, Workspace
 from swarm.store.snapshots import SnapshotStore
+from swarm.workspace import gitstate as g
+from swarm.workspace import homecoming, parked
+from swarm.workspace.seed import Seeds, Workspace
 
 needs_sandbox = pytest.mark.skipif(not sandbox.probe().ok,
                                    reason=f"no sandbox here: {sandbox.probe().reason}")

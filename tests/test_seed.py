@@ -17,13 +17,13 @@ import redis as redis_lib
 from swarm.domain.records import AgentRecord
 from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
-from swarm.runtime import gitstate as g
-from swarm.runtime import homecoming, parked
-from swarm.runtime.seed import Seeds
 from swarm.store import keys
 from swarm.store.snapshots import SnapshotMeta, SnapshotStore
-from swarm.workers import workspace as ws
 from swarm.workers.child import ChildRunner
+from swarm.workspace import gitstate as g
+from swarm.workspace import homecoming, parked
+from swarm.workspace.listing import listing
+from swarm.workspace.seed import Seeds
 
 SWARM = "sseedtest"
 
@@ -318,7 +318,7 @@ def test_a_checkout_as_it_was_seeded_has_nothing_to_send_home(
     sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     far = seeds(redis, tmp_path / "home-b", "hostb")
     child = far.child(SWARM, "a1", sid)
-    before = ws.snapshot(child.path)
+    before = listing(child.path)
     record = AgentRecord("a1", SWARM, seed=sid)
     # Nothing changed since the listing taken at its seed: known without a tree.
     assert ChildRunner._changed(child, far, before, record) == ([], True)

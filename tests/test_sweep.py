@@ -13,12 +13,12 @@ from pathlib import Path
 import redis as redis_lib
 
 from swarm.domain.session import Session
-from swarm.runtime import gitstate as g
-from swarm.runtime import homecoming, sweep, views
-from swarm.runtime.seed import Seeds
 from swarm.store import keys
 from swarm.store.ledger import Ledger
 from swarm.store.snapshots import SnapshotStore
+from swarm.workspace import gitstate as g
+from swarm.workspace import homecoming, sweep, views
+from swarm.workspace.seed import Seeds
 
 SWARM = "ssweeptest"
 

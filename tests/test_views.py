@@ -15,10 +15,10 @@ import redis as redis_lib
 from swarm.agent import sandbox
 from swarm.agent.sandbox import UID
 from swarm.agent.shell import LocalEnvironment
-from swarm.runtime import gitstate as g
-from swarm.runtime import views
-from swarm.runtime.seed import Seeds, upper
 from swarm.store.snapshots import SnapshotStore
+from swarm.workspace import gitstate as g
+from swarm.workspace import views
+from swarm.workspace.seed import Seeds, upper
 
 SWARM = "sviewtest"
 
@@ -100,14 +100,14 @@ def test_children_share_one_checkout_and_never_see_each_others_writes(
     assert changed.split() == ["d0/f0.txt", "d1/f1.txt", "new.txt", "untracked.txt"]
 
 
-def test_a_released_view_is_mounted_again_with_its_changes(
+def test_an_unmounted_view_is_mounted_again_with_its_changes(
         redis: redis_lib.Redis, home: Path) -> None:
     repo = make_repo(home / "repo")
     sid = seeds(redis, home / "laptop", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     host = seeds(redis, home / "host-b", "hostb")
     child = host.child(SWARM, "a1", sid)
     (child.path / "mine.txt").write_text("kept\n")
-    host.release(child)  # the run ended (parked)
+    host.unmount(child)  # the run ended (parked)
     assert not views.mounted(child.path) and not any(child.path.iterdir())
     again = host.found(child.path, SWARM, "a1", sid)  # its next run, maybe another process
     assert again.view == child.view and views.mounted(again.path)

@@ -16,7 +16,7 @@ from swarm.cli import main
 from swarm.cli.live import LiveTree
 from swarm.cli.render import TerminalView
 from swarm.report.display import Prices
-from swarm.report.snapshot import AgentView, SnapshotReader, build_tree, visible_rows
+from swarm.report.view import AgentView, SwarmReader, build_tree, visible_rows
 from swarm.store import keys
 from tests.helpers import wait_until
 
@@ -144,7 +144,7 @@ def test_visible_rows_keep_the_working_and_failed_and_fold_the_rest() -> None:
 
 def test_snapshot_reads_usage_errors_and_cost(redis: redis_py.Redis) -> None:
     swarm_id = small_swarm(redis)
-    snap = SnapshotReader(redis).load(swarm_id, root_answer=True)
+    snap = SwarmReader(redis).load(swarm_id, root_answer=True)
     assert snap is not None
     by_id = {a.id: a for a in snap.agents}
     assert [a.id for a in snap.agents] == [swarm_id, "a000000000000001", "a000000000000002",
@@ -172,7 +172,7 @@ def test_snapshot_reads_usage_errors_and_cost(redis: redis_py.Redis) -> None:
 
 def test_reader_reads_a_settled_run_once(redis: redis_py.Redis) -> None:
     swarm_id = small_swarm(redis)
-    reader = SnapshotReader(redis)
+    reader = SwarmReader(redis)
     reader.load(swarm_id)
     redis.delete(keys.run("r000000000000002"))  # settled runs never change: not read again
     snap = reader.load(swarm_id)

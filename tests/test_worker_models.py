@@ -32,7 +32,7 @@ def test_the_context_length_is_asked_once_per_ttl_not_once_per_child(
         try:
             return model.context_length()
         finally:
-            clients.release(model)
+            clients.close(model)
 
     assert child() == 12_345 and model_server.models_requests == 1
     clock.now += 200
@@ -66,5 +66,5 @@ def test_a_base_url_with_userinfo_still_shares_the_context_length(
         try:
             assert model.context_length() == 4_096
         finally:
-            clients.release(model)
+            clients.close(model)
     assert model_server.models_requests == 1

@@ -3,7 +3,7 @@ imported (by the worker's main thread, as it imports the sandbox).
 
 Not a thread per job: a thread started by a run's thread shares that thread's filesystem
 context, and while it lives the run's thread cannot go back to the worker's mount
-namespace after working in its own (:func:`swarm.runtime.views.rejoin`: ``setns`` fails
+namespace after working in its own (:func:`swarm.workspace.views.rejoin`: ``setns`` fails
 with EINVAL)."""
 
 from __future__ import annotations

@@ -434,7 +434,7 @@ class Box:
         if self.run_as is None:
             return
         # A view's files are its lower layer's (granted once when its host made it, see
-        # swarm.runtime.views) until written: an ACL set through the view would copy every
+        # swarm.workspace.views) until written: an ACL set through the view would copy every
         # file up. What the view itself holds is its upper folder.
         writable = [ws, *(git.writable if git is not None else [])]
         top = child_top(ws, self.hide)

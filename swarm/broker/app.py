@@ -37,7 +37,9 @@ def host_queue(host: str) -> str:
 #: Longer than any healthy run: a shorter one makes Redis redeliver a live task.
 VISIBILITY_TIMEOUT = 12 * 3600
 
-app = Celery("swarm", include=["swarm.workers.tasks", "swarm.schedules.tasks"])
+#: Its tasks (:mod:`swarm.broker.names`) are registered by the modules that define them,
+#: which ``swarm worker`` imports: this module names no layer above its own.
+app = Celery("swarm")
 app.conf.update(
     task_default_queue=QUEUE,
     task_serializer="json",

@@ -9,8 +9,8 @@ import click
 
 from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.errors import WorkspaceError
-from swarm.runtime import gitstate as g
-from swarm.runtime import homecoming
+from swarm.workspace import gitstate as g
+from swarm.workspace import homecoming
 
 
 def _where(folder: Path) -> tuple[Path, g.WorkTree | None]:

@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from swarm.report.display import Prices, fmt_duration, fmt_tokens
-from swarm.report.snapshot import AgentView, Snapshot, SnapshotReader, visible_rows
+from swarm.report.view import AgentView, SwarmReader, SwarmView, visible_rows
 from swarm.store import keys
 
 STATE_STYLE = {
@@ -39,9 +39,9 @@ STATE_STYLE = {
 IDLE_RELOAD = 1.0
 
 
-def render(snapshot: Snapshot, prices: Prices, height: int) -> RenderableType:
+def render(view: SwarmView, prices: Prices, height: int) -> RenderableType:
     """The summary line and as many rows of the tree as fit in ``height`` lines."""
-    summary = Text(snapshot.summary(prices), style="bold red" if snapshot.failures()
+    summary = Text(view.summary(prices), style="bold red" if view.failures()
                    else "bold")
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="dim",
                   padding=(0, 1), expand=False)
@@ -52,8 +52,8 @@ def render(snapshot: Snapshot, prices: Prices, height: int) -> RenderableType:
     table.add_column("turns", justify="right", no_wrap=True)
     table.add_column("tokens", justify="right", no_wrap=True)
     table.add_column("last command / error", no_wrap=True, overflow="ellipsis", ratio=1)
-    now = snapshot.taken
-    for row in visible_rows(snapshot.agents, max(height - 3, 2)):
+    now = view.taken
+    for row in visible_rows(view.agents, max(height - 3, 2)):
         indent = "  " * row.level
         agent = row.agent
         if agent is None:
@@ -92,8 +92,8 @@ class LiveTree:
         self.fallback = fallback or self._plain
         self.prices = prices if prices is not None else Prices.from_env_or_none()
         self.interval = interval
-        self.reader = SnapshotReader(redis_)
-        self.snapshot: Snapshot | None = None
+        self.reader = SwarmReader(redis_)
+        self.view: SwarmView | None = None
         self.loads = 0
         """Ledger reads so far (each is three pipelined round trips)."""
         self._dirty = threading.Event()
@@ -166,28 +166,28 @@ class LiveTree:
     def refresh(self, reload: bool = True) -> None:
         """Redraw; with ``reload``, read the ledger first (else only the clocks move)."""
         with self._lock:
-            if reload or self.snapshot is None:
+            if reload or self.view is None:
                 self._dirty.clear()
-                snapshot = self.reader.load(self.swarm_id)
+                view = self.reader.load(self.swarm_id)
                 self.loads += 1
                 self._loaded_at = time.monotonic()
-                if snapshot is None:
+                if view is None:
                     return
-                self.snapshot = snapshot
+                self.view = view
             else:
-                self.snapshot.taken = time.time()
+                self.view.taken = time.time()
             if self._live is not None:
                 self._live.update(self.renderable(), refresh=True)
 
     def renderable(self) -> RenderableType:
-        if self.snapshot is None:
+        if self.view is None:
             return Text(f"swarm {self.swarm_id}: waiting for the ledger", style="dim")
-        return render(self.snapshot, self.prices, self.console.size.height)
+        return render(self.view, self.prices, self.console.size.height)
 
     # -- swarm top ---------------------------------------------------------------------------
 
-    def follow(self, poll: float = 0.5) -> Snapshot | None:
-        """Show the swarm until it settles (or Ctrl-C); returns the last snapshot.
+    def follow(self, poll: float = 0.5) -> SwarmView | None:
+        """Show the swarm until it settles (or Ctrl-C); returns the last view.
 
         On a terminal: the live tree. Elsewhere: every event as a plain line, from the
         first, then the summary line.
@@ -202,8 +202,8 @@ class LiveTree:
         try:
             while True:
                 self.refresh(reload=True)
-                if self.snapshot is None or self.snapshot.settled:
-                    return self.snapshot
+                if self.view is None or self.view.settled:
+                    return self.view
                 time.sleep(poll)
         finally:
             with self._lock:
@@ -211,23 +211,23 @@ class LiveTree:
                     self._live.stop()
                     self._live = None
 
-    def _follow_plain(self, poll: float) -> Snapshot | None:
+    def _follow_plain(self, poll: float) -> SwarmView | None:
         redis_ = self.reader.redis
         last = "0-0"
         while True:
-            snapshot = self.reader.load(self.swarm_id)
+            view = self.reader.load(self.swarm_id)
             self.loads += 1
             got = redis_.xread({keys.events(self.swarm_id): last}, count=1000,
-                               block=None if snapshot is None or snapshot.settled
+                               block=None if view is None or view.settled
                                else int(poll * 1000))
             entries = [e for _, es in cast("list[tuple[str, list[tuple[str, dict[str, str]]]]]",
                                            got or []) for e in es]
             for entry_id, fields in entries:
                 last = entry_id
                 self.fallback(fields)
-            if snapshot is None or (snapshot.settled and not entries):
-                self.snapshot = snapshot
-                if snapshot is not None:
-                    self.console.file.write(snapshot.summary(self.prices) + "\n")
+            if view is None or (view.settled and not entries):
+                self.view = view
+                if view is not None:
+                    self.console.file.write(view.summary(self.prices) + "\n")
                     self.console.file.flush()
-                return snapshot
+                return view

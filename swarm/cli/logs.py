@@ -10,7 +10,7 @@ import redis
 
 from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.report.conversation import call_line
-from swarm.report.snapshot import content_text
+from swarm.report.view import content_text
 from swarm.store import keys
 from swarm.store.connection import open_store
 from swarm.store.sessions import RedisSessionStore

@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 
 from swarm.cli.options import Abort, handle_errors, settings_from
-from swarm.cli.status import load_snapshot, prices_from_env
+from swarm.cli.status import load_view, prices_from_env
 from swarm.report.html import render_html
-from swarm.report.snapshot import SnapshotReader
+from swarm.report.view import SwarmReader
 from swarm.store.connection import open_store
 from swarm.text import plural
 
@@ -31,17 +31,17 @@ def report(swarm_id: str | None, output: Path | None) -> None:
     prices = prices_from_env()
     settings = settings_from()
     with open_store(settings) as store:
-        snapshot = load_snapshot(SnapshotReader(store.redis), swarm_id, root_answer=True)
-    page = render_html(snapshot, prices)
+        view = load_view(SwarmReader(store.redis), swarm_id, root_answer=True)
+    page = render_html(view, prices)
     if output is not None and str(output) == "-":
         click.echo(page)
         return
-    path = output or settings.home / "reports" / f"{snapshot.swarm_id}.html"
+    path = output or settings.home / "reports" / f"{view.swarm_id}.html"
     try:
         if output is None:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise Abort(f"cannot write the report to {path}: {exc.strerror or exc}") from None
-    click.echo(f"wrote {path} ({plural(len(snapshot.agents), 'agent')}, "
-               f"{len(snapshot.failures())} failed): open it in a browser")
+    click.echo(f"wrote {path} ({plural(len(view.agents), 'agent')}, "
+               f"{len(view.failures())} failed): open it in a browser")

@@ -54,10 +54,10 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
 
     from swarm.agent import sandbox, tools
     from swarm.agent.probe import tool_versions
-    from swarm.runtime import views
     from swarm.runtime.build import tools_cache
     from swarm.runtime.local import exit_with_parent, started_for_a_run
     from swarm.secrets import hide_from_proc
+    from swarm.workspace import views
 
     # Agents' commands are this process's children: keep the API key and the Redis URL
     # out of what they can read in /proc/$PPID/environ.
@@ -84,6 +84,8 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     from celery.signals import worker_ready
 
     from swarm.broker.app import configure, host_queue
+    from swarm.schedules import tasks as _schedule_tasks  # noqa: F401 (registers its task)
+    from swarm.workers import tasks as _worker_tasks  # noqa: F401 (registers theirs)
 
     worker_ready.connect(lambda **_: tools.prewarm(), weak=False)
     # Celery's says to pass --uid, which swarm worker does not have: ROOT_NOTE says it.

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.report.display import Prices, first_line, fmt_duration, fmt_tokens
-from swarm.report.snapshot import AgentView, Snapshot, SnapshotReader
+from swarm.report.view import AgentView, SwarmReader, SwarmView
 from swarm.runtime.local import alive
 from swarm.store import keys
 from swarm.store.connection import open_store
@@ -30,17 +30,17 @@ def prices_from_env() -> Prices:
         raise Abort(str(exc)) from None
 
 
-def load_snapshot(reader: SnapshotReader, swarm_id: str | None, *,
-                  root_answer: bool = False) -> Snapshot:
-    """The snapshot of ``swarm_id``, or of the latest swarm when None; Abort if absent."""
+def load_view(reader: SwarmReader, swarm_id: str | None, *,
+              root_answer: bool = False) -> SwarmView:
+    """The view of ``swarm_id``, or of the latest swarm when None; Abort if absent."""
     swarm_id = swarm_id or reader.latest()
     if not swarm_id:
         raise Abort("no swarm yet: a swarm starts when an agent first calls the agent tool")
-    snapshot = reader.load(swarm_id, root_answer=root_answer)
-    if snapshot is None:
+    view = reader.load(swarm_id, root_answer=root_answer)
+    if view is None:
         raise Abort(f"no swarm {swarm_id!r} in this Redis (ledger entries expire after 7 "
                     "days); `swarm status` with no id shows the latest")
-    return snapshot
+    return view
 
 
 def _state(state: str, color: bool) -> str:
@@ -66,17 +66,17 @@ def agent_line(agent: AgentView, now: float, color: bool = False) -> str:
             + (f"  | {doing[:100]}" if doing else ""))
 
 
-def tree_lines(snapshot: Snapshot, color: bool = False) -> list[str]:
+def tree_lines(view: SwarmView, color: bool = False) -> list[str]:
     """Failures first (with their error), then every agent as an indented tree."""
     lines: list[str] = []
-    failures = snapshot.failures()
+    failures = view.failures()
     if failures:
         lines.append(f"failures ({len(failures)}):")
         for agent in failures:
             lines.append(f"  {agent.id}  {_state(agent.state, color).rstrip()}  "
                          f"{agent.label[:50]}: {first_line(agent.error, 300) or '(no error)'}")
         lines.append("agents:")
-    lines.extend(agent_line(a, snapshot.taken, color) for a in snapshot.agents)
+    lines.extend(agent_line(a, view.taken, color) for a in view.agents)
     return lines
 
 
@@ -105,23 +105,23 @@ def status(swarm_id: str | None, as_json: bool) -> None:
     """
     prices = prices_from_env()
     with open_store(settings_from()) as store:
-        snapshot = load_snapshot(SnapshotReader(store.redis), swarm_id)
+        view = load_view(SwarmReader(store.redis), swarm_id)
         workers, coordinators = alive(store.redis, "worker"), alive(store.redis, "coordinator")
         boxes = worker_sandboxes(store.redis, workers)
     if as_json:
-        click.echo(json.dumps(snapshot.to_json(prices), indent=2, ensure_ascii=False))
+        click.echo(json.dumps(view.to_json(prices), indent=2, ensure_ascii=False))
         return
     color = sys.stdout.isatty()
-    click.echo(snapshot.summary(prices))
-    for line in snapshot.type_lines(prices):
+    click.echo(view.summary(prices))
+    for line in view.type_lines(prices):
         click.echo(line)
-    click.echo(f"  {snapshot.info.get('workspace', '')}  task: "
-               f"{first_line(snapshot.info.get('task', ''), 80)}")
+    click.echo(f"  {view.info.get('workspace', '')}  task: "
+               f"{first_line(view.info.get('task', ''), 80)}")
     click.echo(f"  {plural(len(workers), 'worker')}, "
                f"{plural(len(coordinators), 'coordinator')} alive; "
                "Flower: `swarm flower` (http://127.0.0.1:5555); `swarm logs AGENT_ID` shows "
                "a conversation")
-    for line in tree_lines(snapshot, color):
+    for line in tree_lines(view, color):
         click.echo(line)
     for summary, names in boxes.items():
         click.echo(f"sandbox of {', '.join(names)}: {summary}")
@@ -142,8 +142,8 @@ def top(swarm_id: str | None, interval: float) -> None:
 
     prices = prices_from_env()
     with open_store(settings_from()) as store:
-        reader = SnapshotReader(store.redis)
-        snapshot = load_snapshot(reader, swarm_id)
-        view = LiveTree(store.redis, snapshot.swarm_id, console=Console(), prices=prices)
+        reader = SwarmReader(store.redis)
+        view = load_view(reader, swarm_id)
+        live = LiveTree(store.redis, view.swarm_id, console=Console(), prices=prices)
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a user leaves top
-            view.follow(interval)
+            live.follow(interval)

@@ -35,6 +35,7 @@ from jsonschema.exceptions import SchemaError
 from kombu.exceptions import OperationalError
 
 from swarm import faults
+from swarm.broker import names
 from swarm.broker.app import host_queue
 from swarm.broker.events import BufferedEvents, SentEvents
 from swarm.cache import TTLCache
@@ -317,7 +318,7 @@ class Coordinator:
         if sent is not None:
             sent.name(run.id, shadow)
         self.app.send_task(
-            "swarm.agent.run", args=[run.id], task_id=run.id, shadow=shadow,
+            names.RUN, args=[run.id], task_id=run.id, shadow=shadow,
             argsrepr=repr((run.id,)), kwargsrepr="{}",
             headers={"traceparent": new.traceparent} if new.traceparent else None,
             parent_id=parent_id, root_id=root_id, queue=queue,
@@ -363,7 +364,7 @@ class Coordinator:
         """Send ``swarm.agent.resume`` for the parked run ``run_id`` (a second one is a
         no-op: one claim from parked wins)."""
         self.app.send_task(
-            "swarm.agent.resume", args=[run_id], task_id=task_id,
+            names.RESUME, args=[run_id], task_id=task_id,
             shadow=f"resume agent {agent_id} depth {depth}",
             argsrepr=repr((run_id,)), kwargsrepr="{}", ignore_result=True,
             parent_id=parent_id, root_id=root_task_id(swarm_id))

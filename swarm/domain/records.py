@@ -139,7 +139,7 @@ class AgentRecord:
     """The snapshot of its workspace as it last parked or settled: a resume or a
     continuation on another host restores it from this."""
     landing: str = ""
-    """How its work came home (:mod:`swarm.runtime.homecoming`): landed, conflict, kept,
+    """How its work came home (:mod:`swarm.workspace.homecoming`): landed, conflict, kept,
     no changes, failed ("" until its parent took it)."""
     answer: str = ""
     error: str = ""

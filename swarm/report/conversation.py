@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from swarm.report.snapshot import content_text
+from swarm.report.view import content_text
 
 
 def call_line(call: dict[str, Any]) -> str:

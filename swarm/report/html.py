@@ -12,7 +12,7 @@ import datetime as dt
 from html import escape
 
 from swarm.report.display import Prices, fmt_cost, fmt_duration, fmt_tokens
-from swarm.report.snapshot import AgentView, Snapshot
+from swarm.report.view import AgentView, SwarmView
 from swarm.text import plural
 
 #: Characters of a task, answer or error kept in a bar's hover text.
@@ -118,35 +118,35 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-def render_html(snapshot: Snapshot, prices: Prices) -> str:
-    """The report page of ``snapshot`` as one HTML string."""
-    now = snapshot.taken
-    start = min([snapshot.created(), *(a.start() for a in snapshot.agents if a.start())])
-    end = max([snapshot.end(), *(a.end(now) for a in snapshot.agents)])
+def render_html(view: SwarmView, prices: Prices) -> str:
+    """The report page of ``view`` as one HTML string."""
+    now = view.taken
+    start = min([view.created(), *(a.start() for a in view.agents if a.start())])
+    end = max([view.end(), *(a.end(now) for a in view.agents)])
     span = max(end - start, 0.001)
     step = _tick_step(span)
-    usage = snapshot.usage()
-    counts = snapshot.counts()
+    usage = view.usage()
+    counts = view.counts()
     cost = prices.cost(usage)
-    title = f"swarm {snapshot.swarm_id} — {snapshot.state}"
+    title = f"swarm {view.swarm_id} — {view.state}"
     out: list[str] = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         '<meta name=viewport content="width=device-width,initial-scale=1">',
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>",
         f"<header><h1>{escape(title)}</h1>",
-        f"<div class=task>{escape(snapshot.info.get('task', ''))}</div>",
-        f"<div>workspace <code>{escape(snapshot.info.get('workspace', ''))}</code> · started "
-        f"{_when(snapshot.created())}</div></header>",
+        f"<div class=task>{escape(view.info.get('task', ''))}</div>",
+        f"<div>workspace <code>{escape(view.info.get('workspace', ''))}</code> · started "
+        f"{_when(view.created())}</div></header>",
         "<section class=totals><div class=cards>",
-        _card(str(len(snapshot.agents)), "agents"),
-        _card(fmt_duration(snapshot.wall()), "wall time"),
+        _card(str(len(view.agents)), "agents"),
+        _card(fmt_duration(view.wall()), "wall time"),
         _card(fmt_tokens(usage.get("total_tokens", 0)),
               f"tokens ({fmt_tokens(usage.get('prompt_tokens', 0))} in, "
               f"{fmt_tokens(usage.get('completion_tokens', 0))} out)"),
     ]
     if cost is not None:
         out.append(_card("~" + fmt_cost(cost), "estimated cost"))
-    out.append(_card(str(len(snapshot.failures())), "failed"))
+    out.append(_card(str(len(view.failures())), "failed"))
     out.append("</div><p>")
     order = list(COLORS)
     for state in sorted(counts, key=lambda s: (order.index(s) if s in order else 99, s)):
@@ -154,12 +154,12 @@ def render_html(snapshot: Snapshot, prices: Prices) -> str:
                    f'show" style="background:{COLORS.get(state, "#666")}">'
                    f"{counts[state]} {escape(state)}</span>")
     out.append("</p>")
-    by_type = snapshot.type_lines(prices)
+    by_type = view.type_lines(prices)
     if by_type:
         out.append("<p>By agent type:</p><ul>"
                    + "".join(f"<li>{escape(line.strip())}</li>" for line in by_type) + "</ul>")
     out.append("</section>")
-    failures = snapshot.failures()
+    failures = view.failures()
     if failures:
         out.append(f"<section class=failures><h2>Failures ({len(failures)})</h2><ol>")
         for agent in failures:
@@ -170,7 +170,7 @@ def render_html(snapshot: Snapshot, prices: Prices) -> str:
                 f"{escape(agent.label)}<pre>{escape(error)}"
                 "</pre></li>")
         out.append("</ol></section>")
-    said = [(ts, agent, text) for agent in snapshot.agents for ts, text in agent.said]
+    said = [(ts, agent, text) for agent in view.agents for ts, text in agent.said]
     if said:
         out.append(f"<section class=messages><h2>Messages sent to agents ({len(said)})</h2><ol>")
         for ts, agent, text in sorted(said, key=lambda m: m[0]):
@@ -187,7 +187,7 @@ def render_html(snapshot: Snapshot, prices: Prices) -> str:
         out.append(f'<span class=tick style="left:{t / span * 100:.3f}%">{fmt_duration(t)}</span>')
         t += step
     out.append("</div><div class=num>time</div><div class=num>tokens</div></div>")
-    for agent in snapshot.agents:
+    for agent in view.agents:
         left = (agent.start() - start) / span * 100 if agent.start() else 0.0
         width = max((agent.end(now) - (agent.start() or start)) / span * 100, 0.15)
         width = min(width, 100 - left)
@@ -203,7 +203,7 @@ def render_html(snapshot: Snapshot, prices: Prices) -> str:
             f"</div></div><div class=num>{fmt_duration(agent.elapsed(now))}</div>"
             f"<div class=num>{fmt_tokens(agent.tokens)}</div></div>")
     out.append("</div></section>")
-    out.append(f"<footer>{escape(snapshot.summary(prices))} · report written "
+    out.append(f"<footer>{escape(view.summary(prices))} · report written "
                f"{_when(now)}</footer>")
     out.append(f"<script>{JS}</script></body></html>")
     return "\n".join(out)

@@ -5,4 +5,6 @@
 - :mod:`~swarm.runtime.root`: a root agent's berserk mode, in the user's terminal;
 - :mod:`~swarm.runtime.jobs`: a job whose root runs on the workers (HTTP, schedules);
 - :mod:`~swarm.runtime.local`: the local coordinator and workers a terminal starts.
+
+What an agent works in, and how it travels between hosts, is :mod:`swarm.workspace`.
 """

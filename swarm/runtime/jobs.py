@@ -16,6 +16,7 @@ from celery import Celery
 
 from swarm.agent import agent_types
 from swarm.agent.agent_types import AgentTypes
+from swarm.broker import names
 from swarm.mcp_client import config as mcp_config
 from swarm.mcp_client.config import McpConfig
 from swarm.store.ledger import Ledger, RunRecord, new_swarm_id
@@ -54,7 +55,7 @@ def submit_job(ledger: Ledger, app: Celery, task: str, workspace: Path,
                         source=source, owner=owner,
                         jobs_root=str(jobs_root) if jobs_root is not None else "",
                         mcp=mcp.to_json(), types=types.to_json())
-    app.send_task("swarm.agent.run", args=[run.id], task_id=run.id,
+    app.send_task(names.RUN, args=[run.id], task_id=run.id,
                   shadow=f"job {swarm_id}: {' '.join(task.split()[:8])}"[:200],
                   argsrepr=repr((run.id,)), kwargsrepr="{}", ignore_result=True,
                   root_id=run.id)

@@ -1,7 +1,7 @@
 """Local processes for the embedded default: one coordinator and N worker processes.
 
 ``swarm run`` starts them in the background as it starts (they boot while the model
-thinks about its first answer) and lets them go when it exits: :meth:`LocalCluster.release`
+thinks about its first answer) and lets them go when it exits: :meth:`LocalCluster.let_go`
 signals them and returns at once; they stop on their own, the embedded server after the
 last of them (they are its users, like the ``swarm run`` that started them). Their logs go
 to ``SWARM_HOME/logs/``.
@@ -81,7 +81,7 @@ class LocalCluster:
 
     ``embedded``: ``redis_url`` is the embedded server of ``home``, which the processes then
     use as its users (through ``SWARM_HOME``, not ``SWARM_REDIS_URL``): the server stays up
-    until the last of them has stopped, so :meth:`release` need not wait for them.
+    until the last of them has stopped, so :meth:`let_go` need not wait for them.
     ``fallback``: the workers of a root in a terminal that runs its commands unconfined, on
     its own server: where they cannot box commands, they run such roots' children
     unconfined rather than refuse them (:data:`swarm.agent.sandbox.FALLBACK`, in their
@@ -105,7 +105,7 @@ class LocalCluster:
         self.names: list[tuple[str, str]] = []
         self._logs: list[IO[bytes]] = []
 
-    def _spawn(self, name: str, *args: str, secrets: bool = False) -> None:
+    def _start(self, name: str, *args: str, secrets: bool = False) -> None:
         """Start ``swarm ARGS``; ``secrets``: hand the secret variables over through a pipe
         (as :func:`swarm.secrets.hide_from_proc` does), so it need not re-execute itself."""
         from swarm.agent.sandbox import FALLBACK
@@ -142,15 +142,15 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         host = socket.gethostname()
         pid = os.getpid()
-        self._spawn("coordinator", "coordinator", "--name", f"{LOCAL_PREFIX}-{pid}@{host}")
+        self._start("coordinator", "coordinator", "--name", f"{LOCAL_PREFIX}-{pid}@{host}")
         self.names = [("coordinator", f"{LOCAL_PREFIX}-{pid}@{host}")]
         for i in range(self.workers):
-            self._spawn(f"worker-{i}", "worker", "--concurrency", str(self.concurrency),
+            self._start(f"worker-{i}", "worker", "--concurrency", str(self.concurrency),
                         "--hostname", f"{LOCAL_PREFIX}{i}-{pid}@{host}", secrets=True)
             self.names.append(("worker", f"{LOCAL_PREFIX}{i}-{pid}@{host}"))
         return self
 
-    def release(self, redis_: redis.Redis) -> None:
+    def let_go(self, redis_: redis.Redis) -> None:
         """Let the processes go without waiting for them: nobody counts on them from now
         on (their heartbeats are deleted) and they are told to stop (SIGTERM), which they
         do on their own, finishing what they run (nothing, at the end of a job)."""

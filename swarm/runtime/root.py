@@ -28,10 +28,7 @@ from swarm.domain.records import AgentRecord, RootEnd, RootStart, usage_since
 from swarm.domain.session import Session
 from swarm.errors import BudgetExceeded, Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
-from swarm.runtime import gitstate as g
-from swarm.runtime import homecoming, sweep
 from swarm.runtime.local import LocalCluster, alive, shared, wait_for
-from swarm.runtime.seed import Seeds
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
@@ -41,6 +38,9 @@ from swarm.store.mailbox import Mailbox
 from swarm.store.sessions import RedisSessionStore
 from swarm.store.snapshots import SnapshotStore
 from swarm.text import plural
+from swarm.workspace import gitstate as g
+from swarm.workspace import homecoming, sweep
+from swarm.workspace.seed import Seeds
 
 #: What the children inherit from the root's settings (never secrets).
 INHERITED = ("model", "base_url", "yes", "max_turns", "child_max_turns", "repeat_limit",
@@ -363,7 +363,7 @@ class RootSwarm:
     def close(self) -> None:
         """Let the local processes go (they stop on their own; the process need not wait)."""
         if self.cluster is not None:
-            self.cluster.release(self.store.redis)
+            self.cluster.let_go(self.store.redis)
             self.cluster = None
 
 

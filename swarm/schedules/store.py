@@ -15,6 +15,7 @@ from celery import Celery
 from redbeat.schedulers import REDBEAT_SENTINEL_KEY, RedBeatConfig, RedBeatSchedulerEntry
 
 from swarm.agent import agent_types
+from swarm.broker import names
 from swarm.mcp_client import config as mcp_config
 from swarm.runtime.jobs import submit_job
 from swarm.schedules.spec import Schedule, ScheduleError, folder_source, load_folder, parse_cron
@@ -24,9 +25,6 @@ from swarm.store.ledger import Ledger
 from swarm.store.sentinel import Sentinels, is_sentinel, require_master
 
 log = logging.getLogger(__name__)
-
-#: The thin Celery task a firing sends; its only argument is the schedule's name.
-TASK = "swarm.job.submit"
 
 
 def configure_redbeat(app: Celery, url: str, master: str = "") -> Celery:
@@ -88,7 +86,7 @@ class ScheduleStore:
             raise ScheduleError(f"a schedule named {schedule.name!r} exists; remove it first "
                                 "(`swarm schedule remove`) or pick another --name")
         self._entry(schedule.name).delete()  # a fresh clock: no catch-up of old firings
-        RedBeatSchedulerEntry(schedule.name, TASK, parse_cron(schedule.cron),
+        RedBeatSchedulerEntry(schedule.name, names.SUBMIT_SCHEDULED, parse_cron(schedule.cron),
                               args=[schedule.name], app=self.app,
                               last_run_at=self.app.now()).save()
         return schedule
@@ -148,7 +146,8 @@ class ScheduleStore:
         return result
 
     def _entry(self, name: str) -> RedBeatSchedulerEntry:
-        return RedBeatSchedulerEntry(name, TASK, parse_cron("@every 1d"), app=self.app)
+        return RedBeatSchedulerEntry(name, names.SUBMIT_SCHEDULED, parse_cron("@every 1d"),
+                                     app=self.app)
 
 
 def fire(redis_: redis.Redis, app: Celery, name: str, fire_id: str, home: Path

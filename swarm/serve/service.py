@@ -31,10 +31,8 @@ from swarm.domain.records import AgentRecord
 from swarm.errors import ConfigError, RequestError, WorkspaceError
 from swarm.report import conversation
 from swarm.report.display import Prices
-from swarm.report.snapshot import AgentView, SnapshotReader
-from swarm.runtime import gitstate as g
+from swarm.report.view import AgentView, SwarmReader
 from swarm.runtime.jobs import job_run_id, job_state, job_state_name, submit_job
-from swarm.runtime.seed import EMPTY, Seeds
 from swarm.serve.auth import Authenticator, Caller
 from swarm.serve.jobs import (
     check_job_task,
@@ -63,6 +61,8 @@ from swarm.store.ledger import Ledger
 from swarm.store.mailbox import Mailbox
 from swarm.store.sessions import RedisSessionStore
 from swarm.store.snapshots import SnapshotStore
+from swarm.workspace import gitstate as g
+from swarm.workspace.seed import EMPTY, Seeds
 
 SETTLED_JOB = ("done", "failed", "cancelled")
 #: Limits where 0 means "no cap".
@@ -114,7 +114,7 @@ class Service:
     stopping: bool = field(default=False, init=False)
     _reads: set[anyio.CancelScope] = field(default_factory=set, init=False, repr=False)
     prices: Prices = field(default_factory=Prices.from_env_or_none)
-    _readers: OrderedDict[str, SnapshotReader] = field(init=False, default_factory=OrderedDict)
+    _readers: OrderedDict[str, SwarmReader] = field(init=False, default_factory=OrderedDict)
     _readers_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -274,10 +274,10 @@ class Service:
                 break
         return out
 
-    def reader(self, job_id: str) -> SnapshotReader:
+    def reader(self, job_id: str) -> SwarmReader:
         """The snapshot reader of ``job_id`` (kept for the latest :data:`READERS` swarms)."""
         with self._readers_lock:
-            reader = self._readers.pop(job_id, None) or SnapshotReader(self.redis)
+            reader = self._readers.pop(job_id, None) or SwarmReader(self.redis)
             self._readers[job_id] = reader
             while len(self._readers) > READERS:
                 self._readers.popitem(last=False)

@@ -31,7 +31,7 @@ MULTI/EXEC transaction)::
 
 ``cancel`` flags an agent's subtree (workers stop it; held runs settle at once).
 
-Where each workspace is (:mod:`swarm.runtime.seed`): a new child's record names the
+Where each workspace is (:mod:`swarm.workspace.seed`): a new child's record names the
 snapshot it starts from (``seed``, from its parent's ``agent`` call, written by
 ``spawn``); ``park`` records the parent's workspace snapshot and host (``ws_state``,
 ``ws_host``) in the same transaction as the request, so a resume elsewhere restores it;

@@ -49,9 +49,7 @@ from swarm.errors import (
 )
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client.config import McpConfig
-from swarm.runtime import homecoming, parked, sweep, views
 from swarm.runtime.build import build_agent, new_session
-from swarm.runtime.seed import EMPTY, Seeds, upper
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, QueueApprover
@@ -61,12 +59,14 @@ from swarm.store.ledger import SETTLED, AgentRecord, Ledger, RunRecord, Start
 from swarm.store.mailbox import Mailbox
 from swarm.store.sessions import RedisSessionStore
 from swarm.store.snapshots import SnapshotStore
-from swarm.workers import workspace as ws
 from swarm.workers.limits import Control
 from swarm.workers.models import ModelClients
 from swarm.workers.progress import ProgressReporter
 from swarm.workers.prompts import RESUMED, role_prompt
 from swarm.workers.supervisor import Supervisor, Watched
+from swarm.workspace import homecoming, parked, sweep, views
+from swarm.workspace.listing import LISTING_LIMIT, Listing, changed_files, listing
+from swarm.workspace.seed import EMPTY, Seeds, Workspace, upper
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +227,9 @@ class ChildRunner:
                 if isolated:
                     views.rejoin()
             finally:
-                seeds.release(workspace)  # a view is mounted while a run works in it
+                seeds.unmount(workspace)  # a view is mounted while a run works in it
 
-    def _work_in(self, workspace: ws.Workspace, seeds: Seeds, settings: Settings,
+    def _work_in(self, workspace: Workspace, seeds: Seeds, settings: Settings,
                  run: RunRecord, start: Start, resume: bool,
                  send: Callable[..., None] | None, watched: Watched,
                  kind: AgentType | None) -> dict[str, Any]:
@@ -253,7 +253,7 @@ class ChildRunner:
                                   if record.kind == "job" else None)
         # A view tells what changed from its upper folder; other workspaces are compared
         # with a listing taken as the run began.
-        before = self._snapshot(workspace, run) if workspace.view is None else None
+        before = self._listing(workspace, run) if workspace.view is None else None
         watched.limit = settings.child_timeout
         control = Control(self.redis, swarm_id, watched, settings, self.supervisor,
                           cancelled=start.cancelled, spent=start.spent)
@@ -310,7 +310,7 @@ class ChildRunner:
             self.ledger.event(swarm_id, "parked", run.agent)
             return {"run": run.id, "state": "parked"}
         finally:
-            self.models.release(model)
+            self.models.close(model)
         start_usage = run.result.get("usage_at_start") or {}
         changed, exact = self._changed(workspace, seeds, before, record)
         result.update(agent_id=run.agent, workspace=str(workspace.path), files_changed=changed,
@@ -336,28 +336,29 @@ class ChildRunner:
         return {"run": run.id, "state": state}
 
     @staticmethod
-    def _changed(workspace: ws.Workspace, seeds: Seeds, before: ws.Snapshot | None,
+    def _changed(workspace: Workspace, seeds: Seeds, before: Listing | None,
                  record: AgentRecord) -> tuple[list[str], bool]:
         """The files the agent changed, and whether that list is exact about the
         workspace against its seed (nothing in it: nothing to send home). A view's upper
         folder is; a listing is when it was taken at the seed (the agent never parked or
         settled with changes, whose listing may be on another host) and was complete."""
         if before is None:
-            found = seeds.changed(workspace, ws.SNAPSHOT_LIMIT)
+            found = seeds.changed(workspace, LISTING_LIMIT)
             return (found, True) if found is not None else ([], False)
-        after = ws.snapshot(workspace.path)
-        complete = max(len(before), len(after)) < ws.SNAPSHOT_LIMIT
-        return ws.changed_files(before, after), complete and not record.ws_state
+        after = listing(workspace.path)
+        complete = max(len(before), len(after)) < LISTING_LIMIT
+        return changed_files(before, after), complete and not record.ws_state
 
-    def _snapshot(self, workspace: ws.Workspace, run: RunRecord) -> ws.Snapshot:
+    def _listing(self, workspace: Workspace, run: RunRecord) -> Listing:
         """The workspace as it was when this run began (kept on disk across resumes)."""
+        # Named before "listing" was: a run parked across an upgrade still finds its own.
         path = workspace.top.parent / f".{run.agent}.{run.id}.snapshot.json"
         try:
             return {k: (v[0], v[1]) for k, v in json.loads(path.read_text()).items()}
         except (OSError, ValueError):
-            snap = ws.snapshot(workspace.path)
-            path.write_text(json.dumps(snap))
-            return snap
+            found = listing(workspace.path)
+            path.write_text(json.dumps(found))
+            return found
 
     def _answer(self, agent: Agent, run: RunRecord, resume: bool) -> tuple[str, dict[str, Any]]:
         """Work to a final answer; check it against the run's output schema (one retry)."""
@@ -431,8 +432,8 @@ class ChildRunner:
         return self._types.get_or_load(
             swarm_id, lambda: AgentTypes.from_json(self.ledger.swarm_types(swarm_id)))
 
-    def _rebase(self, workspace: ws.Workspace, seeds: Seeds, run: RunRecord,
-                record: AgentRecord) -> tuple[ws.Workspace, RunRecord]:
+    def _rebase(self, workspace: Workspace, seeds: Seeds, run: RunRecord,
+                record: AgentRecord) -> tuple[Workspace, RunRecord]:
         """A continued child's workspace brought up to its parent's as the parent called it
         again (``run.rebase``), its own earlier changes re-applied where they still fit;
         the run's message says where they did not."""
@@ -445,7 +446,7 @@ class ChildRunner:
                    if kept else "") + ".]\n\n")
         return workspace, dataclasses.replace(run, message=note + run.message)
 
-    def _workspace(self, record: AgentRecord, swarm_id: str, seeds: Seeds) -> ws.Workspace:
+    def _workspace(self, record: AgentRecord, swarm_id: str, seeds: Seeds) -> Workspace:
         """The agent's workspace on this host: found where it was made, restored from the
         snapshot taken as it parked or settled elsewhere, or made from its parent's
         snapshot. :class:`WorkspaceLost` when it must be restored and cannot be."""

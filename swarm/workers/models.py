@@ -51,7 +51,7 @@ class ModelClients:
         return LLMClient.from_settings(settings, http=self.http(settings),
                                        context_length=known)
 
-    def release(self, model: LLMClient) -> None:
+    def close(self, model: LLMClient) -> None:
         """Remember what ``model`` learnt of its context length; the pool stays open."""
         length = model.known_context_length
         if length is not None and model.model:

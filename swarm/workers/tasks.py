@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import Task
 
+from swarm.broker import names
 from swarm.broker.app import app, store_master, store_url
 from swarm.broker.events import BufferedEvents
 from swarm.config import Settings
@@ -38,14 +39,14 @@ def _progress(task: Task) -> Any:
     return send
 
 
-@app.task(name="swarm.agent.run", bind=True, ignore_result=True)
+@app.task(name=names.RUN, bind=True, ignore_result=True)
 def run_agent(self: Task, run_id: str) -> dict[str, Any]:
     """Run a child for one ``agent`` call (the run id is the task id)."""
     return runner().run(run_id, send=_progress(self),
                         traceparent=str(self.request.get("traceparent") or ""))
 
 
-@app.task(name="swarm.agent.resume", bind=True, ignore_result=True)
+@app.task(name=names.RESUME, bind=True, ignore_result=True)
 def resume_agent(self: Task, run_id: str) -> dict[str, Any]:
     """Carry on a parked child once its own children have settled."""
     return runner().run(run_id, resume=True, send=_progress(self))

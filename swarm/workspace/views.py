@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 
 from swarm.agent.grants import grant_tree
-from swarm.runtime import gitstate as g
+from swarm.workspace import gitstate as g
 
 log = logging.getLogger(__name__)
 

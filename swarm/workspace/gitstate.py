@@ -2,7 +2,7 @@
 deterministic commits of them, bundles, three-way merges in the object store, a child's
 repository of its own. Nothing here touches a user's index, ``HEAD`` or branches (each
 tree is written through a temporary index), and nothing here talks to Redis
-(:mod:`swarm.runtime.seed` does).
+(:mod:`swarm.workspace.seed` does).
 
 What a tree holds: in a git repository, ``HEAD`` plus staged, unstaged and untracked
 files that no ignore rule excludes; in a plain folder, its files minus what
@@ -200,7 +200,7 @@ class WorkTree:
 def discover(path: Path) -> WorkTree | None:
     """The work tree holding ``path`` and its repository, found from ``path`` as git finds
     them (None outside git): for a root in a terminal or a job, in its own folder, before
-    its commands run (:meth:`swarm.runtime.seed.Seeds.pinned` keeps what it found)."""
+    its commands run (:meth:`swarm.workspace.seed.Seeds.pinned` keeps what it found)."""
     if not path.is_dir() or not inside_git(path):
         return None
     try:

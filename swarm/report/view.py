@@ -4,7 +4,7 @@ outcome, totals and the estimated cost.
 Reading costs three pipelined round trips whatever the size of the swarm: the swarm
 hash and its agent ids; every agent hash; the session metadata (live token counts and
 turns) and run records (task, answer, error) not read before: what a settled run left
-never changes, so a :class:`SnapshotReader` keeps it.
+never changes, so a :class:`SwarmReader` keeps it.
 
 How a view shows its numbers, and the prices behind a cost, are :mod:`swarm.report.display`.
 (Over 400 lines because the reader and the tree it builds change together.)
@@ -260,8 +260,9 @@ def _subtree(agents: list[AgentView]) -> list[AgentView]:
 # -- the swarm -------------------------------------------------------------------------------
 
 @dataclass
-class Snapshot:
-    """A swarm at ``taken``: its hash (``info``) and its agents in tree order."""
+class SwarmView:
+    """A view of a swarm as the ledger had it at ``taken``: its hash (``info``) and its
+    agents in tree order."""
 
     swarm_id: str
     info: dict[str, str]
@@ -371,8 +372,8 @@ class Snapshot:
         }
 
 
-class SnapshotReader:
-    """Reads snapshots of swarms; remembers the settled runs it has read."""
+class SwarmReader:
+    """Reads views of swarms; remembers the settled runs it has read."""
 
     def __init__(self, redis_: redis.Redis) -> None:
         self.redis = redis_
@@ -387,7 +388,7 @@ class SnapshotReader:
         ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), 0, 0))
         return ids[0] if ids else None
 
-    def load(self, swarm_id: str, *, root_answer: bool = False) -> Snapshot | None:
+    def load(self, swarm_id: str, *, root_answer: bool = False) -> SwarmView | None:
         """The swarm now; None if it is not in the ledger. ``root_answer`` also reads the
         root's final answer from its session (a larger read, for reports)."""
         with self.redis.pipeline(transaction=False) as pipe:
@@ -409,7 +410,7 @@ class SnapshotReader:
             for agent in tree:
                 if agent.kind == "root" and agent.is_settled and not agent.frozen:
                     agent.answer = self._last_answer(agent.session_id)  # before it was kept
-        return Snapshot(swarm_id, info, tree, time.time(), _int(refused))
+        return SwarmView(swarm_id, info, tree, time.time(), _int(refused))
 
     def _details(self, agents: list[AgentView], swarm_info: dict[str, str]) -> None:
         for agent in agents:

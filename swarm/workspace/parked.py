@@ -12,8 +12,8 @@ from __future__ import annotations
 import shutil
 
 from swarm.errors import WorkspaceError, WorkspaceLost
-from swarm.runtime import gitstate as g
-from swarm.runtime.seed import EMPTY, Seeds, Workspace
+from swarm.workspace import gitstate as g
+from swarm.workspace.seed import EMPTY, Seeds, Workspace
 
 
 def state(sid: str) -> str:
@@ -27,7 +27,7 @@ def restore(seeds: Seeds, swarm_id: str, agent_id: str, seed: str, sealed: str) 
     parked or settled; :class:`WorkspaceLost` when it cannot be."""
     path = seeds.home / "workspaces" / swarm_id / agent_id
     seed = "" if seed == EMPTY else seed
-    seeds.release_view(path.parent / ".views" / agent_id, path, remove=True)
+    seeds.unmount_view(path.parent / ".views" / agent_id, path, remove=True)
     if sealed == EMPTY:  # it was empty as it parked
         path.mkdir(parents=True, exist_ok=True)
         return Workspace(path, root=path)

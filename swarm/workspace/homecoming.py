@@ -11,7 +11,7 @@ call order, as a three-way merge with the seed as base.
 - Every child's changes are kept as ``refs/swarm/<swarm>/<agent>`` of the repository the
   parent's workspace is read through (the user's own, or the host's cache for a plain
   folder and a child), a namespace ``git branch`` does not show; they go with the swarm
-  (:mod:`swarm.runtime.sweep`), or at once with ``swarm land --clean``.
+  (:mod:`swarm.workspace.sweep`), or at once with ``swarm land --clean``.
 - A call with ``land: keep`` keeps the child's changes aside, unlanded.
 - A check command (the call's ``check``, else ``SWARM_LAND_CHECK``) runs in the parent's
   workspace, as the parent's commands run, after each landing; a landing it fails is
@@ -40,8 +40,8 @@ from swarm.agent.protocols import Environment
 from swarm.domain.messages import tool_body
 from swarm.domain.session import Session
 from swarm.errors import WorkspaceError
-from swarm.runtime import gitstate as g
-from swarm.runtime.seed import EMPTY, Seeds, Workspace
+from swarm.workspace import gitstate as g
+from swarm.workspace.seed import EMPTY, Seeds, Workspace
 
 #: Characters of a conflicting child's hunks its result carries.
 HUNKS_CAP = 4000
@@ -564,9 +564,9 @@ def rebase(seeds: Seeds, ws: Workspace, seed: str, swarm_id: str,
     three-way merge; the files where they did not fit (the parent's version is there)."""
     old = ws.seed
     delta = seeds.capture(ws, swarm_id)
-    seeds.release(ws)
+    seeds.unmount(ws)
     top = ws.top
-    seeds.release_view(top.parent / ".views" / top.name, top, remove=True)
+    seeds.unmount_view(top.parent / ".views" / top.name, top, remove=True)
     shutil.rmtree(top, ignore_errors=True)
     new = seeds.child(swarm_id, agent_id, seed)
     if not delta or new.odb is None:

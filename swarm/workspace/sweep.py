@@ -30,9 +30,9 @@ from pathlib import Path
 import redis
 
 from swarm.errors import WorkspaceError
-from swarm.runtime import gitstate as g
-from swarm.runtime import views
 from swarm.store import keys
+from swarm.workspace import gitstate as g
+from swarm.workspace import views
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def _sweep_refs(repo: Path, client: redis.Redis, cache: bool) -> int:
 def _owner(ref: str) -> str:
     """The store key whose end lets a swarm ref go: its snapshot's
     (``refs/swarm/snap|local/<id>``) or its swarm's (``refs/swarm/<swarm>/<agent>``, a
-    child's changes kept by :mod:`swarm.runtime.homecoming`); "" for anything else."""
+    child's changes kept by :mod:`swarm.workspace.homecoming`); "" for anything else."""
     parts = ref.split("/")
     if len(parts) != 4:
         return ""

@@ -2,18 +2,18 @@
 restore a workspace on another host.
 
 - **Seed.** At an ``agent`` call the parent's workspace is snapshotted
-  (:func:`~swarm.runtime.gitstate.write_tree`) into a commit without parents, whose id is
+  (:func:`~swarm.workspace.gitstate.write_tree`) into a commit without parents, whose id is
   the snapshot's id, and stored once in Redis as a git bundle
   (:class:`~swarm.store.snapshots.SnapshotStore`). A child on the parent's host starts
   from a ``git worktree`` of the object store that already has it (no transfer); a child
   elsewhere fetches the bundle into its host's cache (``SWARM_HOME/seeds/cache.git``)
   once per host, then makes a worktree from there.
 - **Views.** Where the worker may mount, a child's worktree is a copy-on-write view of
-  one shared checkout of its seed per host (:mod:`swarm.runtime.views`).
+  one shared checkout of its seed per host (:mod:`swarm.workspace.views`).
 - **Bring home.** A settling child's workspace is a commit over its seed, stored as a
-  delta bundle; :mod:`swarm.runtime.homecoming` makes it a branch or files where its
-  parent works. A parked workspace and its restore elsewhere: :mod:`swarm.runtime.parked`.
-  Cleanup: :mod:`swarm.runtime.sweep`.
+  delta bundle; :mod:`swarm.workspace.homecoming` makes it a branch or files where its
+  parent works. A parked workspace and its restore elsewhere: :mod:`swarm.workspace.parked`.
+  Cleanup: :mod:`swarm.workspace.sweep`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.errors import SnapshotTooLarge, WorkspaceError, WorkspaceLost
-from swarm.runtime import gitstate as g
-from swarm.runtime import views
 from swarm.store.snapshots import SnapshotMeta, SnapshotStore
 from swarm.text import human_bytes
+from swarm.workspace import gitstate as g
+from swarm.workspace import views
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Workspace:
     view: Path | None = None
     """The folder of its copy-on-write view (its upper folder, named for the agent,
     ``work`` and the file ``lower``), or None: a full checkout or a plain folder
-    (:mod:`swarm.runtime.views`)."""
+    (:mod:`swarm.workspace.views`)."""
 
     @property
     def top(self) -> Path:
@@ -254,7 +254,7 @@ class Seeds:
                  index: Path) -> Path | None:
         """The files of ``start`` (a commit of ``repo`` whose files are those of snapshot
         ``seed``) at ``path``, with a repository of its own on ``branch`` there
-        (:func:`~swarm.runtime.gitstate.own_repository`) and the worker's ``index`` of
+        (:func:`~swarm.workspace.gitstate.own_repository`) and the worker's ``index`` of
         them: a copy-on-write view of the host's shared checkout of ``seed`` where this
         process can mount one (its view folder), else a full checkout (None)."""
         if self.view == "auto" and not views.unavailable(self.home):
@@ -262,7 +262,7 @@ class Seeds:
                 return self._view(repo, path, branch, start, seed, index)
             except (OSError, WorkspaceError) as exc:
                 log.warning("a full checkout for %s instead of a view: %s", path.name, exc)
-                self.release_view(path.parent / ".views" / path.name, path, remove=True)
+                self.unmount_view(path.parent / ".views" / path.name, path, remove=True)
         dot = g.own_repository(path, repo, branch, start)
         env = {"GIT_DIR": str(dot), "GIT_WORK_TREE": str(path),
                "GIT_INDEX_FILE": str(dot / "index")}
@@ -277,7 +277,7 @@ class Seeds:
             lower, shared = views.shared_checkout(repo, seed, self.home / "seeds" / "trees",
                                                   self.box_uid)
         folder = path.parent / ".views" / path.name
-        self.release_view(folder, path, remove=True)
+        self.unmount_view(folder, path, remove=True)
         folder.mkdir(parents=True)
         (folder / "work").mkdir()
         (folder / "lower").write_text(str(lower))
@@ -328,13 +328,14 @@ class Seeds:
         folder = top.parent / ".views" / top.name
         return folder if (folder / "lower").is_file() else None
 
-    def release(self, ws: Workspace) -> None:
+    def unmount(self, ws: Workspace) -> None:
         """The run in ``ws`` ended: unmount its view (its changes stay in its folder)."""
         if ws.view is not None and views.mounted(ws.top):
             views.unmount(ws.top)
 
     @staticmethod
-    def release_view(folder: Path, path: Path, remove: bool = False) -> None:
+    def unmount_view(folder: Path, path: Path, remove: bool = False) -> None:
+        """Unmount the view at ``path`` if mounted; with ``remove``, delete its ``folder``."""
         if views.mounted(path):
             views.unmount(path)
         if remove and folder.exists():
