@@ -11,12 +11,11 @@
 A run's life, and who moves it (each arrow is one method here, one Lua script or one
 MULTI/EXEC transaction)::
 
-      parent: park ──► request on the spawn stream
-                              │ coordinator: spawn / refuse
-             ┌────────────────┼──────────────────────────┐
-             ▼                ▼                          ▼
-          refused          queued ◄── release ──── waiting   (hold: the swarm has
-                              │                              max_parallel in flight)
+      parent: park (its calls admitted: limits, checks, cancel, continuations)
+             ┌────────────────┬──────────────────────────┐
+             ▼                ▼                          │
+          refused          queued ── coordinator: dispatch (claim; slots free?) ──┐
+                              │ ◄──────── release ──── waiting ◄──── no ──────────┘
                worker: start  │  (a lease; reap re-sends a run whose lease ran out,
                               ▼   and the next start takes it over)
                            running ── renew ──┐
@@ -29,7 +28,19 @@ MULTI/EXEC transaction)::
       wake: a root in a terminal is woken, a parent in a worker gets a resume task,
       whose start claims the run from parked)
 
-``cancel`` flags an agent's subtree (workers stop it; held runs settle at once).
+A request's life (:class:`~swarm.domain.records.RequestRecord`), beside its runs'::
+
+      parent: park ──► new ── coordinator: dispatch ──► dispatching ── dispatched ──►
+      dispatched ── join ──► answered (a parent in a worker) ── resumed ──► joined
+                        └──► joined (a root in a terminal: woken in the join)
+
+``park`` writes the request with every call's run in one script (a refused call's run
+settled ``refused``, counted in the request's ``settled``); ``dispatch`` claims it and puts
+its runs in flight or holds them; a replay of a ``dispatching`` request (its coordinator
+died sending) returns the runs still queued in flight and moves none.
+
+``cancel`` flags an agent's subtree (workers stop it; a held run leaves the waiting list
+and settles in one script).
 
 Where each workspace is (:mod:`swarm.runtime.seed`): a new child's record names the
 snapshot it starts from (``seed``, from its parent's ``agent`` call, written by
