@@ -11,6 +11,7 @@ import redis as redis_py
 
 from swarm.domain.records import RootEnd, RootStart
 from swarm.domain.session import Session
+from swarm.domain.spawn import Admission
 from swarm.errors import LeaseLost
 from swarm.store import keys
 from swarm.store.ledger import (
@@ -19,6 +20,7 @@ from swarm.store.ledger import (
     Ledger,
     NewRun,
     RunRecord,
+    derive_id,
     result_text,
 )
 from swarm.store.sessions import RedisSessionStore
@@ -175,7 +177,7 @@ def test_park_records_the_request_once_and_frees_the_parents_slot(
     ledger = Ledger(redis)
     run = add_child(ledger)
     assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
-    calls = [{"call_id": "c9", "message": "sub"}]
+    calls = [Admission({"call_id": "c9", "message": "sub"}, "a9")]
     assert ledger.park("q9", "a1", "s1", 2, calls, {"c8": "other"}, parent_run="r1")
     assert not ledger.park("q9", "a1", "s1", 2, calls, {}, parent_run="r1")  # a replay
     assert redis.xlen(keys.spawn_stream()) == 1
@@ -184,7 +186,10 @@ def test_park_records_the_request_once_and_frees_the_parents_slot(
     assert ledger.agent("a1").state == "parked"  # type: ignore[union-attr]
     assert not redis.sismember(keys.swarm_inflight("s1"), "r1")
     assert redis.zscore(keys.leases(), "r1") is None
-    assert ledger.request("q9")["calls"] == calls
+    request = ledger.request("q9")
+    assert request is not None and request.calls == [c.call for c in calls]
+    assert request.runs == {"c9": derive_id("r", "a1", 2, "c9")} and request.count == 1
+    assert ledger.agent("a9").state == "queued"  # type: ignore[union-attr]
 
 
 def test_landed_for_a_request_is_written_once(redis: redis_py.Redis) -> None:
@@ -248,12 +253,14 @@ def test_a_request_only_moves_forward(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent")
     ledger.park("q1", "aparent", "s1", 1, [], {})
-    assert ledger.begin_dispatch("q1")["state"] == "dispatching"
-    ledger.dispatched("q1", "s1", "aparent", {})
+    claim = ledger.dispatch("q1")
+    assert claim is not None and claim.state == "dispatching" and claim.complete
+    assert ledger.dispatched("q1")
     redis.hset(keys.request("q1"), "state", "joined")
-    ledger.dispatched("q1", "s1", "aparent", {})  # a slow coordinator, late
-    assert ledger.request("q1")["state"] == "joined"
-    assert ledger.begin_dispatch("q1") == {}
+    assert not ledger.dispatched("q1")  # a slow coordinator, late
+    assert ledger.request("q1").state == "joined"  # type: ignore[union-attr]
+    claim = ledger.dispatch("q1")
+    assert claim is not None and claim.state == "joined" and claim.send == []
 
 
 def test_spawn_stops_at_the_children_limit_across_requests(redis: redis_py.Redis) -> None:
@@ -266,19 +273,29 @@ def test_spawn_stops_at_the_children_limit_across_requests(redis: redis_py.Redis
     assert not redis.exists(keys.run("r4")) and not redis.exists(keys.agent("a4"))
 
 
-def test_refuse_settles_a_call_once(redis: redis_py.Redis) -> None:
+def test_a_refused_call_is_settled_in_the_parks_own_script(redis: redis_py.Redis) -> None:
+    """A call the parent refused (here: over the children limit) has its run written
+    settled ``refused`` by the park itself, counted in its request and swarm; a park that
+    is not written (a replay) writes no run either."""
     ledger = Ledger(redis)
-    run = RunRecord(id="rx", agent="", request="q1", call_id="c1", message="m", state="queued")
-    assert ledger.refuse(run, "depth limit reached", "s1")
-    assert not ledger.refuse(run, "depth limit reached", "s1")
-    got = ledger.run("rx")
-    assert got is not None and got.state == "refused"
-    assert got.result == {"error": "depth limit reached"}
-    assert redis.hget(keys.request("q1"), "settled") == "1"
-    assert redis.xlen(keys.settle_stream()) == 1
-    # Counted once, in its request and its swarm.
-    assert redis.hget(keys.request("q1"), "refused") == "1"
-    assert ledger.counters("s1")["refused"] == 1
+    ledger.create_swarm("s1", "aparent", "/w", "task", {"max_children": 1}, "host-a",
+                        "aparent")
+    facts = ledger.facts("aparent", "s1", [])
+    calls = [Admission({"call_id": "c1", "message": "one"}, "a1"),
+             Admission({"call_id": "c2", "message": "two"}, "a2"),
+             Admission({"call_id": "c3", "message": "x"}, refusal="depth limit reached")]
+    assert ledger.park("q1", "aparent", "s1", 1, calls, {}, facts)
+    runs = ledger.runs(derive_id("r", "aparent", 1, c) for c in ("c1", "c2", "c3"))
+    assert [r.state for r in runs if r is not None] == ["queued", "refused", "refused"]
+    assert "children limit reached" in runs[1].result["error"]  # type: ignore[union-attr]
+    assert runs[2].result == {"error": "depth limit reached"}  # type: ignore[union-attr]
+    assert runs[1].agent == "" and ledger.agent("a2") is None  # type: ignore[union-attr]
+    request = ledger.request("q1")
+    assert request is not None and (request.settled, request.refused, request.count) == \
+        (2, 2, 3)
+    assert ledger.counters("s1") == {"children": 1, "refused": 2}
+    assert not ledger.park("q1", "aparent", "s1", 1, calls, {}, facts)
+    assert ledger.counters("s1") == {"children": 1, "refused": 2}
 
 
 def test_a_childs_result_is_capped_head_and_tail_with_where_the_whole_is() -> None:
@@ -359,9 +376,12 @@ def test_reap_returns_runs_whose_lease_ran_out_once_per_grace(redis: redis_py.Re
 # -- join -------------------------------------------------------------------------------------
 
 
+R1 = derive_id("r", "aparent", 1, "c1")
+
+
 def parked_parent(ledger: Ledger, redis: redis_py.Redis, kind: str) -> None:
-    """A parent (``kind`` root or child) parked on q1 = calls c1 (agent) and c2 (other)."""
-    parent = AgentRecord(id="aparent", swarm="s1", kind=kind, run="rparent")
+    """A parent (``kind`` root or child) parked on q1 = calls c1 (agent, run R1) and c2
+    (other)."""
     ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent", kind=kind)
     assistant = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "agent", "arguments": "{}"}},
@@ -369,18 +389,18 @@ def parked_parent(ledger: Ledger, redis: redis_py.Redis, kind: str) -> None:
     RedisSessionStore(redis).save(Session(
         id="aparent", workspace="/w", messages=[{"role": "user", "content": "go"}, assistant],
         usage={}, created=1.0, updated=1.0, parked="q1"))
-    ledger.park("q1", "aparent", "s1", 1, [{"call_id": "c1", "message": "do 1"}],
-                {"c2": "ran: ls"})
-    ledger.begin_dispatch("q1")
-    ledger.spawn("s1", parent, [child(1)], 200, 64)
-    ledger.dispatched("q1", "s1", "aparent", {"c1": "r1"})
+    ledger.park("q1", "aparent", "s1", 1, [Admission({"call_id": "c1", "message": "do 1"},
+                                                     "a1")], {"c2": "ran: ls"})
+    claim = ledger.dispatch("q1")
+    assert claim is not None and [n.run.id for n in claim.send] == [R1]
+    assert not ledger.dispatched("q1")  # R1 is out
 
 
 def test_join_answers_the_calls_in_order_and_wakes_a_root(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     parked_parent(ledger, redis, "root")
     assert ledger.join("q1") is None  # r1 is still out
-    run = ledger.run("r1")
+    run = ledger.run(R1)
     assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
     joined = ledger.join("q1")
     assert joined is not None and not joined.resume
@@ -391,7 +411,7 @@ def test_join_answers_the_calls_in_order_and_wakes_a_root(redis: redis_py.Redis)
     assert json.loads(tools[0]["content"])["answer"] == "one" and tools[1]["content"] == \
         "ran: ls"
     assert ledger.wait_woken("aparent", 0.1) == "q1"
-    assert ledger.request("q1")["state"] == "joined"
+    assert ledger.request("q1").state == "joined"  # type: ignore[union-attr]
     assert ledger.join("q1") is None  # joined once
     assert ledger.wait_woken("aparent", 0.1) is None  # and woken once
 
@@ -399,11 +419,11 @@ def test_join_answers_the_calls_in_order_and_wakes_a_root(redis: redis_py.Redis)
 def test_join_of_a_worker_parent_waits_for_its_resume(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     parked_parent(ledger, redis, "child")
-    run = ledger.run("r1")
+    run = ledger.run(R1)
     assert run is not None and ledger.settle(run, "s1", "failed", {"error": "x"}, {})
     joined = ledger.join("q1")
     assert joined is not None and joined.resume and joined.parent.run == ""
-    assert ledger.request("q1")["state"] == "answered"
+    assert ledger.request("q1").state == "answered"  # type: ignore[union-attr]
     again = ledger.join("q1")  # a coordinator that died before the resume went out
     assert again is not None and again.resume
     session = RedisSessionStore(redis).load("aparent")
@@ -423,7 +443,7 @@ def test_a_joined_parent_whose_resume_task_is_lost_is_reaped_to_resume_again(
     redis.hset(keys.agent("aparent"), "run", "rparent")
     redis.hset(keys.run("rparent"), mapping={"id": "rparent", "agent": "aparent",
                                              "swarm": "s1", "state": "parked"})
-    run = ledger.run("r1")
+    run = ledger.run(R1)
     assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
     joined = ledger.join("q1")
     assert joined is not None and joined.resume
@@ -480,7 +500,7 @@ def test_a_join_that_read_the_request_before_another_joined_it_does_nothing(
     again (its check of the state inside the transaction is what stops it)."""
     first, second = Ledger(redis), Ledger(redis)
     parked_parent(first, redis, "root")
-    run = first.run("r1")
+    run = first.run(R1)
     assert run is not None and first.settle(run, "s1", "done", {"answer": "one"}, {})
     read_runs = second.runs
     won: list[object] = []

@@ -5,10 +5,10 @@ several coordinators can run); every state change is a :class:`~swarm.store.ledg
 transition, and this module adds the policy (which calls are refused) and the Celery
 tasks:
 
-- ``spawn``: a parent's ``agent`` calls. Each is checked (message size, output schema,
-  depth, ``agent_id``, ``type`` against the swarm's recorded types, a cancelled parent);
-  the ledger writes the accepted children up to the swarm's children limit and holds
-  those over its in-flight limit; the rest are sent as ``swarm.agent.run`` tasks.
+- ``spawn``: a parent's ``agent`` calls, admitted (or refused) by the parent as it
+  parked (:mod:`swarm.runtime.spawner`). One ledger transition claims the request,
+  holding runs over the swarm's in-flight limit; the rest are sent as
+  ``swarm.agent.run`` tasks.
 - ``settle``: a run finished. Held runs are released, and when every run of the request
   has settled the ledger answers the parent's calls in its session; the parent is woken
   (a root in a terminal) or resumed (``swarm.agent.resume``).
@@ -30,8 +30,6 @@ from typing import Any
 
 import redis
 from celery import Celery
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from kombu.exceptions import OperationalError
 
 from swarm import faults
@@ -42,16 +40,7 @@ from swarm.cache import TTLCache
 from swarm.config import Settings
 from swarm.runtime.jobs import job_run_id
 from swarm.store import keys
-from swarm.store.ledger import (
-    SETTLED,
-    AgentRecord,
-    Joined,
-    Ledger,
-    NewRun,
-    RunRecord,
-    derive_id,
-    label_of,
-)
+from swarm.store.ledger import Joined, Ledger, NewRun, derive_id
 
 log = logging.getLogger(__name__)
 
@@ -59,25 +48,8 @@ BLOCK_MS = 1000
 BATCH = 64
 #: Seconds between passes over dead coordinators' entries and dead workers' runs.
 REAP_EVERY = 2.0
-#: The largest task message a child accepts; bigger material belongs in a file.
-MAX_MESSAGE = 256 * 1024
 #: Seconds a swarm's limits are remembered (they are fixed when the swarm is created).
 LIMITS_TTL = 5.0
-
-
-def check_call(call: dict[str, Any]) -> str:
-    """Why an ``agent`` call cannot be run as it is, or ""."""
-    size = len(str(call.get("message", "")).encode())
-    if size > MAX_MESSAGE:
-        return (f"the message is {size / 1024:.0f} KiB; the limit is {MAX_MESSAGE // 1024} KiB. "
-                "Write the material to a file the child can read and pass its path instead")
-    schema = call.get("output_schema")
-    if schema:
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            return f"output_schema is not a valid JSON Schema: {exc.message}"
-    return ""
 
 
 def root_task_id(swarm_id: str) -> str:
@@ -99,7 +71,6 @@ class Coordinator:
         self.ledger = Ledger(redis_, grace=settings.takeover_grace)
         self.stop = threading.Event()
         self._limits: TTLCache[str, Settings] = TTLCache(LIMITS_TTL)
-        self._types: TTLCache[str, frozenset[str]] = TTLCache(LIMITS_TTL)
         self.events = BufferedEvents(app)
 
     def run(self) -> None:
@@ -176,114 +147,21 @@ class Coordinator:
             if k in ("max_depth", "max_children", "max_parallel", "token_budget",
                      "output_cap")}))
 
-    def types(self, swarm_id: str) -> frozenset[str]:
-        """The names of the swarm's agent types (fixed when it was created)."""
-        return self._types.get_or_load(
-            swarm_id, lambda: frozenset(self.ledger.swarm_types(swarm_id)))
-
-    def check_type(self, kind: str, swarm_id: str) -> str:
-        """Why a new child cannot be of type ``kind`` (or ""): only the types recorded
-        with the swarm exist, never one a workspace declares later."""
-        known = self.types(swarm_id)
-        if not kind or kind in known:
-            return ""
-        names = ", ".join(sorted(known)) or (
-            "none (no .swarm/agents/NAME.md files when the swarm started)")
-        return f"unknown agent type {kind!r}; known types: {names}. Omit type for a copy of you"
-
     def spawn(self, request_id: str) -> None:
-        req = self.ledger.begin_dispatch(request_id)
-        if not req:
+        """Claim the request (its calls were admitted as the parent parked), send its
+        runs, mark it dispatched; join it if every run settled already (all refused, say).
+        A replay (a coordinator died mid-way) re-sends what is not going yet (a task sent
+        twice is claimed once), or joins, or resumes its parent again."""
+        claim = self.ledger.dispatch(request_id)
+        if claim is None:
             return
-        if req["state"] == "dispatching":
-            self.dispatch(request_id, req)
-        self.release(req["swarm"])  # the parked parent gave its slot back
-        self.join(request_id, swarm_id=req["swarm"])
-
-    def dispatch(self, request_id: str, req: dict[str, Any]) -> None:
-        """Check each call, then have the ledger write every accepted child in one
-        transaction before any of them is sent; a replay (a coordinator died mid-way)
-        finds the runs written and only makes sure they are going."""
-        swarm_id, parent_id, turn = req["swarm"], req["parent"], int(req["turn"])
-        parent = self.ledger.agent(parent_id) or AgentRecord(parent_id, swarm_id)
-        runs = {call["call_id"]: derive_id("r", parent_id, turn, call["call_id"])
-                for call in req["calls"]}
-        existing = self.ledger.existing_runs(list(runs.values()))
-        resend = [new for rid in existing if (new := self.ledger.requeue(rid, swarm_id))]
-        limits = self.limits(swarm_id)
-        depth = parent.depth + 1
-        cancelled = self.ledger.is_cancelled(parent_id)
-        spent = self.ledger.counters(swarm_id).get("tokens", 0) if limits.token_budget else 0
-        accepted: list[NewRun] = []
-        for call in req["calls"]:
-            run_id = runs[call["call_id"]]
-            if run_id in existing:
-                continue
-            target = call.get("agent_id") or ""
-            kind = str(call.get("type") or "")
-            refusal, agent_id, label = check_call(call), "", ""
-            if not refusal and cancelled:
-                refusal = "the parent was cancelled"
-            if not refusal and limits.token_budget and spent >= limits.token_budget:
-                refusal = (f"token budget spent: this swarm used {spent} tokens of its budget "
-                           f"of {limits.token_budget} (SWARM_TOKEN_BUDGET); answer with what "
-                           "you have")
-            if refusal:
-                pass  # refused before looking at the target
-            elif target:
-                refusal, label = self.continuation(target, swarm_id, parent_id, kind)
-                agent_id = target
-            elif refusal := self.check_type(kind, swarm_id):
-                pass
-            elif depth > limits.max_depth:
-                refusal = (f"depth limit reached: a child here would be at depth {depth}, "
-                           f"the limit is {limits.max_depth} (SWARM_MAX_DEPTH); do this part "
-                           "yourself")
-            else:
-                agent_id = derive_id("a", parent_id, turn, call["call_id"])
-            run = RunRecord(id=run_id, agent="" if refusal else agent_id, request=request_id,
-                            call_id=call["call_id"], message=call["message"], state="queued",
-                            output_schema=call.get("output_schema") or None,
-                            rebase=str(call.get("seed") or "") if target else "")
-            if refusal:
-                self.ledger.refuse(run, refusal, swarm_id)
-                continue
-            accepted.append(NewRun(run, new_agent=not target, depth=depth,
-                                   label=label or label_of(call["message"]),
-                                   traceparent=str(call.get("traceparent") or ""),
-                                   parent_run=parent.run,
-                                   seed="" if target else str(call.get("seed") or ""),
-                                   type="" if target else kind))
-        spawned = self.ledger.spawn(swarm_id, parent, accepted, limits.max_children,
-                                    limits.max_parallel)
-        for new in spawned.over:
-            new.run.agent = ""
-            self.ledger.refuse(new.run, (
-                f"children limit reached: this swarm has spawned {spawned.children} of "
-                f"{limits.max_children} (SWARM_MAX_CHILDREN); do this part yourself"), swarm_id)
-        self.send_runs(resend + spawned.send, swarm_id)
-        # Only now: a coordinator that dies while sending leaves the request dispatching,
-        # and the replay re-sends what is not going yet (a task sent twice is claimed once).
-        self.ledger.dispatched(request_id, swarm_id, parent_id, runs)
-
-    def continuation(self, target: str, swarm_id: str, parent_id: str,
-                     kind: str = "") -> tuple[str, str]:
-        """Why the parent cannot continue its child ``target`` (or ""), and its label. A
-        continued child keeps its type: a call naming another is refused."""
-        existing = self.ledger.agent(target)
-        if existing is None or existing.swarm != swarm_id:
-            return f"no agent {target!r} in this swarm; omit agent_id to start a new one", ""
-        if existing.parent != parent_id:
-            return (f"agent {target!r} is not your child; only its parent can continue it",
-                    existing.label)
-        if existing.state not in SETTLED:
-            return f"agent {target!r} is still {existing.state}; wait for it", existing.label
-        if kind and kind != existing.type:
-            was = f"of type {existing.type!r}" if existing.type else "a copy of you (no type)"
-            return (f"agent {target!r} is {was}, and a continued child keeps its type; omit "
-                    "type to continue it, or omit agent_id to start a new child of type "
-                    f"{kind!r}", existing.label)
-        return "", existing.label
+        self.send_runs(claim.send, claim.swarm_id)
+        complete = claim.complete
+        if claim.state == "dispatching":
+            # Only now: a coordinator that dies while sending leaves it dispatching.
+            complete = self.ledger.dispatched(request_id)
+        if complete:
+            self.join(request_id, swarm_id=claim.swarm_id)
 
     def send_runs(self, runs: list[NewRun], swarm_id: str) -> None:
         """Send ``swarm.agent.run`` for each run, on one producer, as a child of its parent

@@ -217,3 +217,51 @@ class RootStart:
     def fields(self) -> dict[str, str]:
         return {"base_usage": json.dumps(self.usage), "base_turns": str(self.turns),
                 "session_created": repr(self.session_created)}
+
+
+REQUEST_STATES = ("new", "dispatching", "dispatched", "answered", "joined")
+"""A request's states, in order (drawn in :mod:`swarm.store.ledger`): admitted and parked
+on (``new``), claimed by a coordinator (``dispatching``), its tasks sent (``dispatched``),
+its results in the parent's session (``answered``), its parent woken (``joined``)."""
+
+
+@dataclass
+class RequestRecord:
+    """The ``agent`` calls of one model response of a parent, admitted as it parked: each
+    call has its run (``runs``: call id -> run id), refused ones settled already."""
+
+    id: str
+    parent: str
+    swarm: str
+    turn: int
+    state: str = "new"
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    results: dict[str, str] = field(default_factory=dict)
+    """What the parent's other calls of that response returned (answered in call order)."""
+    runs: dict[str, str] = field(default_factory=dict)
+    count: int = 0
+    settled: int = 0
+    refused: int = 0
+    max_parallel: int = 0
+    """The swarm's in-flight limit, fixed with the swarm: the coordinator's claim holds
+    runs over it without reading the swarm."""
+    created: float = 0.0
+
+    @classmethod
+    def from_hash(cls, row: dict[str, str]) -> RequestRecord | None:
+        if not row or not row.get("id"):
+            return None
+        return cls(
+            id=row["id"], parent=row.get("parent", ""), swarm=row.get("swarm", ""),
+            turn=_int(row.get("turn")), state=row.get("state", ""),
+            calls=json.loads(row["calls"]) if row.get("calls") else [],
+            results=json.loads(row["results"]) if row.get("results") else {},
+            runs=json.loads(row["runs"]) if row.get("runs") else {},
+            count=_int(row.get("count")), settled=_int(row.get("settled")),
+            refused=_int(row.get("refused")), max_parallel=_int(row.get("max_parallel")),
+            created=_float(row.get("created")))
+
+    @property
+    def complete(self) -> bool:
+        """Every run of the request has settled."""
+        return self.settled >= self.count

@@ -29,7 +29,7 @@ from swarm.domain.session import Session
 from swarm.errors import BudgetExceeded, Cancelled, Parked
 from swarm.mcp_client.config import McpConfig
 from swarm.runtime.local import LocalCluster, alive, shared, wait_for
-from swarm.runtime.spawner import RedisSpawner
+from swarm.runtime.spawner import RedisSpawner, limits_of
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue
 from swarm.store.connection import Outage, Store
@@ -113,7 +113,8 @@ class RootSwarm:
                             ensure_swarm=lambda: self.outage.ride(self.ensure),
                             seeder=lambda: self.outage.ride(lambda: self.seeds.take(
                                 workspace, self.swarm_id, tree_of=self.tree)),
-                            host=self.seeds.host, outage=self.outage)
+                            host=self.seeds.host, outage=self.outage,
+                            limits=limits_of(self.settings))
 
     def ensure(self) -> None:
         """Create the swarm in the ledger and make sure someone will run its children."""
@@ -375,7 +376,8 @@ def moved_on(ledger: Ledger, record: AgentRecord, session: Session | None) -> st
     if record.session_created and abs(session.created - record.session_created) > 1e-3:
         return "a later `swarm run --new` in its folder started another conversation"
     if session.parked:
-        if ledger.request(session.parked).get("swarm", record.swarm) != record.swarm:
+        request = ledger.request(session.parked)
+        if request is not None and request.swarm != record.swarm:
             return "a later run in its folder is waiting for children of its own"
     elif record.kept and session.turns != record.session_turns:
         return "a later run in its folder went on with its conversation"

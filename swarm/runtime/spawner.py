@@ -1,5 +1,5 @@
-"""The parent's side of a spawn: seed the calls, write one request for the coordinators,
-then park."""
+"""The parent's side of a spawn: seed the calls, admit them (every limit and check that
+can be decided as the call is made), then park on one request for the coordinators."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict
 
-from swarm.domain.spawn import SpawnCall
+from swarm.config import Settings
+from swarm.domain.spawn import Limits, SpawnCall, admit
 from swarm.errors import WorkspaceError
 from swarm.store.connection import Outage, ride
 from swarm.store.ledger import Ledger, derive_id
@@ -18,6 +19,11 @@ Seeder = Callable[[], str]
 #: Given that snapshot, stores the parent's workspace exactly as it parks (git index,
 #: ``HEAD``, its children's branches); returns the id to restore it from.
 Keeper = Callable[[str], str]
+
+
+def limits_of(settings: Settings) -> Limits:
+    return Limits(max_depth=settings.max_depth, max_children=settings.max_children,
+                  max_parallel=settings.max_parallel, token_budget=settings.token_budget)
 
 
 class RedisSpawner:
@@ -33,7 +39,7 @@ class RedisSpawner:
                  ensure_swarm: Callable[[], None] | None = None, token: str = "",
                  seeder: Seeder | None = None, host: str = "",
                  keep_state: bool = False, keeper: Keeper | None = None,
-                 outage: Outage | None = None) -> None:
+                 outage: Outage | None = None, limits: Limits | None = None) -> None:
         self.ledger = ledger
         self.agent_id = agent_id
         self.run_id = run_id
@@ -49,6 +55,8 @@ class RedisSpawner:
         ``keeper`` when given)."""
         self.keeper = keeper
         self.outage = outage
+        self.limits = limits
+        """The parent's limits, for those its swarm did not record."""
         self.requests = 0
         self._ensured = False
         self.snapshot = ""
@@ -83,10 +91,19 @@ class RedisSpawner:
                results: dict[str, str]) -> None:
         self._ensure()
         self.requests += 1
-        ride(self.outage, lambda: self.ledger.park(
-            request_id, self.agent_id, self.swarm_id, turn, [asdict(c) for c in calls],
-            results, parent_run=self.run_id, token=self.token, workspace_state=self.state,
-            host=self.host))
+        ride(self.outage, lambda: self.park(request_id, turn, calls, results))
+
+    def park(self, request_id: str, turn: int, calls: list[SpawnCall],
+             results: dict[str, str]) -> bool:
+        """Admit each call on what the ledger holds now (one read), then park on the
+        request with its runs, refused ones settled (one script)."""
+        facts = self.ledger.facts(self.agent_id, self.swarm_id,
+                                  [c.agent_id for c in calls if c.agent_id], self.limits)
+        admitted = [admit(asdict(c), facts, derive_id("a", self.agent_id, turn, c.call_id))
+                    for c in calls]
+        return self.ledger.park(request_id, self.agent_id, self.swarm_id, turn, admitted,
+                                results, facts, parent_run=self.run_id, token=self.token,
+                                workspace_state=self.state, host=self.host)
 
     def _ensure(self) -> None:
         if self.ensure_swarm is not None and not self._ensured:

@@ -11,12 +11,11 @@
 A run's life, and who moves it (each arrow is one method here, one Lua script or one
 MULTI/EXEC transaction)::
 
-      parent: park ──► request on the spawn stream
-                              │ coordinator: spawn / refuse
-             ┌────────────────┼──────────────────────────┐
-             ▼                ▼                          ▼
-          refused          queued ◄── release ──── waiting   (hold: the swarm has
-                              │                              max_parallel in flight)
+      parent: park (its calls admitted: limits, checks, cancel, continuations)
+             ┌────────────────┬──────────────────────────┐
+             ▼                ▼                          │
+          refused          queued ── coordinator: dispatch (claim; slots free?) ──┐
+                              │ ◄──────── release ──── waiting ◄──── no ──────────┘
                worker: start  │  (a lease; reap re-sends a run whose lease ran out,
                               ▼   and the next start takes it over)
                            running ── renew ──┐
@@ -29,7 +28,19 @@ MULTI/EXEC transaction)::
       wake: a root in a terminal is woken, a parent in a worker gets a resume task,
       whose start claims the run from parked)
 
-``cancel`` flags an agent's subtree (workers stop it; held runs settle at once).
+A request's life (:class:`~swarm.domain.records.RequestRecord`), beside its runs'::
+
+      parent: park ──► new ── coordinator: dispatch ──► dispatching ── dispatched ──►
+      dispatched ── join ──► answered (a parent in a worker) ── resumed ──► joined
+                        └──► joined (a root in a terminal: woken in the join)
+
+``park`` writes the request with every call's run in one script (a refused call's run
+settled ``refused``, counted in the request's ``settled``); ``dispatch`` claims it and puts
+its runs in flight or holds them; a replay of a ``dispatching`` request (its coordinator
+died sending) returns the runs still queued in flight and moves none.
+
+``cancel`` flags an agent's subtree (workers stop it; a held run leaves the waiting list
+and settles in one script).
 
 Where each workspace is (:mod:`swarm.workspace.seed`): a new child's record names the
 snapshot it starts from (``seed``, from its parent's ``agent`` call, written by
@@ -49,6 +60,7 @@ machine lives; every Redis write of a transition is here.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -62,8 +74,17 @@ import redis
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
-from swarm.domain.records import ACTIVE, SETTLED, AgentRecord, RootEnd, RootStart, RunRecord
+from swarm.domain.records import (
+    ACTIVE,
+    SETTLED,
+    AgentRecord,
+    RequestRecord,
+    RootEnd,
+    RootStart,
+    RunRecord,
+)
 from swarm.domain.session import Session
+from swarm.domain.spawn import Admission, Facts, Limits
 from swarm.errors import LeaseLost
 from swarm.store import keys
 from swarm.store.sessions import RedisSessionStore, write_session
@@ -71,7 +92,7 @@ from swarm.text import cap_middle
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTIVE", "SETTLED", "AgentRecord", "Joined", "Ledger", "NewRun", "RunRecord",
+__all__ = ["ACTIVE", "SETTLED", "AgentRecord", "Claim", "Joined", "Ledger", "NewRun", "RunRecord",
            "Spawned", "Start", "derive_id", "label_of", "new_swarm_id", "result_text"]
 
 #: Seconds a run sent (or re-sent) has to be claimed before a coordinator sends it again
@@ -83,6 +104,9 @@ __all__ = ["ACTIVE", "SETTLED", "AgentRecord", "Joined", "Ledger", "NewRun", "Ru
 #: resume task is claimed.
 TAKEOVER_GRACE = 60.0
 
+_SWARM = "\x01"
+"""Stands for the swarm id in a key name a script completes (:meth:`Ledger.dispatch`)."""
+
 _SETTLED_LUA = "{" + ", ".join(f"'{s}'" for s in SETTLED) + "}"
 
 # Leases, deadlines and grace periods are on the server's clock, never a host's: a worker
@@ -93,30 +117,112 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
-_SETTLE = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state == false then return -1 end
-for _, s in ipairs(SETTLED_STATES) do
-  if state == s then return 0 end
+# Lua helpers shared by the scripts below. Each script names its keys and arguments in
+# one table (K, from KEYS, in the order of the Python list built next to its call; A,
+# decoded from the JSON object in ARGV[1]): no positional ARGV[n] to count.
+
+# A running run stops running: the time since its claim is added to 'used'.
+_PAUSE_FN = """
+local function pause(run_key, now)
+  local since = tonumber(redis.call('HGET', run_key, 'running_since') or '')
+  if since then
+    redis.call('HINCRBYFLOAT', run_key, 'used', math.max(0, now - since))
+    redis.call('HDEL', run_key, 'running_since')
+  end
 end
-if ARGV[11] ~= '' and redis.call('HGET', KEYS[1], 'lease') ~= ARGV[11] then
-  return -2  -- fenced: another worker took this run over; its settlement counts
+"""
+
+# Record a run's outcome once (fenced by its lease token when one is given) and announce
+# it. K: run, agent, inflight, settle (stream), leases, request, events.
+_SETTLE_FN = """
+local function settle(K, A)
+  local state = redis.call('HGET', K.run, 'state')
+  if state == false then return -1 end
+  for _, s in ipairs(SETTLED_STATES) do
+    if state == s then return 0 end
+  end
+  if A.token ~= '' and redis.call('HGET', K.run, 'lease') ~= A.token then
+    return -2  -- fenced: another worker took this run over; its settlement counts
+  end
+  redis.call('HSET', K.run, 'state', A.state, 'result', A.result, 'settled', A.ts, 'lease', '')
+  if A.agent ~= '' then
+    redis.call('HSET', K.agent, 'state', A.state, 'settled', A.ts, 'usage', A.usage)
+  end
+  redis.call('SREM', K.inflight, A.run)
+  redis.call('ZREM', K.leases, A.run)
+  if A.request ~= '' then redis.call('HINCRBY', K.request, 'settled', 1) end
+  if A.agent ~= '' then
+    redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'settled',
+               'agent', A.agent, 'state', A.state, 'ts', A.ts, 'error', A.error)
+  end
+  redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'run', A.run)
+  return 1
 end
-redis.call('HSET', KEYS[1], 'state', ARGV[1], 'result', ARGV[2], 'settled', ARGV[3],
-           'lease', '')
-if ARGV[5] == '1' then
-  redis.call('HSET', KEYS[2], 'state', ARGV[1], 'settled', ARGV[3], 'usage', ARGV[4])
-end
-redis.call('SREM', KEYS[3], ARGV[6])
-redis.call('ZREM', KEYS[5], ARGV[6])
-if ARGV[7] ~= '' then redis.call('HINCRBY', KEYS[6], 'settled', 1) end
-if ARGV[5] == '1' then
-  redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'kind', 'settled', 'agent',
-             ARGV[8], 'state', ARGV[1], 'ts', ARGV[3], 'error', ARGV[10])
-end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[12], '*', 'run', ARGV[6])
-return 1
 """.replace("SETTLED_STATES", _SETTLED_LUA)
+
+_SETTLE_KEYS = """
+local K = {run = KEYS[1], agent = KEYS[2], inflight = KEYS[3], settle = KEYS[4],
+           leases = KEYS[5], request = KEYS[6], events = KEYS[7], waiting = KEYS[8]}
+local A = cjson.decode(ARGV[1])
+"""
+
+_SETTLE = _SETTLE_FN + _SETTLE_KEYS + "return settle(K, A)"
+
+# A held run of a cancelled agent leaves the waiting list and settles, in one step (a run
+# released meanwhile is in flight: its worker sees the flag and stops it).
+_CANCEL_HELD = _SETTLE_FN + _SETTLE_KEYS + """
+if redis.call('LREM', K.waiting, 0, A.run) == 0 then return 0 end
+return settle(K, A)
+"""
+
+# Held runs into flight while the swarm has free slots (oldest first).
+_RELEASE_FN = """
+local function release(waiting, inflight, leases, max_parallel, A, now)
+  local free = tonumber(max_parallel) - redis.call('SCARD', inflight)
+  if free <= 0 then return {} end
+  local ids = redis.call('LPOP', waiting, free)
+  if not ids then return {} end
+  redis.call('SADD', inflight, unpack(ids))
+  redis.call('EXPIRE', inflight, A.ttl)
+  for _, id in ipairs(ids) do
+    redis.call('ZADD', leases, now + A.grace, id)
+    local agent = redis.call('HGET', A.run_prefix .. id, 'agent')
+    if agent and redis.call('HGET', A.agent_prefix .. agent, 'state') == 'waiting' then
+      redis.call('HSET', A.agent_prefix .. agent, 'state', 'queued')
+    end
+  end
+  return ids
+end
+"""
+
+# What a run's task message carries (:meth:`Ledger._described`): run id, agent, trace
+# context, swarm, depth, label, the parent's run, the host that must take it ("": any).
+_DESCRIBE_FN = """
+local function describe(id, A)
+  local r = redis.call('HMGET', A.run_prefix .. id, 'agent', 'traceparent', 'swarm')
+  local agent = r[1] or ''
+  local a = redis.call('HMGET', A.agent_prefix .. agent, 'depth', 'label', 'parent',
+                       'workspace', 'ws_state', 'ws_host', 'swarm')
+  local parent_run = ''
+  if a[3] and a[3] ~= '' then
+    parent_run = redis.call('HGET', A.agent_prefix .. a[3], 'run') or ''
+  end
+  local host = ''
+  if a[4] and a[4] ~= '' and not (a[5] and a[5] ~= '') then host = a[6] or '' end
+  return {id, agent, r[2] or '', r[3] or a[7] or '', a[1] or '?', a[2] or '', parent_run,
+          host}
+end
+"""
+
+_RELEASE = _NOW + _RELEASE_FN + _DESCRIBE_FN + """
+local K = {waiting = KEYS[1], inflight = KEYS[2], leases = KEYS[3]}
+local A = cjson.decode(ARGV[1])
+local out = {}
+for _, id in ipairs(release(K.waiting, K.inflight, K.leases, A.max_parallel, A, now)) do
+  table.insert(out, describe(id, A))
+end
+return out
+"""
 
 # The claim, and in the same round trip what the worker reads next: the agent's record,
 # its session, whether it was cancelled while queued, what the swarm has spent.
@@ -195,16 +301,6 @@ end
 return 0
 """
 
-# A running run stops running (parked): the time since its claim is added to 'used'.
-_PAUSE = _NOW + """
-local since = tonumber(redis.call('HGET', KEYS[1], 'running_since') or '')
-if since then
-  redis.call('HINCRBYFLOAT', KEYS[1], 'used', math.max(0, now - since))
-  redis.call('HDEL', KEYS[1], 'running_since')
-end
-return 0
-"""
-
 _FINISH = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state == false then return 0 end
@@ -218,53 +314,167 @@ return 1
 """Settle a swarm (and its root in a terminal) unless it settled already: a settled
 swarm's record is frozen (a later run in its folder never changes it)."""
 
-# A call refused before it got an agent: its run is created settled, once, and counted
-# in its request and its swarm.
-_REFUSE = """
-if redis.call('HSETNX', KEYS[1], 'id', ARGV[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('HINCRBY', KEYS[2], 'settled', 1)
-redis.call('HINCRBY', KEYS[2], 'refused', 1)
-redis.call('HINCRBY', KEYS[4], 'refused', 1)
-redis.call('EXPIRE', KEYS[4], ARGV[2])
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'run', ARGV[1])
+# A resumed run whose request is still out parks again, if its lease is still this one.
+_STAY_PARKED = _NOW + _PAUSE_FN + """
+local K = {run = KEYS[1], agent = KEYS[2], leases = KEYS[3], inflight = KEYS[4],
+           settle = KEYS[5]}
+local A = cjson.decode(ARGV[1])
+if redis.call('HGET', K.run, 'lease') ~= A.token then return 0 end
+pause(K.run, now)
+redis.call('HSET', K.run, 'state', 'parked', 'lease', '')
+redis.call('HSET', K.agent, 'state', 'parked')
+redis.call('ZREM', K.leases, A.run)
+redis.call('SREM', K.inflight, A.run)
+redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'freed', A.swarm)
 return 1
 """
 
-# Held runs into flight while the swarm has free slots. Run and agent keys are built
-# from the prefixes of keys.run() and keys.agent() (ARGV[3], ARGV[4]).
-_RELEASE = _NOW + """
-local free = tonumber(ARGV[1]) - redis.call('SCARD', KEYS[2])
-if free <= 0 then return {} end
-local ids = redis.call('LPOP', KEYS[1], free)
-if not ids then return {} end
-redis.call('SADD', KEYS[2], unpack(ids))
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-for _, id in ipairs(ids) do
-  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[5]), id)
-  local agent = redis.call('HGET', ARGV[3] .. id, 'agent')
-  if agent and redis.call('HGET', ARGV[4] .. agent, 'state') == 'waiting' then
-    redis.call('HSET', ARGV[4] .. agent, 'state', 'queued')
+# The parent parks on its request: the request, its runs and their agents (new children,
+# or continued ones), refused calls' runs settled ``refused``, the parent parked (its slot
+# given back) and the request on the spawn stream. The parent decided each call
+# (A.runs[i].refusal); the swarm's children limit and the cancel flag are checked here, on
+# what the swarm has now. 0: the request exists (a replay); -1: the parent's lease is
+# another worker's.
+_PARK = _NOW + _PAUSE_FN + """
+local K = {request = KEYS[1], parent = KEYS[2], parent_run = KEYS[3], leases = KEYS[4],
+           inflight = KEYS[5], counters = KEYS[6], agents = KEYS[7], cancel = KEYS[8],
+           spawn = KEYS[9], events = KEYS[10]}
+local A = cjson.decode(ARGV[1])
+if redis.call('EXISTS', K.request) == 1 then return 0 end
+if A.parent_run ~= '' and A.token ~= '' and
+    redis.call('HGET', K.parent_run, 'lease') ~= A.token then
+  return -1
+end
+redis.call('HSET', K.parent, 'state', 'parked')
+if A.ws_state ~= '' then
+  redis.call('HSET', K.parent, 'ws_state', A.ws_state, 'ws_host', A.ws_host)
+end
+if A.parent_run ~= '' then
+  pause(K.parent_run, now)
+  redis.call('HSET', K.parent_run, 'state', 'parked', 'lease', '')
+  redis.call('ZREM', K.leases, A.parent_run)
+  redis.call('SREM', K.inflight, A.parent_run)
+end
+local cancelled = redis.call('EXISTS', K.cancel) == 1
+local children = tonumber(redis.call('HGET', K.counters, 'children') or '0') or 0
+local created, refused, admitted = 0, 0, {}
+local ts = string.format('%.3f', now)
+for _, r in ipairs(A.runs) do
+  local refusal = r.refusal
+  if refusal == '' and cancelled then refusal = 'the parent was cancelled' end
+  if refusal == '' and r.new_agent and children >= A.max_children then
+    refusal = 'children limit reached: this swarm has spawned ' .. children .. ' of ' ..
+      A.max_children .. ' (SWARM_MAX_CHILDREN); do this part yourself'
+  end
+  local run = r.run
+  if refusal ~= '' then
+    run.agent, run.state, run.settled = '', 'refused', ts
+    run.result = cjson.encode({error = refusal})
+    refused = refused + 1
+  else
+    local akey = A.agent_prefix .. run.agent
+    if r.new_agent then
+      redis.call('HSETNX', akey, 'id', run.agent)
+      for k, v in pairs(r.agent) do redis.call('HSET', akey, k, v) end
+      redis.call('EXPIRE', akey, A.ttl)
+      redis.call('ZADD', K.agents, 'NX', now, run.agent)
+      created, children = created + 1, children + 1
+    end
+    redis.call('HSET', akey, 'run', r.id, 'state', 'queued')
+    redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'queued',
+               'agent', run.agent, 'ts', ts, 'parent', A.parent, 'depth', r.depth)
+    table.insert(admitted, r.id)
+  end
+  local rkey = A.run_prefix .. r.id
+  redis.call('HSETNX', rkey, 'id', r.id)
+  for k, v in pairs(run) do redis.call('HSET', rkey, k, v) end
+  redis.call('EXPIRE', rkey, A.ttl)
+end
+if created > 0 then redis.call('HINCRBY', K.counters, 'children', created) end
+if refused > 0 then redis.call('HINCRBY', K.counters, 'refused', refused) end
+redis.call('EXPIRE', K.counters, A.ttl)
+redis.call('HSET', K.request, 'id', A.request, 'parent', A.parent, 'swarm', A.swarm,
+           'turn', A.turn, 'created', ts, 'calls', A.calls, 'results', A.results,
+           'state', 'new', 'runs', A.runs_by_call, 'count', #A.runs, 'settled', refused,
+           'refused', refused, 'max_parallel', A.max_parallel,
+           'admitted', cjson.encode(admitted))
+redis.call('EXPIRE', K.request, A.ttl)
+redis.call('XADD', K.spawn, 'MAXLEN', '~', A.stream_maxlen, '*', 'request', A.request)
+redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'spawn',
+           'agent', A.parent, 'ts', ts, 'children', #A.runs)
+return 1
+"""
+
+# A coordinator claims a request: new -> dispatching, its admitted runs in flight while
+# the swarm has free slots (after the runs held before them; the parent gave its slot
+# back), the rest held (waiting). A replay (dispatching: a coordinator died before its
+# tasks all went out) returns its runs still queued in flight, without moving any run: a
+# run that settled, or is held, stays so. Returns the state, whether every run settled,
+# and the runs to send (:data:`_DESCRIBE_FN`).
+_DISPATCH = _NOW + _RELEASE_FN + _DESCRIBE_FN + """
+local A = cjson.decode(ARGV[1])
+local row = redis.call('HMGET', KEYS[1], 'state', 'admitted', 'max_parallel', 'parent',
+                       'count', 'refused', 'swarm')
+local state = row[1]
+if not state then return {'', 0, '', {}} end
+local function of_swarm(name) return (string.gsub(name, '\\1', row[7], 1)) end
+local K = {request = KEYS[1], leases = KEYS[2], inflight = of_swarm(A.inflight),
+           waiting = of_swarm(A.waiting), events = of_swarm(A.events)}
+local send = {}
+if state == 'new' or state == 'dispatching' then
+  for _, id in ipairs(release(K.waiting, K.inflight, K.leases, row[3], A, now)) do
+    table.insert(send, id)
+  end
+  local admitted = cjson.decode(row[2] or '[]')
+  if state == 'new' then
+    state = 'dispatching'
+    local free = tonumber(row[3]) - redis.call('SCARD', K.inflight)
+    for _, id in ipairs(admitted) do
+      if redis.call('HGET', A.run_prefix .. id, 'state') == 'queued' then
+        if free > 0 then
+          redis.call('SADD', K.inflight, id)
+          redis.call('ZADD', K.leases, now + A.grace, id)
+          table.insert(send, id)
+          free = free - 1
+        else
+          redis.call('RPUSH', K.waiting, id)
+          local agent = redis.call('HGET', A.run_prefix .. id, 'agent')
+          redis.call('HSET', A.agent_prefix .. agent, 'state', 'waiting')
+        end
+      end
+    end
+    redis.call('EXPIRE', K.inflight, A.ttl)
+    redis.call('EXPIRE', K.waiting, A.ttl)
+    redis.call('HSET', K.request, 'state', state)
+    local refused = tonumber(row[6] or '0') or 0
+    redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'dispatched',
+               'agent', row[4], 'ts', string.format('%.3f', now),
+               'children', tostring((tonumber(row[5]) or 0) - refused),
+               'refused', tostring(refused))
+  else
+    for _, id in ipairs(admitted) do
+      if redis.call('HGET', A.run_prefix .. id, 'state') == 'queued' and
+          redis.call('SISMEMBER', K.inflight, id) == 1 then
+        redis.call('ZADD', K.leases, 'NX', now + A.grace, id)
+        table.insert(send, id)
+      end
+    end
   end
 end
-return ids
+local out = {}
+for _, id in ipairs(send) do table.insert(out, describe(id, A)) end
+local head = redis.call('HMGET', K.request, 'settled', 'count')
+local complete = (tonumber(head[1]) or 0) >= (tonumber(head[2]) or 0) and 1 or 0
+return {state, complete, row[7], out}
 """
 
-# A resumed run whose request is still out parks again, if its lease is still this one.
-_STAY_PARKED = _NOW + """
-if redis.call('HGET', KEYS[1], 'lease') ~= ARGV[1] then return 0 end
-local since = tonumber(redis.call('HGET', KEYS[1], 'running_since') or '')
-if since then
-  redis.call('HINCRBYFLOAT', KEYS[1], 'used', math.max(0, now - since))
-  redis.call('HDEL', KEYS[1], 'running_since')
-end
-redis.call('HSET', KEYS[1], 'state', 'parked', 'lease', '')
-redis.call('HSET', KEYS[2], 'state', 'parked')
-redis.call('ZREM', KEYS[3], ARGV[2])
-redis.call('SREM', KEYS[4], ARGV[2])
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[4], '*', 'freed', ARGV[3])
-return 1
+# Its tasks went out: dispatching -> dispatched; returns whether every run settled
+# meanwhile (1; the coordinator joins it then), 0 if not, -1 if it was not dispatching.
+_DISPATCHED = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'dispatching' then return -1 end
+redis.call('HSET', KEYS[1], 'state', 'dispatched')
+local head = redis.call('HMGET', KEYS[1], 'settled', 'count')
+return (tonumber(head[1]) or 0) >= (tonumber(head[2]) or 0) and 1 or 0
 """
 
 # A request moves on only from the state the caller expects (a slow coordinator never
@@ -412,6 +622,18 @@ class Spawned:
 
 
 @dataclass
+class Claim:
+    """What :meth:`Ledger.dispatch` did: the request's state now, whether every run of
+    it has settled, and the runs to send."""
+
+    request_id: str
+    swarm_id: str
+    state: str
+    complete: bool
+    send: list[NewRun]
+
+
+@dataclass
 class Joined:
     """A request whose children all settled, answered in its parent's session: the
     parent must be woken (a root was woken by the join itself; ``resume`` says a worker
@@ -459,13 +681,15 @@ class Ledger:
         self._start = redis_.register_script(_START)
         self._renew = redis_.register_script(_RENEW)
         self._hand_back = redis_.register_script(_HAND_BACK)
-        self._refuse = redis_.register_script(_REFUSE)
         self._release = redis_.register_script(_RELEASE)
+        self._park = redis_.register_script(_PARK)
+        self._dispatch = redis_.register_script(_DISPATCH)
+        self._dispatched = redis_.register_script(_DISPATCHED)
+        self._cancel_held = redis_.register_script(_CANCEL_HELD)
         self._reap = redis_.register_script(_REAP)
         self._advance = redis_.register_script(_ADVANCE)
         self._stay_parked = redis_.register_script(_STAY_PARKED)
         self._grace = redis_.register_script(_GRACE)
-        self._pause = redis_.register_script(_PAUSE)
         self._holders = redis_.register_script(_HOLDERS)
         self._finish = redis_.register_script(_FINISH)
 
@@ -596,22 +820,8 @@ class Ledger:
             rows = pipe.execute()
         return [RunRecord.from_hash(rid, row) for rid, row in zip(ids, rows, strict=True)]
 
-    def existing_runs(self, run_ids: list[str]) -> set[str]:
-        """Which of ``run_ids`` have a record (one round trip)."""
-        with self.redis.pipeline(transaction=False) as pipe:
-            for run_id in run_ids:
-                pipe.exists(keys.run(run_id))
-            found = pipe.execute()
-        return {rid for rid, n in zip(run_ids, found, strict=True) if n}
-
-    def request(self, request_id: str) -> dict[str, Any]:
-        row = _h(self.redis, keys.request(request_id))
-        if not row:
-            return {}
-        out: dict[str, Any] = dict(row)
-        for name in ("calls", "results", "runs"):
-            out[name] = json.loads(row[name]) if row.get(name) else ([] if name == "calls" else {})
-        return out
+    def request(self, request_id: str) -> RequestRecord | None:
+        return RequestRecord.from_hash(_h(self.redis, keys.request(request_id)))
 
     def request_of(self, run_id: str) -> tuple[str, dict[str, str]]:
         """The request a run answers, and its small fields (swarm, state, settled, count):
@@ -644,48 +854,97 @@ class Ledger:
 
     # -- the parent: park on a request ------------------------------------------------------
 
+    def facts(self, parent_id: str, swarm_id: str, targets: Iterable[str],
+              defaults: Limits | None = None) -> Facts:
+        """What a parent reads to admit its ``agent`` calls, in one round trip: its record,
+        the swarm's limits (recorded with it; ``defaults`` for those it does not record)
+        and agent types, whether the parent was cancelled, the tokens spent, and the
+        records of the children it continues (``targets``)."""
+        targets = sorted(set(targets))
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.agent(parent_id))
+            pipe.hmget(keys.swarm(swarm_id), ["settings", "types"])
+            pipe.exists(keys.cancel(parent_id))
+            pipe.hget(keys.swarm_counters(swarm_id), "tokens")
+            for target in targets:
+                pipe.hgetall(keys.agent(target))
+            parent, (settings, types), cancelled, tokens, *rows = pipe.execute()
+        recorded = json.loads(settings) if settings else {}
+        limits = dataclasses.replace(defaults or Limits(), **{
+            k: int(v) for k, v in recorded.items() if k in Limits.__dataclass_fields__})
+        return Facts(parent=AgentRecord.from_hash(parent) or AgentRecord(parent_id, swarm_id),
+                     limits=limits, types=frozenset(json.loads(types) if types else {}),
+                     cancelled=bool(cancelled), spent=int(tokens or 0),
+                     targets={t: AgentRecord.from_hash(r)
+                              for t, r in zip(targets, rows, strict=True)})
+
     def park(self, request_id: str, parent_id: str, swarm_id: str, turn: int,
-             calls: list[dict[str, Any]], results: dict[str, str],
+             admitted: list[Admission], results: dict[str, str], facts: Facts | None = None,
              parent_run: str = "", token: str = "", workspace_state: str = "",
              host: str = "") -> bool:
-        """Record a spawn request, park the parent (a parked parent holds no slot: its
-        children must be able to run) and put the request on the spawn stream, in one
-        transaction; False (and nothing written) if the request exists already. With
-        ``workspace_state``, the snapshot of the parent's workspace taken on ``host`` as it
-        parked is recorded with it (a resume on another host restores it).
+        """Park the parent on its request (a parked parent holds no slot: its children
+        must be able to run), in one script: the request, each call's run (``admitted``:
+        the parent's decision on each call, :func:`swarm.domain.spawn.admit`; a refused
+        call's run is settled ``refused`` at once) and each new or continued child's
+        agent, and the request on the spawn stream; False (and nothing written) if the
+        request exists already. The swarm's children limit and a cancel of the parent are
+        checked in the script. With ``workspace_state``, the snapshot of the parent's
+        workspace taken on ``host`` as it parked is recorded with it (a resume on another
+        host restores it).
 
         A parent in a worker parks its run ``parent_run``, fenced by its lease ``token``:
         :class:`~swarm.errors.LeaseLost` if another worker holds the run now."""
-        key = keys.request(request_id)
-        run_key = keys.run(parent_run) if parent_run else key
+        facts = facts or Facts(AgentRecord(parent_id, swarm_id), Limits())
+        parent, now = facts.parent, time.time()
+        runs = []
+        for item in admitted:
+            call = item.call
+            run = RunRecord(
+                id=derive_id("r", parent_id, turn, call["call_id"]), agent=item.agent_id,
+                request=request_id, call_id=call["call_id"], message=call["message"],
+                state="queued", output_schema=call.get("output_schema") or None,
+                traceparent=str(call.get("traceparent") or ""), swarm=swarm_id,
+                rebase=str(call.get("seed") or "") if item.continued else "")
+            agent = {} if item.continued else {
+                "swarm": swarm_id, "parent": parent_id, "depth": parent.depth + 1,
+                "kind": "child", "workspace": "", "created": now, "host": "",
+                "label": item.label or label_of(call["message"]),
+                "parent_workspace": parent.workspace, "parent_host": parent.host,
+                "seed": str(call.get("seed") or ""),
+                **({"type": call["type"]} if call.get("type") else {})}
+            runs.append({"id": run.id, "refusal": item.refusal, "new_agent": not item.continued,
+                         "depth": str(parent.depth + 1),
+                         "run": {k: str(v) for k, v in run.to_hash(now).items()},
+                         "agent": {k: str(v) for k, v in agent.items()}})
+        # KEYS of _PARK, by the names the script gives them.
+        names = {"request": keys.request(request_id), "parent": keys.agent(parent_id),
+                 "parent_run": keys.run(parent_run), "leases": keys.leases(),
+                 "inflight": keys.swarm_inflight(swarm_id),
+                 "counters": keys.swarm_counters(swarm_id),
+                 "agents": keys.swarm_agents(swarm_id), "cancel": keys.cancel(parent_id),
+                 "spawn": keys.spawn_stream(), "events": keys.events(swarm_id)}
+        done = self._park(keys=list(names.values()), args=[json.dumps({
+            "request": request_id, "parent": parent_id, "swarm": swarm_id, "turn": str(turn),
+            "calls": json.dumps([a.call for a in admitted], ensure_ascii=False),
+            "results": json.dumps(results, ensure_ascii=False),
+            "runs_by_call": json.dumps({a.call["call_id"]: r["id"]
+                                        for a, r in zip(admitted, runs, strict=True)}),
+            "runs": runs, "parent_run": parent_run, "token": token,
+            "ws_state": workspace_state, "ws_host": host,
+            "max_children": facts.limits.max_children,
+            "max_parallel": str(facts.limits.max_parallel), **self._names()},
+            ensure_ascii=False)])
+        if done == -1:
+            raise LeaseLost(f"run {parent_run}: another worker holds its lease now; "
+                            "this one stops without parking it")
+        return bool(done == 1)
 
-        def park(pipe: Pipeline) -> bool:
-            if pipe.exists(key):
-                return False
-            if parent_run and token and pipe.hget(run_key, "lease") != token:
-                raise LeaseLost(f"run {parent_run}: another worker holds its lease now; "
-                                "this one stops without parking it")
-            pipe.multi()
-            pipe.hset(keys.agent(parent_id), "state", "parked")
-            if workspace_state:
-                pipe.hset(keys.agent(parent_id), mapping={"ws_state": workspace_state,
-                                                          "ws_host": host})
-            if parent_run:
-                self._pause(keys=[run_key], client=pipe)
-                pipe.hset(keys.run(parent_run), mapping={"state": "parked", "lease": ""})
-                pipe.zrem(keys.leases(), parent_run)
-                pipe.srem(keys.swarm_inflight(swarm_id), parent_run)
-            pipe.hset(key, mapping={
-                "id": request_id, "parent": parent_id, "swarm": swarm_id, "turn": turn,
-                "created": time.time(), "calls": json.dumps(calls, ensure_ascii=False),
-                "results": json.dumps(results, ensure_ascii=False), "state": "new"})
-            pipe.expire(key, self.ttl)
-            pipe.xadd(keys.spawn_stream(), {"request": request_id},
-                      maxlen=keys.STREAM_MAXLEN, approximate=True)
-            self._event(pipe, swarm_id, "spawn", parent_id, children=len(calls))
-            return True
-
-        return cast(bool, self._transaction(park, key, run_key))
+    def _names(self) -> dict[str, Any]:
+        """The arguments every script that builds run and agent keys, or caps a stream,
+        takes."""
+        return {"run_prefix": keys.run(""), "agent_prefix": keys.agent(""), "ttl": self.ttl,
+                "grace": self.grace, "events_maxlen": keys.EVENTS_MAXLEN,
+                "stream_maxlen": keys.STREAM_MAXLEN}
 
     def stay_parked(self, run: RunRecord, swarm_id: str, token: str) -> bool:
         """A resumed run found its request still out: back to parked, without its lease
@@ -694,21 +953,33 @@ class Ledger:
         return bool(self._stay_parked(
             keys=[keys.run(run.id), keys.agent(run.agent), keys.leases(),
                   keys.swarm_inflight(swarm_id), keys.settle_stream()],
-            args=[token, run.id, swarm_id, keys.STREAM_MAXLEN]))
+            args=[json.dumps({"token": token, "run": run.id, "swarm": swarm_id,
+                              "stream_maxlen": keys.STREAM_MAXLEN})]))
 
     # -- the coordinator: spawn, hold, release, refuse --------------------------------------
 
-    def begin_dispatch(self, request_id: str) -> dict[str, Any]:
-        """The request, marked ``dispatching`` if it was new; {} when it is unknown or
-        joined. A request past dispatching is returned as it is: a replay (a coordinator
-        died) still joins it, or resumes its parent."""
-        req = self.request(request_id)
-        if req.get("state") == "new" and self._advance(
-                keys=[keys.request(request_id)], args=["new", "dispatching"]):
-            req["state"] = "dispatching"
-        elif req:
-            req = self.request(request_id)  # another coordinator moved it meanwhile
-        return req if req.get("state") in ("dispatching", "dispatched", "answered") else {}
+    def dispatch(self, request_id: str) -> Claim | None:
+        """Claim a request (one script): a new one's admitted runs go in flight while the
+        swarm has free slots, held (waiting) past them; held runs of the swarm that fit
+        (the parent gave its slot back) go first. A replay (a coordinator died before its
+        tasks all went out) returns the runs still queued in flight, moving none: a run
+        settled or held meanwhile stays so. None for an unknown request."""
+        # The swarm's keys are made in the script from the request's swarm (_SWARM in each
+        # name stands for it): the claim reads nothing first.
+        names = {name: fn(_SWARM) for name, fn in (
+            ("inflight", keys.swarm_inflight), ("waiting", keys.swarm_waiting),
+            ("events", keys.events))}
+        state, complete, swarm_id, rows = self._dispatch(
+            keys=[keys.request(request_id), keys.leases()],
+            args=[json.dumps({**names, **self._names()})])
+        if not state:
+            return None
+        return Claim(request_id, swarm_id, state, bool(complete), self._described(rows))
+
+    def dispatched(self, request_id: str) -> bool:
+        """The request's tasks went out: dispatching -> dispatched. True when every run
+        of it has settled already (the caller joins it: no settlement will)."""
+        return bool(self._dispatched(keys=[keys.request(request_id)]) == 1)
 
     def spawn(self, swarm_id: str, parent: AgentRecord, new: list[NewRun],
               max_children: int, max_parallel: int) -> Spawned:
@@ -785,51 +1056,25 @@ class Ledger:
             self._event(pipe, swarm_id, "queued", run.agent, parent=parent.id,
                         depth=item.depth)
 
-    def refuse(self, run: RunRecord, reason: str, swarm_id: str) -> bool:
-        """A call refused before it got an agent (a limit, a bad call, a cancelled parent):
-        its run is created settled ``refused``, counted (in its request and its swarm's
-        ``refused``) and announced, once."""
-        run.state, run.result = "refused", {"error": reason}
-        fields = {**run.to_hash(time.time()), "settled": f"{time.time():.3f}"}
-        flat = [str(x) for kv in fields.items() for x in kv]
-        return bool(self._refuse(
-            keys=[keys.run(run.id), keys.request(run.request), keys.settle_stream(),
-                  keys.swarm_counters(swarm_id)],
-            args=[run.id, self.ttl, keys.STREAM_MAXLEN, "", *flat]))
-
-    def dispatched(self, request_id: str, swarm_id: str, parent_id: str,
-                   runs: dict[str, str]) -> None:
-        """Every call of the request has its run (sent, held or refused): a ``dispatched``
-        event with the children sent or held and the calls refused."""
-        if self._advance(keys=[keys.request(request_id)],
-                         args=["dispatching", "dispatched", "runs", json.dumps(runs),
-                               "count", len(runs)]):
-            refused = int(self.redis.hget(keys.request(request_id), "refused") or 0)
-            self.event(swarm_id, "dispatched", parent_id, children=len(runs) - refused,
-                       refused=refused)
-
-    def requeue(self, run_id: str, swarm_id: str) -> NewRun | None:
-        """A replayed request (a coordinator died mid-way): a run that exists but is
-        neither held nor sent yet is put in flight; returns it to send, else None (a
-        second delivery of a run that is going is a no-op)."""
-        run = self.run(run_id)
-        if run is None or run.state != "queued" or \
-                self.redis.lpos(keys.swarm_waiting(swarm_id), run_id) is not None:
-            return None
-        with self.redis.pipeline() as pipe:
-            pipe.sadd(keys.swarm_inflight(swarm_id), run_id)
-            pipe.expire(keys.swarm_inflight(swarm_id), self.ttl)
-            self._grace(keys=[keys.leases()], args=[self.grace, "nx", run_id], client=pipe)
-            pipe.execute()
-        return self._new_runs([run_id])[0]
-
     def release(self, swarm_id: str, max_parallel: int) -> list[NewRun]:
         """Held runs into flight while the swarm has fewer than ``max_parallel``; returns
         them to send (one script)."""
-        ids = cast("list[str]", self._release(
+        rows = self._release(
             keys=[keys.swarm_waiting(swarm_id), keys.swarm_inflight(swarm_id), keys.leases()],
-            args=[max_parallel, self.ttl, keys.run(""), keys.agent(""), self.grace]))
-        return self._new_runs(ids)
+            args=[json.dumps({"max_parallel": max_parallel, **self._names()})])
+        return self._described(rows)
+
+    @staticmethod
+    def _described(rows: list[list[str]]) -> list[NewRun]:
+        """Runs to send from the rows of :data:`_DESCRIBE_FN`."""
+        out = []
+        for run_id, agent, traceparent, swarm_id, depth, label, parent_run, host in rows:
+            run = RunRecord(id=run_id, agent=agent, request="", call_id="", message="",
+                            state="queued", traceparent=traceparent, swarm=swarm_id)
+            out.append(NewRun(run, new_agent=False, depth=int(depth) if depth.isdigit()
+                              else depth, label=label, traceparent=traceparent,
+                              parent_run=parent_run, host=host))
+        return out
 
     def _new_runs(self, run_ids: list[str]) -> list[NewRun]:
         """Runs to send, each with its agent's depth and label and its parent's run."""
@@ -972,15 +1217,25 @@ class Ledger:
         settled already, or if ``token`` is given and no longer holds the run's lease
         (a worker that lost its lease never overwrites its successor's result)."""
         assert state in SETTLED, state
-        done = self._settle(
-            keys=[keys.run(run.id), keys.agent(run.agent), keys.swarm_inflight(swarm_id),
-                  keys.settle_stream(), keys.leases(), keys.request(run.request),
-                  keys.events(swarm_id)],
-            args=[state, json.dumps(result, ensure_ascii=False), f"{time.time():.3f}",
-                  json.dumps(usage), "1" if run.agent else "0", run.id, run.request, run.agent,
-                  keys.EVENTS_MAXLEN, str(result.get("error", ""))[:500], token,
-                  keys.STREAM_MAXLEN])
+        done = self._settle(keys=self._settle_keys(run, swarm_id),
+                            args=[self._settle_args(run, state, result, usage, token)])
         return bool(done == 1)
+
+    @staticmethod
+    def _settle_keys(run: RunRecord, swarm_id: str) -> list[str]:
+        """KEYS of _SETTLE and _CANCEL_HELD, in the order of their table K."""
+        return [keys.run(run.id), keys.agent(run.agent), keys.swarm_inflight(swarm_id),
+                keys.settle_stream(), keys.leases(), keys.request(run.request),
+                keys.events(swarm_id), keys.swarm_waiting(swarm_id)]
+
+    def _settle_args(self, run: RunRecord, state: str, result: dict[str, Any],
+                     usage: dict[str, int], token: str = "") -> str:
+        """ARGV[1] of _SETTLE and _CANCEL_HELD: their table A."""
+        return json.dumps({
+            "state": state, "result": json.dumps(result, ensure_ascii=False),
+            "ts": f"{time.time():.3f}", "usage": json.dumps(usage), "agent": run.agent,
+            "run": run.id, "request": run.request, "token": token,
+            "error": str(result.get("error", ""))[:500], **self._names()})
 
     # -- the coordinator: reap, join, wake --------------------------------------------------
 
@@ -1019,17 +1274,17 @@ class Ledger:
                 head.get("count") and int(head.get("settled") or 0) < int(head["count"]))):
             return None
         req = self.request(request_id)
-        if not req or req.get("state") not in ("dispatched", "answered"):
+        if req is None or req.state not in ("dispatched", "answered"):
             return None
-        parent = self.agent(req["parent"])
+        parent = self.agent(req.parent)
         if parent is None:
             return None
-        joined = Joined(request_id, req["swarm"], parent)
-        if req["state"] == "answered":
+        joined = Joined(request_id, req.swarm, parent)
+        if req.state == "answered":
             return joined
-        if int(req.get("settled") or 0) < len(req["runs"]):
+        if req.settled < len(req.runs):
             return None  # the runs are read once, when all are in
-        runs = dict(zip(req["runs"], self.runs(req["runs"].values()), strict=True))
+        runs = dict(zip(req.runs, self.runs(req.runs.values()), strict=True))
         if any(r is None or r.state not in SETTLED for r in runs.values()):
             return None
         rkey, skey = keys.request(request_id), keys.session(parent.session_id)
@@ -1053,7 +1308,7 @@ class Ledger:
                 log.warning("request %s: parent %s is not parked on it; not joined",
                             request_id, parent.id)
                 return None
-            _answer_calls(session, runs, req["results"], cap)
+            _answer_calls(session, runs, req.results, cap)
             pipe.multi()
             write_session(pipe, session, session_ttl, index=not joined.resume)
             refused = sum(1 for r in runs.values() if r is not None and r.state == "refused")
@@ -1103,10 +1358,9 @@ class Ledger:
         for agent in agents:
             if agent.id in ids and agent.state == "waiting" and agent.run:
                 run = self.run(agent.run)
-                if run is not None:
-                    # Settling is idempotent, so a race with a release is harmless.
-                    self.redis.lrem(keys.swarm_waiting(swarm_id), 0, run.id)
-                    self.settle(run, swarm_id, "cancelled", {"error": reason}, {})
+                if run is not None:  # out of the waiting list and settled, in one step
+                    self._cancel_held(keys=self._settle_keys(run, swarm_id), args=[
+                        self._settle_args(run, "cancelled", {"error": reason}, {})])
         states = {a.id: a.state for a in agents}
         return [aid for aid in ids if states.get(aid) not in SETTLED]
 

@@ -50,7 +50,7 @@ from swarm.errors import (
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.mcp_client.config import McpConfig
 from swarm.runtime.build import build_agent, new_session
-from swarm.runtime.spawner import RedisSpawner
+from swarm.runtime.spawner import RedisSpawner, limits_of
 from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, QueueApprover
 from swarm.store.gate import RedisRateGate
@@ -239,12 +239,12 @@ class ChildRunner:
                                             start.session_messages) \
             or new_session(workspace.path, run.agent)
         if session.parked:
-            request = self.ledger.request(session.parked).get("state")
-            if request in ("answered", "joined"):
+            request = self.ledger.request(session.parked)
+            if request is not None and request.state in ("answered", "joined"):
                 # Read before the join answered it (a duplicate resume won the claim):
                 # the stored session has the children's results.
                 session = self.sessions.load(run.agent) or session
-            elif request:  # still out: the join resumes it
+            elif request is not None:  # still out: the join resumes it
                 self.ledger.stay_parked(run, swarm_id, watched.token)
                 return {"run": run.id, "state": "parked"}
         # Its git work tree as this host made it; a job's folder (named by its submitter)
@@ -274,7 +274,8 @@ class ChildRunner:
                                                                base=workspace.seed,
                                                                tree_of=tree, own=workspace),
                                      keeper=parked.state,
-                                     host=self.host, keep_state=True),
+                                     host=self.host, keep_state=True,
+                                     limits=limits_of(settings)),
                 extra_prompt=role_prompt(record.kind, run.agent, record.depth,
                                          workspace.path, record.type),
                 agent_id=run.agent,
