@@ -784,6 +784,10 @@ class Ledger:
         raw = self.redis.hget(keys.swarm(swarm_id), "types")
         return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else {}
 
+    def jobs_root(self, swarm_id: str) -> str:
+        """The folder a job's workspace must stay beneath ("": the swarm records none)."""
+        return str(self.redis.hget(keys.swarm(swarm_id), "jobs_root") or "")
+
     def unconfined(self, swarm_id: str) -> bool:
         """Whether the swarm's root runs its commands unconfined (:meth:`create_swarm`)."""
         return self.redis.hget(keys.swarm(swarm_id), "unconfined") == "1"
