@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio.to_thread
 import redis
@@ -214,11 +214,8 @@ class Service:
         """The job's events after ``last`` ("0-0": all), a batch per read of at most
         :data:`READ_BLOCK` seconds (empty when nothing came), until the batch that carries
         the settled state, or until :meth:`stop`. Redis errors propagate."""
-        key = keys.events(job_id)
-
         def read(block: float) -> list[Entry]:
-            got: Any = self.redis.xread({key: last}, count=200, block=int(block * 1000))
-            return cast("list[Entry]", got[0][1]) if got else []
+            return self.ledger.events_since(job_id, last, count=200, block_ms=int(block * 1000))
 
         final = ""
         while not self.stopping:

@@ -1409,10 +1409,11 @@ class Ledger:
         """Append a progress event to the swarm's stream (capped)."""
         self._event(self.redis, swarm_id, kind, agent_id, **data)
 
-    def events_since(self, swarm_id: str, last_id: str, count: int = 500
-                     ) -> list[tuple[str, dict[str, str]]]:
-        """The swarm's progress events after ``last_id`` ("0-0": from the start)."""
-        got = self.redis.xread({keys.events(swarm_id): last_id}, count=count)
+    def events_since(self, swarm_id: str, last_id: str, count: int = 500,
+                     block_ms: int | None = None) -> list[tuple[str, dict[str, str]]]:
+        """The swarm's progress events after ``last_id`` ("0-0": from the start); with
+        ``block_ms``, waits that long for one when there is none yet."""
+        got = self.redis.xread({keys.events(swarm_id): last_id}, count=count, block=block_ms)
         return [entry for _, entries in cast(
             "list[tuple[str, list[tuple[str, dict[str, str]]]]]", got or []) for entry in entries]
 
