@@ -204,7 +204,7 @@ VIEWS = ("report", "cli", "serve")
 #: Keys of the ledger's records and sessions: a view reads them as typed records through
 #: ``swarm.store`` (:mod:`swarm.store.reads`, the ledger, the session store), never itself.
 RECORD_KEYS = {"agent", "run", "swarm", "session", "swarm_agents", "swarm_counters",
-               "swarms_index"}
+               "swarms_index", "events"}
 
 
 def record_keys_named(path: Path) -> list[str]:
