@@ -197,3 +197,33 @@ def test_no_import_cycle_between_modules() -> None:
             graph[module].add(name)
     cycles = find_cycles(graph)
     assert not cycles, "import cycles between modules:\n" + "\n".join(cycles)
+
+
+#: The packages that show the store's records (views) rather than write them.
+VIEWS = ("report", "cli", "serve")
+#: Keys of the ledger's records and sessions: a view reads them as typed records through
+#: ``swarm.store`` (:mod:`swarm.store.reads`, the ledger, the session store), never itself.
+RECORD_KEYS = {"agent", "run", "swarm", "session", "swarm_agents", "swarm_counters",
+               "swarms_index", "events"}
+
+
+def record_keys_named(path: Path) -> list[str]:
+    """``path:line keys.x`` for every record key ``path`` names (``keys.x`` of
+    :data:`RECORD_KEYS`)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [f"{path}:{node.lineno} keys.{node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id == "keys" and node.attr in RECORD_KEYS]
+
+
+def test_record_keys_named_are_seen(tmp_path: Path) -> None:
+    path = tmp_path / "probe.py"
+    path.write_text("x = keys.agent('a')\ny = keys.session_id_for('/')\n")
+    assert record_keys_named(path) == [f"{path}:1 keys.agent"]
+
+
+def test_views_read_records_through_the_store() -> None:
+    named = [hit for unit_ in VIEWS for path in sorted((PACKAGE / unit_).rglob("*.py"))
+             for hit in record_keys_named(path)]
+    assert not named, ("views that read a record's key themselves (read it through "
+                       "swarm.store instead):\n" + "\n".join(named))

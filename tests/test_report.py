@@ -58,6 +58,36 @@ def big_swarm(r: redis_py.Redis, swarm_id: str = "sbig000000001", n: int = 500) 
     return ids
 
 
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What each round trip to Redis from now on was: a command, or a pipeline of n."""
+    trips: list[str] = []
+    command, execute = redis_py.Redis.execute_command, redis_py.client.Pipeline.execute
+
+    def counted_command(self: redis_py.Redis, *args: Any, **options: Any) -> Any:
+        trips.append(str(args[0]))
+        return command(self, *args, **options)
+
+    def counted_execute(self: redis_py.client.Pipeline, *args: Any, **options: Any) -> Any:
+        if self.command_stack:
+            trips.append(f"pipeline of {len(self.command_stack)}")
+        return execute(self, *args, **options)
+
+    monkeypatch.setattr(redis_py.Redis, "execute_command", counted_command)
+    monkeypatch.setattr(redis_py.client.Pipeline, "execute", counted_execute)
+    return trips
+
+
+@pytest.mark.parametrize("n", [5, 500])
+def test_reader_reads_a_swarm_in_three_round_trips(redis: redis_py.Redis,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   n: int) -> None:
+    big_swarm(redis, n=n)
+    trips = round_trips(monkeypatch)
+    view = SwarmReader(redis).load("sbig000000001")
+    assert view is not None and len(view.agents) == n
+    assert len(trips) == 3, trips
+
+
 def test_html_has_every_agent_failures_first_and_nothing_external(
         redis: redis_py.Redis) -> None:
     ids = big_swarm(redis)

@@ -18,7 +18,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import cast
 
 import redis
 from rich.console import Console, Group, RenderableType
@@ -28,7 +27,7 @@ from rich.text import Text
 
 from swarm.report.display import Prices, fmt_duration, fmt_tokens
 from swarm.report.view import AgentView, SwarmReader, SwarmView, visible_rows
-from swarm.store import keys
+from swarm.store.ledger import Ledger
 
 STATE_STYLE = {
     "running": "bold yellow", "parked": "blue", "queued": "dim", "waiting": "dim",
@@ -212,16 +211,14 @@ class LiveTree:
                     self._live = None
 
     def _follow_plain(self, poll: float) -> SwarmView | None:
-        redis_ = self.reader.redis
+        ledger = Ledger(self.reader.redis)
         last = "0-0"
         while True:
             view = self.reader.load(self.swarm_id)
             self.loads += 1
-            got = redis_.xread({keys.events(self.swarm_id): last}, count=1000,
-                               block=None if view is None or view.settled
-                               else int(poll * 1000))
-            entries = [e for _, es in cast("list[tuple[str, list[tuple[str, dict[str, str]]]]]",
-                                           got or []) for e in es]
+            entries = ledger.events_since(self.swarm_id, last, count=1000,
+                                          block_ms=None if view is None or view.settled
+                                          else int(poll * 1000))
             for entry_id, fields in entries:
                 last = entry_id
                 self.fallback(fields)

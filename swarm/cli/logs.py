@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, cast
+from typing import Any
 
 import click
 import redis
 
 from swarm.cli.options import Abort, handle_errors, settings_from
+from swarm.domain.records import AgentRecord
 from swarm.report.conversation import call_line
 from swarm.report.view import content_text
-from swarm.store import keys
 from swarm.store.connection import open_store
+from swarm.store.ledger import Ledger
+from swarm.store.reads import Reads
 from swarm.store.sessions import RedisSessionStore
 
 #: Lines of a command's output (or a long message) shown without --full: head and tail.
@@ -32,19 +33,17 @@ def shorten(text: str, full: bool) -> str:
     return "\n".join(lines)
 
 
-def resolve_agent(redis_: redis.Redis, given: str) -> dict[str, str]:
+def resolve_agent(redis_: redis.Redis, given: str) -> AgentRecord | None:
     """The ledger entry of ``given``: an agent id, a swarm id (its root) or a unique prefix."""
-    record = cast("dict[str, str]", redis_.hgetall(keys.agent(given)))
-    if record:
+    ledger = Ledger(redis_)
+    record = ledger.agent(given)
+    if record is not None:
         return record
-    matches = sorted({str(k) for k in redis_.scan_iter(match=keys.agent(given) + "*",
-                                                       count=1000)})
+    matches = Reads(redis_).agent_ids_like(given)
     if len(matches) > 1:
-        shown = ", ".join(m.removeprefix(keys.agent("")) for m in matches[:5])
+        shown = ", ".join(matches[:5])
         raise Abort(f"{given!r} matches {len(matches)} agents ({shown}...); give more of the id")
-    if matches:
-        return cast("dict[str, str]", redis_.hgetall(matches[0]))
-    return {}
+    return ledger.agent(matches[0]) if matches else None
 
 
 def conversation_lines(messages: list[dict[str, Any]], full: bool) -> list[str]:
@@ -90,24 +89,21 @@ def logs(agent_id: str, full: bool) -> None:
     """
     with open_store(settings_from()) as store:
         record = resolve_agent(store.redis, agent_id)
-        session_id = (record.get("session") or record.get("id")) if record else agent_id
-        session = RedisSessionStore(store.redis, index=False).load(str(session_id))
+        session_id = record.session_id if record is not None else agent_id
+        session = RedisSessionStore(store.redis, index=False).load(session_id)
         result: dict[str, Any] = {}
-        if record.get("run"):
-            raw = store.redis.hget(keys.run(record["run"]), "result")
-            try:
-                result = json.loads(str(raw)) if raw else {}
-            except ValueError:
-                result = {}
-    if not record and session is None:
+        if record is not None and record.run:
+            run = Reads(store.redis).run(record.run, ["result"])
+            result = run.result if run is not None else {}
+    if record is None and session is None:
         raise Abort(f"no agent {agent_id!r}: `swarm status` lists the agents of the latest "
                     "swarm (ledger entries and sessions expire)")
-    if record:
-        click.echo(f"agent {record.get('id')}  {record.get('kind', 'child')}  "
-                   f"{record.get('state', '?')}  depth {record.get('depth', '?')}  "
-                   f"swarm {record.get('swarm', '?')}  parent {record.get('parent') or '-'}")
-        if record.get("workspace"):
-            click.echo(f"workspace {record['workspace']}")
+    if record is not None:
+        click.echo(f"agent {record.id}  {record.kind}  {record.state or '?'}  "
+                   f"depth {record.depth}  swarm {record.swarm or '?'}  "
+                   f"parent {record.parent or '-'}")
+        if record.workspace:
+            click.echo(f"workspace {record.workspace}")
     if session is None:
         click.echo(f"(no conversation stored for {agent_id}: it has not started, or its "
                    "session expired)")

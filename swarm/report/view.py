@@ -16,13 +16,15 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import redis
 
-from swarm.domain.records import ACTIVE, SETTLED, AgentRecord, usage_of, usage_since
+from swarm.domain.records import ACTIVE, SETTLED, AgentRecord, usage_since
+from swarm.errors import StoreError
 from swarm.report.display import Prices, first_line, fmt_cost, fmt_duration, fmt_tokens
-from swarm.store import keys
+from swarm.store.reads import Reads
+from swarm.store.sessions import RedisSessionStore
 from swarm.text import plural
 
 FAILED = ("failed", "timed_out", "cancelled", "refused")
@@ -39,13 +41,6 @@ def _float(value: str | None) -> float:
         return float(value or 0)
     except ValueError:
         return 0.0
-
-
-def _int(value: object) -> int:
-    try:
-        return int(str(value or 0))
-    except ValueError:
-        return 0
 
 
 @dataclass
@@ -90,8 +85,7 @@ class AgentView:
     """Messages a person sent it (``swarm say``): (when, text); read for reports."""
 
     @classmethod
-    def from_record(cls, row: Mapping[str, str]) -> AgentView:
-        rec = AgentRecord.from_hash(dict(row)) or AgentRecord(row.get("id", "?"), "")
+    def from_record(cls, rec: AgentRecord) -> AgentView:
         return cls(
             id=rec.id, parent=rec.parent, kind=rec.kind, state=rec.state or "?",
             depth=rec.depth, label=rec.label, host=rec.host, workspace=rec.workspace,
@@ -377,6 +371,7 @@ class SwarmReader:
 
     def __init__(self, redis_: redis.Redis) -> None:
         self.redis = redis_
+        self.reads = Reads(redis_)
         self._messages: dict[str, str] = {}
         """run id -> its message (the task; never changes)."""
         self._outcomes: dict[str, tuple[str, str]] = {}
@@ -385,32 +380,23 @@ class SwarmReader:
         """run id -> (usage, turns) of its agent once that run settled."""
 
     def latest(self) -> str | None:
-        ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), 0, 0))
-        return ids[0] if ids else None
+        return self.reads.latest_swarm()
 
     def load(self, swarm_id: str, *, root_answer: bool = False) -> SwarmView | None:
         """The swarm now; None if it is not in the ledger. ``root_answer`` also reads the
         root's final answer from its session (a larger read, for reports)."""
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hgetall(keys.swarm(swarm_id))
-            pipe.zrange(keys.swarm_agents(swarm_id), 0, -1)
-            pipe.hget(keys.swarm_counters(swarm_id), "refused")
-            info, ids, refused = pipe.execute()
-        if not info:
+        head = self.reads.swarm_head(swarm_id)
+        if head is None:
             return None
-        with self.redis.pipeline(transaction=False) as pipe:
-            for agent_id in ids:
-                pipe.hgetall(keys.agent(agent_id))
-            records = pipe.execute() if ids else []
-        agents = [AgentView.from_record(r) for r in records if r]
-        self._details(agents, swarm_info=info)
+        agents = [AgentView.from_record(r) for r in self.reads.agents(head.agent_ids)]
+        self._details(agents, swarm_info=head.info)
         tree = build_tree(agents)
         if root_answer:
             self._messages_to(swarm_id, tree)
             for agent in tree:
                 if agent.kind == "root" and agent.is_settled and not agent.frozen:
                     agent.answer = self._last_answer(agent.session_id)  # before it was kept
-        return SwarmView(swarm_id, info, tree, time.time(), _int(refused))
+        return SwarmView(swarm_id, head.info, tree, time.time(), head.refused)
 
     def _details(self, agents: list[AgentView], swarm_info: dict[str, str]) -> None:
         for agent in agents:
@@ -419,21 +405,11 @@ class SwarmReader:
         metas = [a for a in agents if not (a.frozen or (a.is_settled and a.run in self._final))]
         runs = [a for a in agents if a.run and (
             a.run not in self._messages or (a.is_settled and a.run not in self._outcomes))]
-        replies: list[Any] = []
-        if metas or runs:
-            with self.redis.pipeline(transaction=False) as pipe:
-                for agent in metas:
-                    pipe.hget(keys.session(agent.session_id), "meta")
-                for agent in runs:
-                    pipe.hmget(keys.run(agent.run), ["message", "result", "state"])
-                replies = pipe.execute()
-        for agent, raw in zip(metas, replies[:len(metas)], strict=True):
-            try:
-                meta = json.loads(raw) if raw else {}
-            except ValueError:
-                meta = {}
-            if isinstance(meta, dict):
-                usage, turns = usage_of(meta.get("usage")), _int(meta.get("turns"))
+        got_metas, got_runs = self.reads.details([a.session_id for a in metas],
+                                                 [a.run for a in runs])
+        for agent, meta in zip(metas, got_metas, strict=True):
+            if meta is not None:
+                usage, turns = meta.usage, meta.turns
                 if agent.kind == "root":  # its folder's session: what this swarm added
                     usage = usage_since(usage, agent.base_usage)
                     turns = max(0, turns - agent.base_turns)
@@ -442,10 +418,10 @@ class SwarmReader:
                 agent.turns = max(agent.turns, turns)
             if agent.is_settled and agent.run:
                 self._final[agent.run] = (agent.usage, agent.turns)
-        for agent, (message, result, state) in zip(runs, replies[len(metas):], strict=True):
-            self._messages[agent.run] = message or ""
-            if state in SETTLED:
-                self._outcomes[agent.run] = _outcome(result)
+        for agent, run in zip(runs, got_runs, strict=True):
+            self._messages[agent.run] = run.message if run is not None else ""
+            if run is not None and run.state in SETTLED:
+                self._outcomes[agent.run] = _outcome(run.result)
         for agent in agents:
             agent.task = (swarm_info.get("task", "") if agent.kind == "root"
                           else self._messages.get(agent.run, ""))
@@ -456,31 +432,25 @@ class SwarmReader:
     def _messages_to(self, swarm_id: str, agents: list[AgentView]) -> None:
         """The messages people sent its agents (``swarm say``), from the swarm's events."""
         by_id = {a.id: a for a in agents}
-        for _, fields in cast("list[tuple[str, dict[str, str]]]",
-                              self.redis.xrange(keys.events(swarm_id))):
+        for _, fields in self.reads.events(swarm_id):
             agent = by_id.get(fields.get("agent", ""))
             if fields.get("kind") == "message" and agent is not None:
                 agent.said.append((_float(fields.get("ts")), fields.get("text", "")))
 
     def _last_answer(self, session_id: str) -> str:
-        raw = self.redis.hget(keys.session(session_id), "messages")
         try:
-            messages = json.loads(str(raw)) if raw else []
-        except ValueError:
+            session = RedisSessionStore(self.redis, index=False).load(session_id)
+        except StoreError:
             return ""
-        for message in reversed(messages if isinstance(messages, list) else []):
+        for message in reversed(session.messages if session is not None else []):
             if isinstance(message, dict) and message.get("role") == "assistant" and not (
                     message.get("tool_calls")):
                 return content_text(message.get("content"))
         return ""
 
 
-def _outcome(raw: str | None) -> tuple[str, str]:
-    """(answer, error) of a run's result JSON."""
-    try:
-        result = json.loads(raw) if raw else {}
-    except ValueError:
-        return "", ""
+def _outcome(result: dict[str, Any]) -> tuple[str, str]:
+    """(answer, error) of a run's result."""
     if not isinstance(result, dict):
         return "", ""
     answer = result.get("answer")

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio.to_thread
 import redis
@@ -59,6 +59,7 @@ from swarm.store import keys
 from swarm.store.approvals import ApprovalQueue, closed_because, outcome, swarm_of
 from swarm.store.ledger import Ledger
 from swarm.store.mailbox import Mailbox
+from swarm.store.reads import Reads
 from swarm.store.sessions import RedisSessionStore
 from swarm.store.snapshots import SnapshotStore
 from swarm.workspace import gitstate as g
@@ -109,6 +110,7 @@ class Service:
     auth: Authenticator | None = None
     workspace: Path | None = None
     ledger: Ledger = field(init=False)
+    reads: Reads = field(init=False)
     _context: TTLCache[str, int] = field(init=False)
     #: Set by :meth:`stop`: the server is stopping, every :meth:`follow` ends.
     stopping: bool = field(default=False, init=False)
@@ -119,6 +121,7 @@ class Service:
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.redis)
+        self.reads = Reads(self.redis)
         self._context = TTLCache(CONTEXT_TTL, maxsize=1)
         self.root.mkdir(parents=True, exist_ok=True)
         self.root = self.root.resolve()  # what workers open jobs' workspaces beneath
@@ -211,11 +214,8 @@ class Service:
         """The job's events after ``last`` ("0-0": all), a batch per read of at most
         :data:`READ_BLOCK` seconds (empty when nothing came), until the batch that carries
         the settled state, or until :meth:`stop`. Redis errors propagate."""
-        key = keys.events(job_id)
-
         def read(block: float) -> list[Entry]:
-            got: Any = self.redis.xread({key: last}, count=200, block=int(block * 1000))
-            return cast("list[Entry]", got[0][1]) if got else []
+            return self.ledger.events_since(job_id, last, count=200, block_ms=int(block * 1000))
 
         final = ""
         while not self.stopping:
@@ -245,29 +245,21 @@ class Service:
         out: list[JobSummary] = []
         names = ["root", "task", "state", "created", "settled", "source", "owner"]
         for start in range(0, LIST_SCAN, 500):
-            ids = cast("list[str]", self.redis.zrevrange(keys.swarms_index(), start,
-                                                         start + 499))
-            with self.redis.pipeline(transaction=False) as pipe:
-                for sid in ids:
-                    pipe.hmget(keys.swarm(sid), names)
-                rows = [dict(zip(names, row, strict=True)) for row in pipe.execute()]
+            ids = self.reads.swarm_ids(start, start + 499)
+            rows = self.reads.swarm_fields(ids, names)
             mine = [(sid, row) for sid, row in zip(ids, rows, strict=True)
-                    if row["created"] is not None and caller.owns(row["owner"] or "")]
-            with self.redis.pipeline(transaction=False) as pipe:
-                for sid, _ in mine:
-                    pipe.hget(keys.run(job_run_id(sid)), "state")
-                    pipe.zcard(keys.swarm_agents(sid))
-                replies = pipe.execute()
-            for n, (sid, row) in enumerate(mine):
-                run_state, count = replies[2 * n], replies[2 * n + 1]
+                    if "created" in row and caller.owns(row.get("owner", ""))]
+            jobs = self.reads.jobs([sid for sid, _ in mine],
+                                   [job_run_id(sid) for sid, _ in mine])
+            for (sid, row), (run_state, count) in zip(mine, jobs, strict=True):
                 out.append(JobSummary(
                     id=sid, kind="job" if run_state is not None else "swarm",
-                    source=row["source"] or "", task=row["task"] or "",
+                    source=row.get("source", ""), task=row.get("task", ""),
                     state=job_state_name(run_state) if run_state is not None
-                    else row["state"] or "?",
-                    created=float(row["created"] or 0),
-                    settled=float(row["settled"]) if row["settled"] else None,
-                    agents=int(count or 0), owner=row["owner"] or ""))
+                    else row.get("state") or "?",
+                    created=float(row.get("created") or 0),
+                    settled=float(row["settled"]) if row.get("settled") else None,
+                    agents=count, owner=row.get("owner", "")))
                 if len(out) >= limit:
                     return out
             if len(ids) < 500:
@@ -287,13 +279,12 @@ class Service:
         """The job's swarm now (what `swarm status --json` prints) and the id of its last
         event before it was read, to follow its events from."""
         self.visible(job_id, caller)
-        last = cast("list[tuple[str, Any]]", self.redis.xrevrange(keys.events(job_id),
-                                                                   count=1))
+        last = self.reads.last_event(job_id)
         snapshot = self.reader(job_id).load(job_id)
         if snapshot is None:
             raise RequestError(f"no job {job_id!r}", 404)
         return SwarmSnapshot(**snapshot.to_json(self.prices),
-                             last_event=last[0][0] if last else "")
+                             last_event=last)
 
     def agent_record(self, job_id: str, agent_id: str, caller: Caller) -> AgentRecord:
         """The agent ``agent_id`` of the job; 404 when the job is not ``caller``'s to see
@@ -312,8 +303,7 @@ class Service:
         session = RedisSessionStore(self.redis, index=False).load(record.session_id)
         shown, earlier = conversation.entries(session.messages if session else [], tail=tail,
                                               text_cap=TEXT_CAP)
-        view = AgentView.from_record(cast("dict[str, str]",
-                                          self.redis.hgetall(keys.agent(agent_id))))
+        view = AgentView.from_record(record)
         view.task = run.message if run is not None and record.kind != "root" else \
             self.ledger.swarm(job_id).get("task", "")
         result: dict[str, Any] | None = None
@@ -392,12 +382,9 @@ class Service:
             swarm_ids = sorted({str(k)[len(head):-len(tail)] for k in
                                 self.redis.scan_iter(match=keys.approvals("*"), count=1000)})
             if not caller.admin:
-                with self.redis.pipeline(transaction=False) as pipe:
-                    for sid in swarm_ids:
-                        pipe.hget(keys.swarm(sid), "owner")
-                    owners = pipe.execute()
-                swarm_ids = [sid for sid, owner in zip(swarm_ids, owners, strict=True)
-                             if caller.owns(str(owner or ""))]
+                owners = self.reads.swarm_fields(swarm_ids, ["owner"])
+                swarm_ids = [sid for sid, row in zip(swarm_ids, owners, strict=True)
+                             if caller.owns(row.get("owner", ""))]
         out = [Approval(id=p.id, job=p.swarm, agent=p.agent, tool=p.tool, summary=p.summary,
                         reason=p.reason, created=p.created)
                for sid in swarm_ids for p in ApprovalQueue(self.redis, sid).pending()]

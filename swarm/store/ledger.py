@@ -784,6 +784,10 @@ class Ledger:
         raw = self.redis.hget(keys.swarm(swarm_id), "types")
         return cast("dict[str, Any]", json.loads(cast(str, raw))) if raw else {}
 
+    def jobs_root(self, swarm_id: str) -> str:
+        """The folder a job's workspace must stay beneath ("": the swarm records none)."""
+        return str(self.redis.hget(keys.swarm(swarm_id), "jobs_root") or "")
+
     def unconfined(self, swarm_id: str) -> bool:
         """Whether the swarm's root runs its commands unconfined (:meth:`create_swarm`)."""
         return self.redis.hget(keys.swarm(swarm_id), "unconfined") == "1"
@@ -1405,10 +1409,11 @@ class Ledger:
         """Append a progress event to the swarm's stream (capped)."""
         self._event(self.redis, swarm_id, kind, agent_id, **data)
 
-    def events_since(self, swarm_id: str, last_id: str, count: int = 500
-                     ) -> list[tuple[str, dict[str, str]]]:
-        """The swarm's progress events after ``last_id`` ("0-0": from the start)."""
-        got = self.redis.xread({keys.events(swarm_id): last_id}, count=count)
+    def events_since(self, swarm_id: str, last_id: str, count: int = 500,
+                     block_ms: int | None = None) -> list[tuple[str, dict[str, str]]]:
+        """The swarm's progress events after ``last_id`` ("0-0": from the start); with
+        ``block_ms``, waits that long for one when there is none yet."""
+        got = self.redis.xread({keys.events(swarm_id): last_id}, count=count, block=block_ms)
         return [entry for _, entries in cast(
             "list[tuple[str, list[tuple[str, dict[str, str]]]]]", got or []) for entry in entries]
 

@@ -146,33 +146,57 @@ class RedisSessionStore:
                     return sum(int(n) for n in pipe.execute())
 
 
+@dataclass(frozen=True)
+class SessionMeta:
+    """A session's ``meta`` field: its figures without its messages (what a view reads
+    of many sessions at once)."""
+
+    id: str
+    workspace: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
+    created: float = 0.0
+    updated: float = 0.0
+    turns: int = 0
+    parked: str = ""
+    said: str = ""
+
+    @classmethod
+    def parse(cls, session_id: str, raw: str) -> SessionMeta:
+        """The meta field's JSON; :class:`StoreError` when it is damaged."""
+        try:
+            meta = json.loads(raw)
+            if not isinstance(meta, dict):
+                raise ValueError("meta must be an object")
+            return cls(id=session_id, workspace=str(meta.get("workspace", "")),
+                       usage={k: int(v) for k, v in (meta.get("usage") or {}).items()},
+                       created=float(meta.get("created", 0.0)),
+                       updated=float(meta.get("updated", 0.0)),
+                       turns=int(meta.get("turns", 0)), parked=str(meta.get("parked") or ""),
+                       said=str(meta.get("said") or ""))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise _damaged(session_id, exc) from exc
+
+
+def _damaged(session_id: str, exc: Exception) -> StoreError:
+    return StoreError(
+        f"session {session_id} in Redis is damaged ({exc}); delete it "
+        f"(`swarm sessions` / DEL {keys.session(session_id)}) to start that folder afresh")
+
+
 def _decode(session_id: str, meta_raw: str, messages_raw: str | None) -> LoadedSession:
+    meta = SessionMeta.parse(session_id, meta_raw)
     try:
-        meta: dict[str, Any] = json.loads(meta_raw)
         messages: builtins.list[dict[str, Any]] = json.loads(messages_raw or "[]")
-        if not isinstance(meta, dict) or not isinstance(messages, builtins.list):
-            raise ValueError("meta must be an object and messages a list")
-        parked = str(meta.get("parked") or "")
-        found = [] if parked else history.problems(messages)
+        if not isinstance(messages, builtins.list):
+            raise ValueError("messages must be a list")
+        found = [] if meta.parked else history.problems(messages)
         if found:
             messages = history.repair(messages)
-        return LoadedSession(
-            id=session_id,
-            workspace=str(meta.get("workspace", "")),
-            messages=messages,
-            usage={k: int(v) for k, v in (meta.get("usage") or {}).items()},
-            created=float(meta.get("created", 0.0)),
-            updated=float(meta.get("updated", 0.0)),
-            turns=int(meta.get("turns", 0)),
-            parked=parked,
-            said=str(meta.get("said") or ""),
-            repairs=found,
-        )
     except (ValueError, TypeError, AttributeError) as exc:
-        raise StoreError(
-            f"session {session_id} in Redis is damaged ({exc}); delete it "
-            f"(`swarm sessions` / DEL {keys.session(session_id)}) to start that folder afresh"
-        ) from exc
+        raise _damaged(session_id, exc) from exc
+    return LoadedSession(id=session_id, workspace=meta.workspace, messages=messages,
+                         usage=meta.usage, created=meta.created, updated=meta.updated,
+                         turns=meta.turns, parked=meta.parked, said=meta.said, repairs=found)
 
 
 def session_fields(session: Session) -> dict[str, str]:

@@ -483,8 +483,8 @@ class ChildRunner:
         """The folder a job's workspace was checked to lie in when it was submitted
         (``SWARM_SERVE_ROOT``); None for a job that records none (a schedule's folder,
         ``swarm mcp --workspace``, a job from before jobs recorded it)."""
-        raw = self.redis.hget(keys.swarm(swarm_id), "jobs_root")
-        return Path(str(raw)) if raw else None
+        raw = self.ledger.jobs_root(swarm_id)
+        return Path(raw) if raw else None
 
     @staticmethod
     def _open_job_workspace(path: Path, root: Path, create: bool) -> None:
