@@ -17,6 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from swarm.testing.server import ScriptedModelServer
+from tests.helpers import wait_until
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc"),
@@ -170,3 +173,49 @@ def test_serve_stopped_ends_every_event_stream_and_exits_at_once(tmp_path: Path)
             proc.wait()
         for pid in processes_of(home):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_serve_stopped_while_its_local_worker_runs_a_child_exits_within_2_s(
+        tmp_path: Path) -> None:
+    """The local worker is busy with a job's command: the service still stops within 2 s
+    (before, Celery's warm shutdown held it 5 s and more), cleanly, leaving no process."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    with ScriptedModelServer() as model:
+        env.update(SWARM_HOME=str(home), SWARM_SERVE_TOKEN=TOKEN,
+                   SWARM_BASE_URL=model.base_url, SWARM_SANDBOX="none")
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "swarm", "serve", "--port", str(port)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE)
+        url = f"http://127.0.0.1:{port}"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        try:
+            wait_answers(f"{url}/openapi.json", proc)
+            with httpx.Client(timeout=10) as client:
+                answer = client.post(f"{url}/v1/jobs", headers=auth,
+                                     json={"task": "run `sleep 60`", "approve": "all"})
+                assert answer.status_code == 201, answer.text
+
+            def running_its_command() -> bool:
+                assert proc.poll() is None
+                return any("sleep 60" in args for args in processes_of(home).values())
+
+            wait_until(running_its_command, "the job's command", timeout=60)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+            took = time.monotonic() - started
+            stderr = proc.stderr.read().decode() if proc.stderr else ""
+            assert proc.returncode == 0, stderr
+            assert "Traceback" not in stderr and "ERROR" not in stderr, stderr
+            assert took < 2.0, f"stopped in {took:.2f} s\n{stderr}"
+            wait_until(lambda: not processes_of(home), "its processes to be gone", timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pid in processes_of(home):
+                os.kill(pid, signal.SIGKILL)

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     import uvicorn
 
 CTX = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+#: Seconds `swarm serve` / `swarm mcp` give their local processes to stop before killing
+#: them (Celery would otherwise wait for a running child to finish).
+SERVICE_STOP_GRACE = 1.0
 
 
 @contextlib.contextmanager
@@ -56,7 +59,9 @@ def local_runtime(store: Store, settings: Settings, workers: int | None) -> Iter
         yield
     finally:
         if cluster is not None:
-            cluster.stop()
+            # A service stops at once: a child its local worker runs is cut short and
+            # taken over from its last saved step when a worker next runs (the lease).
+            cluster.stop(grace=SERVICE_STOP_GRACE)
 
 
 class GracefulStop:

@@ -164,12 +164,13 @@ class LocalCluster:
         self.procs.clear()
         self._logs.clear()
 
-    def stop(self) -> None:
-        """Stop every process: SIGTERM, then SIGKILL after :data:`STOP_GRACE` seconds."""
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """Stop every process: SIGTERM, then SIGKILL after ``grace`` seconds (a run cut
+        short so is taken over from its last saved step by the next worker to claim it)."""
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = time.monotonic() + grace
         for proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
