@@ -143,13 +143,14 @@ def test_serve_stopped_ends_every_event_stream_and_exits_at_once(tmp_path: Path)
         ]
         for follower in followers:
             follower.start()
-        deadline = time.monotonic() + 30
-        # Both follow their job: its "queued" event came (as a progress notification on MCP).
-        while "event: queued" not in events or not any("notifications/progress" in line
-                                                       for line in mcp):
+        def following() -> bool:
+            """Both follow their job: its "queued" event came (on MCP, as a progress
+            notification)."""
             assert not failures, failures
-            assert time.monotonic() < deadline, (events, mcp)
-            time.sleep(0.05)
+            return "event: queued" in events and any("notifications/progress" in line
+                                                     for line in mcp)
+
+        wait_until(following, "both clients following their job", timeout=30)
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
