@@ -46,6 +46,8 @@ FILE_MAX = 100_000
 MCP_PREFIX = "mcp__"
 #: Always offered: the loop needs it to compact a full context.
 HOUSEKEEPING = frozenset({"leave_memory_hints"})
+#: Offered with ``agent``: they come back to the children it starts in the background.
+BACKGROUND = frozenset({"agent_status", "agent_join", "agent_cancel"})
 INHERITABLE = ("instructions",)
 _KEYS = ("name", "description", "model", "base_url", "tools", "approval", "max_turns",
          "inherit")
@@ -75,6 +77,8 @@ class AgentType:
     def allows(self, tool: str) -> bool:
         """Whether the type offers ``tool``."""
         if self.tools is None or tool in HOUSEKEEPING or tool in self.tools:
+            return True
+        if tool in BACKGROUND and "agent" in self.tools:
             return True
         return tool.startswith(MCP_PREFIX) and any(
             tool.startswith(f"{t}__") for t in self.tools if t.startswith(MCP_PREFIX))

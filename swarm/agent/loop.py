@@ -19,6 +19,8 @@ from swarm import telemetry
 from swarm.agent import compaction
 from swarm.agent.agent_types import AgentType, AgentTypes
 from swarm.agent.approval import ApprovalGate
+from swarm.agent.background import TOOLS as BACKGROUND_TOOLS
+from swarm.agent.background import Background, MustWait
 from swarm.agent.folder import AgentFolder, TypedTool
 from swarm.agent.protocols import (
     Environment,
@@ -159,8 +161,11 @@ class Agent:
     """The session's turn count when :meth:`run` gave the current task."""
     _noticed: set[str] = field(default_factory=set, init=False)
     _tools_bytes: int = field(default=0, init=False)
+    background: Background = field(init=False)
+    """Its children started with ``background: true`` (:mod:`swarm.agent.background`)."""
 
     def __post_init__(self) -> None:
+        self.background = Background(self)
         if self.folder is not None:
             self._typed = {t.name: t for t in self.folder.typed_tools()[0]}
 
@@ -215,7 +220,9 @@ class Agent:
                     f"{name}."
                 )
             answer = self.step()
-            if answer is not None and not self.hear():  # a message since: answer that too
+            # A message since: answer that too; background children still out: wait for
+            # them and answer again with their results.
+            if answer is not None and not self.hear() and not self.background.before_answer():
                 return answer
 
     def step(self) -> str | None:
@@ -234,17 +241,25 @@ class Agent:
             return result.content
         hints: str | None = None
         calls = [parse_call(raw, offered) for raw in result.tool_calls]
-        if any(c.name == "agent" and not c.error for c in calls):
-            done = self.spawn(calls)  # parks, unless no child could be sent
+        started = self.background.start(calls)  # answered at once with the children's ids
+        if any(c.name == "agent" and not c.error and c.id not in started for c in calls):
+            self.background.can_wait = False
+            try:
+                done = self.spawn(calls, started)  # parks, unless no child could be sent
+            finally:
+                self.background.can_wait = True
             for call in calls:
                 self.add_result(call, done[call.id])
             self.manage_context(result, None, since=answered_from)
             return None
         for i, call in enumerate(calls):
             try:
-                output = self.execute(call)
+                output = started[call.id] if call.id in started else self.execute(call)
             except KeyboardInterrupt:
                 raise self.interrupted(calls[i:]) from None
+            except MustWait as wait:  # parks after the rest ran, unless they settled since
+                self.background.park(wait, calls[i + 1:])
+                break
             if result.cut and i == len(calls) - 1:
                 # Told with the results (a message of its own could break the alternation
                 # of roles some chat templates insist on).
@@ -291,15 +306,17 @@ class Agent:
                 f"stopped: {plural(count, 'answer')} in a row made the same call and got the "
                 f"same refusal (SWARM_REPEAT_LIMIT {limit}): {what}")
 
-    def spawn(self, calls: list[Call]) -> dict[str, str]:
+    def spawn(self, calls: list[Call], started: dict[str, str]) -> dict[str, str]:
         """Run the calls that are not ``agent`` calls, hand the ``agent`` calls to the swarm
         and park: their results (and these) are appended in call order when all settle.
         When none of the ``agent`` calls can be sent (the spawner refused them all, e.g. a
         workspace over its snapshot cap), every call's result is returned instead."""
         assert self.spawner is not None
-        results: dict[str, str] = {}
+        results: dict[str, str] = dict(started)
         spawns: list[SpawnCall] = []
         for call in calls:
+            if call.id in started:
+                continue
             if call.name == "agent" and not call.error:
                 args = call.arguments
                 with telemetry.span("tool agent", call_id=call.id, agent=self.config.agent_id):
@@ -378,7 +395,7 @@ class Agent:
         if call.error:
             return call.error
         summary = self.summary(call)
-        if call.name not in ("load_skill", "leave_memory_hints"):
+        if call.name not in ("load_skill", "leave_memory_hints", *BACKGROUND_TOOLS):
             mcp = self.mcp.tools().get(call.name) if self.mcp is not None else None
             verdict = self.gate.check(ApprovalRequest(
                 call.name, call.arguments, summary, agent_id=self.config.agent_id,
@@ -393,6 +410,8 @@ class Agent:
                 return self.dispatch(call)
         except ToolError as exc:
             return f"error: {exc}"
+        except MustWait:
+            raise
         except Exception as exc:  # a broken tool must not take the loop (and session) down
             log.exception("tool %s failed", call.name)
             return f"error: {call.name} failed unexpectedly: {type(exc).__name__}: {exc}"
@@ -411,6 +430,8 @@ class Agent:
             if self.hints is not None:
                 self.hints.save(str(args["hints"]))
             return "Memory hints saved. The conversation is being compacted now."
+        if call.name in BACKGROUND_TOOLS:
+            return self.background.call(call)
         if self.mcp is not None and call.name in self.mcp:
             return self.mcp.call(call.name, args)
         return self._typed[call.name].call(args, self.env, timeout=self.config.command_timeout)
@@ -424,6 +445,7 @@ class Agent:
             schemas.append(LOAD_SKILL)
         if self.spawner is not None:
             schemas.append(agent_schema(self.types))
+            schemas.extend(self.background.schemas())
         schemas.extend(t.schema() for t in self._typed.values())
         if self.mcp is not None:
             schemas.extend(self.mcp.schemas())

@@ -93,6 +93,12 @@ AGENT = function_schema(
                   "description": "a command run in your workspace after its changes land "
                                  "(e.g. the tests); if it fails they are taken back and its "
                                  "result says so with the command's output."},
+        "background": {"type": "boolean",
+                       "description": "true: answer at once with the child's agent_id and "
+                                      "go on working while it runs; take its result with "
+                                      "agent_join (agent_status peeks, agent_cancel drops "
+                                      "it). If you answer while it still runs, you wait for "
+                                      "it and get its result to answer again."},
     },
     ["message"],
 )

@@ -11,7 +11,8 @@ tasks:
   ``swarm.agent.run`` tasks.
 - ``settle``: a run finished. Held runs are released, and when every run of the request
   has settled the ledger answers the parent's calls in its session; the parent is woken
-  (a root in a terminal) or resumed (``swarm.agent.resume``).
+  (a root in a terminal) or resumed (``swarm.agent.resume``). A background run's parent
+  is answered only if it waits on it (``agent_join``), once the wait is met.
 - every :data:`REAP_EVERY` seconds: entries of dead coordinators are taken over, runs
   of dead workers (their lease ran out) are re-sent, and parents whose resume task was not
   claimed within ``SWARM_TAKEOVER_GRACE`` (it was lost with its worker) are resumed again.
@@ -208,7 +209,21 @@ class Coordinator:
         request_id, head = self.ledger.request_of(run_id)
         if head.get("swarm"):
             self.release(head["swarm"])
-            self.join(request_id, head)
+            if head.get("kind") == "background":
+                self.answer_wait(self.ledger.waiter_of(run_id), head["swarm"])
+            else:
+                self.join(request_id, head)
+
+    def answer_wait(self, wait_id: str, swarm_id: str) -> None:
+        """A background run settled: if its parent waits on it (``agent_join``, or a final
+        answer given while it ran) and the wait is met, the ledger answers the parent,
+        which is woken (a root) or resumed here."""
+        if not wait_id:
+            return
+        joined = self.ledger.answer_wait(wait_id, session_ttl=self.settings.session_ttl,
+                                         cap=self.limits(swarm_id).output_cap)
+        if joined is not None and joined.resume:
+            self.resume(joined)
 
     def release(self, swarm_id: str) -> None:
         """Send held-back runs while the swarm has fewer than ``max_parallel`` in flight."""

@@ -71,6 +71,10 @@ class RunRecord:
     rebase: str = ""
     """A continuation's: the snapshot of its parent's workspace as the parent called it
     again, which its workspace is brought up to before it runs ("": none)."""
+    settled: float = 0.0
+    delivered: str = ""
+    """A background run's: what took its result to its parent (a wait, a call id, or
+    ``cancelled``); "" while it is still to deliver."""
 
     @classmethod
     def from_hash(cls, run_id: str, row: dict[str, str]) -> RunRecord | None:
@@ -86,7 +90,8 @@ class RunRecord:
             start_index=_int(row.get("start_index"), -1),
             attempts=_int(row.get("attempts")),
             traceparent=row.get("traceparent", ""),
-            swarm=row.get("swarm", ""), rebase=row.get("rebase", ""))
+            swarm=row.get("swarm", ""), rebase=row.get("rebase", ""),
+            settled=_float(row.get("settled")), delivered=row.get("delivered", ""))
 
     def to_hash(self, now: float) -> dict[str, str | float]:
         """The fields written when the run is created."""
@@ -246,6 +251,13 @@ class RequestRecord:
     """The swarm's in-flight limit, fixed with the swarm: the coordinator's claim holds
     runs over it without reading the swarm."""
     created: float = 0.0
+    kind: str = ""
+    """"": the parent parked on it; ``background``: its calls ran while the parent went
+    on; ``wait``: the parent parked on background runs (``runs``: agent id -> run id),
+    until ``any`` or all of them settled, to answer its call ``call`` ("": its final
+    answer) with their results."""
+    any: bool = False
+    call: str = ""
 
     @classmethod
     def from_hash(cls, row: dict[str, str]) -> RequestRecord | None:
@@ -259,7 +271,8 @@ class RequestRecord:
             runs=json.loads(row["runs"]) if row.get("runs") else {},
             count=_int(row.get("count")), settled=_int(row.get("settled")),
             refused=_int(row.get("refused")), max_parallel=_int(row.get("max_parallel")),
-            created=_float(row.get("created")))
+            created=_float(row.get("created")), kind=row.get("kind", ""),
+            any=row.get("any") == "1", call=row.get("call", ""))
 
     @property
     def complete(self) -> bool:

@@ -3,6 +3,7 @@ its calls: everything that can be decided when the call is made is decided there
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,28 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from swarm.domain.records import SETTLED, AgentRecord
+
+#: Heads the message a parent gets when it gave its final answer while background children
+#: ran: it parked until they settled, and is asked to answer again with their results.
+BACKGROUND_SETTLED = ("[swarm: you answered while children you started in the background "
+                      "still ran; they have settled now, and their results follow. Take "
+                      "them into account and answer again.]\n")
+
+
+def joined_body(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The results of background children a message carries (an ``agent_join`` result, or
+    the message after a final answer given while they ran), else None."""
+    content = str(message.get("content") or "")
+    if message.get("role") == "user" and content.startswith(BACKGROUND_SETTLED):
+        content = content[len(BACKGROUND_SETTLED):]
+    elif message.get("role") != "tool":
+        return None
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and isinstance(body.get("results"), list) else None
+
 
 #: The largest task message a child accepts; bigger material belongs in a file.
 MAX_MESSAGE = 256 * 1024
@@ -32,6 +55,8 @@ class SpawnCall:
     seed: str = ""
     """The snapshot of the parent's workspace the child starts from ("" : empty), set by
     the spawner when it takes the snapshot."""
+    background: bool = False
+    """The parent goes on while the child runs (``background: true``)."""
 
 
 def check_call(call: dict[str, Any]) -> str:

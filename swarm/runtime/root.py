@@ -224,8 +224,17 @@ class RootSwarm:
             return self.carry_on(agent, parked.request_id, sessions)
 
     def listen(self, agent: Agent) -> None:
-        """Give the root its mailbox: its agent id is its swarm's (``swarm say SWARM_ID``)."""
+        """Give the root its mailbox: its agent id is its swarm's (``swarm say SWARM_ID``),
+        and land the work of background children's results it takes (``agent_join``)."""
         agent.mailbox = Mailbox(self.store.redis, self.swarm_id, self.outage)
+        if isinstance(agent.spawner, RedisSpawner):
+            agent.spawner.lander = partial(self.land_taken, agent)
+
+    def land_taken(self, agent: Agent, session: Session) -> None:
+        landing = self.outage.ride(partial(self.bring_home, agent, session))
+        if landing is not None:
+            self.outage.ride(partial(self.ledger.landed, self.swarm_id, dict(landing.children)))
+            self.landings.append(landing)
 
     def limit(self, agent: Agent) -> None:
         """Count the root's tokens in its swarm's and stop it before a model call once the

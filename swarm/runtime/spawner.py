@@ -4,14 +4,17 @@ can be decided as the call is made), then park on one request for the coordinato
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 from swarm.config import Settings
+from swarm.domain.session import Session
 from swarm.domain.spawn import Limits, SpawnCall, admit
 from swarm.errors import WorkspaceError
 from swarm.store.connection import Outage, ride
-from swarm.store.ledger import Ledger, derive_id
+from swarm.store.ledger import SETTLED, Ledger, derive_id, joined_text, result_text
 
 #: Takes the snapshot of the parent's workspace its new children start from; returns its
 #: id, or raises :class:`WorkspaceError` (over a cap, say) with the reason.
@@ -39,7 +42,8 @@ class RedisSpawner:
                  ensure_swarm: Callable[[], None] | None = None, token: str = "",
                  seeder: Seeder | None = None, host: str = "",
                  keep_state: bool = False, keeper: Keeper | None = None,
-                 outage: Outage | None = None, limits: Limits | None = None) -> None:
+                 outage: Outage | None = None, limits: Limits | None = None,
+                 lander: Callable[[Session], None] | None = None) -> None:
         self.ledger = ledger
         self.agent_id = agent_id
         self.run_id = run_id
@@ -57,6 +61,8 @@ class RedisSpawner:
         self.outage = outage
         self.limits = limits
         """The parent's limits, for those its swarm did not record."""
+        self.lander = lander
+        """Lands the work of background children's results just taken (agent_join)."""
         self.requests = 0
         self._ensured = False
         self.snapshot = ""
@@ -75,12 +81,13 @@ class RedisSpawner:
         self._ensure()  # the swarm's record (and its counters) come first
         wanted = [c for c in calls if not c.empty]
         self.snapshot = self.state = ""
-        if (not wanted and not self.keep_state) or self.seeder is None:
+        keep = self.keep_state and not all(c.background for c in calls)  # it parks
+        if (not wanted and not keep) or self.seeder is None:
             return calls, {}
         try:
             self.snapshot = self.seeder()
             self.state = self.keeper(self.snapshot) \
-                if self.keep_state and self.keeper is not None else self.snapshot
+                if keep and self.keeper is not None else self.snapshot
         except WorkspaceError as exc:
             refused = {c.call_id: f"error: the child was not started: {exc}" for c in wanted}
             return [c for c in calls if c.call_id not in refused], refused
@@ -94,16 +101,115 @@ class RedisSpawner:
         ride(self.outage, lambda: self.park(request_id, turn, calls, results))
 
     def park(self, request_id: str, turn: int, calls: list[SpawnCall],
-             results: dict[str, str]) -> bool:
+             results: dict[str, str], background: bool = False) -> bool:
         """Admit each call on what the ledger holds now (one read), then park on the
-        request with its runs, refused ones settled (one script)."""
+        request with its runs, refused ones settled (one script); ``background``: the
+        same request, but the parent goes on."""
         facts = self.ledger.facts(self.agent_id, self.swarm_id,
                                   [c.agent_id for c in calls if c.agent_id], self.limits)
         admitted = [admit(asdict(c), facts, derive_id("a", self.agent_id, turn, c.call_id))
                     for c in calls]
         return self.ledger.park(request_id, self.agent_id, self.swarm_id, turn, admitted,
                                 results, facts, parent_run=self.run_id, token=self.token,
-                                workspace_state=self.state, host=self.host)
+                                workspace_state="" if background else self.state,
+                                host=self.host, background=background)
+
+    # -- background children (swarm.agent.background.Children) ----------------------------
+
+    def start(self, turn: int, calls: list[SpawnCall]) -> dict[str, str]:
+        """Send ``calls`` as one background request (admitted and dispatched as any);
+        each call's result: its child's id, or why it was refused."""
+        spawns, results = self.prepare(calls)
+        if spawns:
+            self._ensure()
+            self.requests += 1
+            request_id = derive_id("q", self.agent_id, turn, "background",
+                                   *(c.call_id for c in spawns))
+            ride(self.outage, lambda: self.park(request_id, turn, spawns, {}, background=True))
+            runs = self.ledger.runs(derive_id("r", self.agent_id, turn, c.call_id)
+                                    for c in spawns)
+            for call, run in zip(spawns, runs, strict=True):
+                if run is None or run.state == "refused":
+                    results[call.call_id] = result_text(run, call.call_id)
+                else:
+                    results[call.call_id] = json.dumps({
+                        "agent_id": run.agent, "run_id": run.id, "state": "started",
+                        "background": "it runs while you go on; agent_join takes its result, "
+                                      "agent_status shows how it does"}, indent=1)
+        return results
+
+    def status(self, ids: list[str]) -> str:
+        """Each background child's (all, or ``ids``) state, last action, turns, tokens."""
+        runs = [r for r in self.ledger.background_runs(self.agent_id)
+                if not ids or r.agent in ids]
+        if not runs:
+            return "no background children" + (f" among {', '.join(ids)}" if ids else "")
+        agents = self.ledger.agents_by_id([r.agent for r in runs])
+        tokens = self.ledger.tokens_of([r.agent for r in runs])
+        rows = []
+        for run, agent, used in zip(runs, agents, tokens, strict=True):
+            row: dict[str, Any] = {"agent_id": run.agent, "state": run.state}
+            if agent is not None:
+                row.update(type=agent.type or None, turns=agent.turns, last=agent.last or None)
+            row.update(tokens=used, result="taken" if run.delivered else (
+                "ready: agent_join takes it" if run.state in SETTLED else None))
+            rows.append({k: v for k, v in row.items() if v is not None})
+        return json.dumps(rows, ensure_ascii=False, indent=1)
+
+    def outstanding(self, ids: list[str]) -> tuple[dict[str, str], list[str]]:
+        """The runs of background children whose results were not taken (agent id -> run
+        id; all, or ``ids``), and a note for each of ``ids`` that is not one."""
+        runs = self.ledger.background_runs(self.agent_id)
+        pending = {r.agent: r.id for r in runs if not r.delivered}
+        if not ids:
+            return pending, []
+        mine = {r.agent for r in runs}
+        notes = [f"{i}: its result was given to you already" if i in mine else
+                 f"{i}: not a child you started in the background"
+                 for i in ids if i not in pending]
+        return {i: pending[i] for i in ids if i in pending}, notes
+
+    def wait(self, wait_id: str, turn: int, runs: dict[str, str], any_: bool,
+             call_id: str, results: dict[str, str]) -> bool:
+        """Park on ``runs`` (True; the workspace kept as a park keeps it), or False when
+        they settled already."""
+        done = [r for r in self.ledger.runs(runs.values()) if r is not None and
+                r.state in SETTLED]
+        if done and (any_ or len(done) == len(runs)):
+            return False  # no snapshot to take: the script would not park
+        state = ""
+        if self.keep_state and self.seeder is not None and self.keeper is not None:
+            try:
+                state = self.keeper(self.seeder())
+            except WorkspaceError:
+                state = ""  # resumed on this host, it needs none
+        return bool(ride(self.outage, lambda: self.ledger.wait(
+            wait_id, self.agent_id, self.swarm_id, turn, runs, any_, call_id, results,
+            parent_run=self.run_id, token=self.token, workspace_state=state, host=self.host)))
+
+    def take(self, runs: dict[str, str], any_: bool, tag: str) -> str:
+        """The results of the settled ``runs`` not delivered yet, delivered now (in call
+        order; with ``any_``, as they settled); "" when none had settled."""
+        taken = self.ledger.deliver(list(runs.values()), tag)
+        if not taken:
+            return ""
+        if any_:
+            taken.sort(key=lambda r: r.settled)
+        got = {r.agent for r in taken}
+        cap = int(self.ledger.swarm_settings(self.swarm_id).get("output_cap") or 0)
+        return joined_text(taken, [a for a in runs if a not in got], cap)
+
+    def cancel(self, runs: dict[str, str]) -> str:
+        """Cancel the children of ``runs`` (and their subtrees); their results are never
+        delivered."""
+        for agent in runs:
+            self.ledger.cancel(agent, "cancelled by its parent (agent_cancel)")
+        self.ledger.deliver(list(runs.values()), "cancelled", unsettled=True)
+        return f"cancelled: {', '.join(runs)}; their results will not be given to you"
+
+    def land(self, session: Session) -> None:
+        if self.lander is not None:
+            self.lander(session)
 
     def _ensure(self) -> None:
         if self.ensure_swarm is not None and not self._ensured:

@@ -182,6 +182,12 @@ def mailbox(agent_id: str) -> str:
     return f"{PREFIX}mailbox:{agent_id}"
 
 
+def background(agent_id: str) -> str:
+    """List: the runs of an agent's background ``agent`` calls, in call order (a run's
+    ``delivered`` field says whether its result reached the agent)."""
+    return f"{PREFIX}background:{agent_id}"
+
+
 def wake(agent_id: str) -> str:
     """List the coordinator pushes to when a parent waiting in a terminal may go on."""
     return f"{PREFIX}wake:{agent_id}"

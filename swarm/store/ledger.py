@@ -34,6 +34,21 @@ A request's life (:class:`~swarm.domain.records.RequestRecord`), beside its runs
       dispatched ── join ──► answered (a parent in a worker) ── resumed ──► joined
                         └──► joined (a root in a terminal: woken in the join)
 
+A background request (``agent(..., background: true)``) lives the same life up to
+``dispatched``, but its parent never parked on it and it is never joined: its runs go on
+the parent's background list, and each result reaches the parent once, when it asks. A
+**wait** (a request of kind ``wait``) is what a parent parks on for them::
+
+      parent: agent_join (or a final answer while some run) ── wait ──┬─► (all, or any,
+              settled already: nothing written, the parent takes them: deliver)
+                                                                      └─► waiting ──
+      coordinator (a background run settled, the wait is met): answer_wait ──►
+      answered (a parent in a worker) ── resumed ──► joined
+      └──► joined (a root in a terminal: woken in the answer)
+
+``deliver`` and ``answer_wait`` mark each run ``delivered`` as its result goes into the
+parent's session: once, ever (``agent_cancel`` marks them so, undelivered).
+
 ``park`` writes the request with every call's run in one script (a refused call's run
 settled ``refused``, counted in the request's ``settled``); ``dispatch`` claims it and puts
 its runs in flight or holds them; a replay of a ``dispatching`` request (its coordinator
@@ -84,7 +99,7 @@ from swarm.domain.records import (
     RunRecord,
 )
 from swarm.domain.session import Session
-from swarm.domain.spawn import Admission, Facts, Limits
+from swarm.domain.spawn import BACKGROUND_SETTLED, Admission, Facts, Limits
 from swarm.errors import LeaseLost
 from swarm.store import keys
 from swarm.store.sessions import RedisSessionStore, write_session
@@ -93,7 +108,8 @@ from swarm.text import cap_middle
 log = logging.getLogger(__name__)
 
 __all__ = ["ACTIVE", "SETTLED", "AgentRecord", "Claim", "Joined", "Ledger", "NewRun", "RunRecord",
-           "Spawned", "Start", "derive_id", "label_of", "new_swarm_id", "result_text"]
+           "Spawned", "Start", "derive_id", "joined_text", "label_of", "new_swarm_id",
+           "result_text"]
 
 #: Seconds a run sent (or re-sent) has to be claimed before a coordinator sends it again
 #: (``SWARM_TAKEOVER_GRACE``): a run in flight is covered by a lease from the moment it is
@@ -342,32 +358,99 @@ redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'freed', A.swa
 return 1
 """
 
+# The parent parks (its run, if it runs in a worker, gives its lease and its slot back).
+# K: parent, parent_run, leases, inflight; A: parent_run, ws_state, ws_host.
+_PARK_PARENT_FN = """
+local function park_parent(K, A, now)
+  redis.call('HSET', K.parent, 'state', 'parked')
+  if A.ws_state ~= '' then
+    redis.call('HSET', K.parent, 'ws_state', A.ws_state, 'ws_host', A.ws_host)
+  end
+  if A.parent_run ~= '' then
+    pause(K.parent_run, now)
+    redis.call('HSET', K.parent_run, 'state', 'parked', 'lease', '')
+    redis.call('ZREM', K.leases, A.parent_run)
+    redis.call('SREM', K.inflight, A.parent_run)
+  end
+end
+"""
+
+# The parent waits for background runs (agent_join, or a final answer given while they
+# run): 2 when any (A.any) or all of them settled already (nothing written: the parent
+# takes their results itself); else the wait is written, each run names it (a settlement
+# makes the coordinator look at it), the parent parks and its slot is announced free.
+# 0: the wait exists (a replay); -1: the parent's lease is another worker's.
+_WAIT = _NOW + _PAUSE_FN + _PARK_PARENT_FN + """
+local K = {wait = KEYS[1], parent = KEYS[2], parent_run = KEYS[3], leases = KEYS[4],
+           inflight = KEYS[5], settle = KEYS[6], events = KEYS[7]}
+local A = cjson.decode(ARGV[1])
+if redis.call('EXISTS', K.wait) == 1 then return 0 end
+if A.parent_run ~= '' and A.token ~= '' and
+    redis.call('HGET', K.parent_run, 'lease') ~= A.token then
+  return -1
+end
+local settled = 0
+for _, id in ipairs(A.run_ids) do
+  local state = redis.call('HGET', A.run_prefix .. id, 'state')
+  for _, s in ipairs(SETTLED_STATES) do
+    if state == s then settled = settled + 1 end
+  end
+end
+if settled > 0 and (A.any or settled == #A.run_ids) then return 2 end
+park_parent(K, A, now)
+for _, id in ipairs(A.run_ids) do redis.call('HSET', A.run_prefix .. id, 'waiter', A.wait) end
+local ts = string.format('%.3f', now)
+redis.call('HSET', K.wait, 'id', A.wait, 'parent', A.parent, 'swarm', A.swarm, 'kind', 'wait',
+           'state', 'waiting', 'turn', A.turn, 'created', ts, 'runs', A.runs,
+           'any', A.any and '1' or '0', 'call', A.call, 'results', A.results,
+           'count', #A.run_ids, 'settled', settled)
+redis.call('EXPIRE', K.wait, A.ttl)
+if A.parent_run ~= '' then
+  redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'freed', A.swarm)
+end
+redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'wait',
+           'agent', A.parent, 'ts', ts, 'children', #A.run_ids)
+return 1
+""".replace("SETTLED_STATES", _SETTLED_LUA)
+
+# The parent takes the results of settled background runs not delivered yet, once each
+# (A.tag names what took them); with A.any_state, unsettled ones too (dropped: cancelled).
+_DELIVER = """
+local A = cjson.decode(ARGV[1])
+local out = {}
+for _, id in ipairs(A.run_ids) do
+  local key = A.run_prefix .. id
+  local row = redis.call('HMGET', key, 'state', 'delivered')
+  local ok = A.any_state
+  for _, s in ipairs(SETTLED_STATES) do
+    if row[1] == s then ok = true end
+  end
+  if row[1] and ok and (row[2] == false or row[2] == '') then
+    redis.call('HSET', key, 'delivered', A.tag)
+    redis.call('HDEL', key, 'waiter')
+    table.insert(out, id)
+  end
+end
+return out
+""".replace("SETTLED_STATES", _SETTLED_LUA)
+
 # The parent parks on its request: the request, its runs and their agents (new children,
 # or continued ones), refused calls' runs settled ``refused``, the parent parked (its slot
 # given back) and the request on the spawn stream. The parent decided each call
 # (A.runs[i].refusal); the swarm's children limit and the cancel flag are checked here, on
 # what the swarm has now. 0: the request exists (a replay); -1: the parent's lease is
 # another worker's.
-_PARK = _NOW + _PAUSE_FN + _HSET_ALL_FN + """
+_PARK = _NOW + _PAUSE_FN + _PARK_PARENT_FN + _HSET_ALL_FN + """
 local K = {request = KEYS[1], parent = KEYS[2], parent_run = KEYS[3], leases = KEYS[4],
            inflight = KEYS[5], counters = KEYS[6], agents = KEYS[7], cancel = KEYS[8],
-           spawn = KEYS[9], events = KEYS[10]}
+           spawn = KEYS[9], events = KEYS[10], background = KEYS[11]}
 local A = cjson.decode(ARGV[1])
 if redis.call('EXISTS', K.request) == 1 then return 0 end
 if A.parent_run ~= '' and A.token ~= '' and
     redis.call('HGET', K.parent_run, 'lease') ~= A.token then
   return -1
 end
-redis.call('HSET', K.parent, 'state', 'parked')
-if A.ws_state ~= '' then
-  redis.call('HSET', K.parent, 'ws_state', A.ws_state, 'ws_host', A.ws_host)
-end
-if A.parent_run ~= '' then
-  pause(K.parent_run, now)
-  redis.call('HSET', K.parent_run, 'state', 'parked', 'lease', '')
-  redis.call('ZREM', K.leases, A.parent_run)
-  redis.call('SREM', K.inflight, A.parent_run)
-end
+if A.background == '' then park_parent(K, A, now) end
 local cancelled = redis.call('EXISTS', K.cancel) == 1
 local children = tonumber(redis.call('HGET', K.counters, 'children') or '0') or 0
 local created, refused, admitted = 0, 0, {}
@@ -410,8 +493,12 @@ redis.call('HSET', K.request, 'id', A.request, 'parent', A.parent, 'swarm', A.sw
            'turn', A.turn, 'created', ts, 'calls', A.calls, 'results', A.results,
            'state', 'new', 'runs', A.runs_by_call, 'count', #A.runs, 'settled', refused,
            'refused', refused, 'max_parallel', A.max_parallel,
-           'admitted', cjson.encode(admitted))
+           'admitted', cjson.encode(admitted), 'kind', A.background)
 redis.call('EXPIRE', K.request, A.ttl)
+if A.background ~= '' and #admitted > 0 then
+  redis.call('RPUSH', K.background, unpack(admitted))
+  redis.call('EXPIRE', K.background, A.ttl)
+end
 redis.call('XADD', K.spawn, 'MAXLEN', '~', A.stream_maxlen, '*', 'request', A.request)
 redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'spawn',
            'agent', A.parent, 'ts', ts, 'children', #A.runs)
@@ -573,6 +660,18 @@ def result_text(run: RunRecord | None, call_id: str, cap: int = 0) -> str:
     return json.dumps(body, ensure_ascii=False, indent=1)
 
 
+def joined_text(runs: list[RunRecord], pending: list[str], cap: int = 0) -> str:
+    """What a parent's model sees for the background runs it takes: each one's result
+    (as :func:`result_text`, with the ``call_id`` of the ``agent`` call that started it),
+    and the ids of those it asked for that still run."""
+    results = [{**json.loads(result_text(r, r.call_id, cap)), "call_id": r.call_id}
+               for r in runs]
+    body: dict[str, Any] = {"results": results}
+    if pending:
+        body["still_running"] = pending
+    return json.dumps(body, ensure_ascii=False, indent=1)
+
+
 @dataclass
 class Start:
     """What :meth:`Ledger.start` found: whether the run was claimed and, if so, its agent's
@@ -705,6 +804,8 @@ class Ledger:
         self._grace = redis_.register_script(_GRACE)
         self._holders = redis_.register_script(_HOLDERS)
         self._finish = redis_.register_script(_FINISH)
+        self._wait = redis_.register_script(_WAIT)
+        self._deliver = redis_.register_script(_DELIVER)
 
     def _transaction(self, fn: Any, *watch: str) -> Any:
         """``fn(pipe)`` under WATCH of ``watch``: it reads, calls ``pipe.multi()``, queues
@@ -846,7 +947,7 @@ class Ledger:
         request_id = cast("str | None", self.redis.hget(keys.run(run_id), "request"))
         if not request_id:
             return "", {}
-        names = ["swarm", "state", "settled", "count"]
+        names = ["swarm", "state", "settled", "count", "kind"]
         row = self.redis.hmget(keys.request(request_id), names)
         return request_id, {k: cast(str, v) for k, v in zip(names, row, strict=True)
                             if v is not None}
@@ -898,7 +999,7 @@ class Ledger:
     def park(self, request_id: str, parent_id: str, swarm_id: str, turn: int,
              admitted: list[Admission], results: dict[str, str], facts: Facts | None = None,
              parent_run: str = "", token: str = "", workspace_state: str = "",
-             host: str = "") -> bool:
+             host: str = "", background: bool = False) -> bool:
         """Park the parent on its request (a parked parent holds no slot: its children
         must be able to run), in one script: the request, each call's run (``admitted``:
         the parent's decision on each call, :func:`swarm.domain.spawn.admit`; a refused
@@ -910,7 +1011,12 @@ class Ledger:
         host restores it).
 
         A parent in a worker parks its run ``parent_run``, fenced by its lease ``token``:
-        :class:`~swarm.errors.LeaseLost` if another worker holds the run now."""
+        :class:`~swarm.errors.LeaseLost` if another worker holds the run now.
+
+        ``background``: the same request, admitted and dispatched the same way, but the
+        parent does not park (it goes on, holding its slot): its admitted runs join the
+        parent's background list (:func:`keys.background`), and their results reach it
+        only when it asks (:meth:`wait`, :meth:`deliver`)."""
         facts = facts or Facts(AgentRecord(parent_id, swarm_id), Limits())
         parent, now = facts.parent, time.time()
         runs = []
@@ -939,7 +1045,8 @@ class Ledger:
                  "inflight": keys.swarm_inflight(swarm_id),
                  "counters": keys.swarm_counters(swarm_id),
                  "agents": keys.swarm_agents(swarm_id), "cancel": keys.cancel(parent_id),
-                 "spawn": keys.spawn_stream(), "events": keys.events(swarm_id)}
+                 "spawn": keys.spawn_stream(), "events": keys.events(swarm_id),
+                 "background": keys.background(parent_id)}
         done = self._park(keys=list(names.values()), args=[json.dumps({
             "request": request_id, "parent": parent_id, "swarm": swarm_id, "turn": str(turn),
             "calls": json.dumps([a.call for a in admitted], ensure_ascii=False),
@@ -949,7 +1056,8 @@ class Ledger:
             "runs": runs, "parent_run": parent_run, "token": token,
             "ws_state": workspace_state, "ws_host": host,
             "max_children": facts.limits.max_children,
-            "max_parallel": str(facts.limits.max_parallel), **self._names()},
+            "max_parallel": str(facts.limits.max_parallel),
+            "background": "background" if background else "", **self._names()},
             ensure_ascii=False)])
         if done == -1:
             raise LeaseLost(f"run {parent_run}: another worker holds its lease now; "
@@ -972,6 +1080,60 @@ class Ledger:
                   keys.swarm_inflight(swarm_id), keys.settle_stream()],
             args=[json.dumps({"token": token, "run": run.id, "swarm": swarm_id,
                               "stream_maxlen": keys.STREAM_MAXLEN})]))
+
+    # -- the parent: background runs ---------------------------------------------------
+
+    def background_runs(self, parent_id: str) -> list[RunRecord]:
+        """The runs of ``parent_id``'s background calls, in call order (two round trips)."""
+        ids = cast("list[str]", self.redis.lrange(keys.background(parent_id), 0, -1))
+        return [r for r in self.runs(ids) if r is not None]
+
+    def wait(self, wait_id: str, parent_id: str, swarm_id: str, turn: int,
+             runs: dict[str, str], any_: bool, call_id: str, results: dict[str, str],
+             parent_run: str = "", token: str = "", workspace_state: str = "",
+             host: str = "") -> bool:
+        """Park the parent until any (``any_``) or all of its background ``runs`` (agent id
+        -> run id, none delivered yet) settle, to answer its call ``call_id`` ("": its final
+        answer; ``results``: its other calls') with their results (:meth:`answer_wait`).
+        False, and nothing written, when they settled already (the parent takes them
+        itself, :meth:`deliver`). A replay writes nothing and parks. Fenced as
+        :meth:`park` is."""
+        names = [keys.request(wait_id), keys.agent(parent_id), keys.run(parent_run),
+                 keys.leases(), keys.swarm_inflight(swarm_id), keys.settle_stream(),
+                 keys.events(swarm_id)]
+        done = self._wait(keys=names, args=[json.dumps({
+            "wait": wait_id, "parent": parent_id, "swarm": swarm_id, "turn": str(turn),
+            "run_ids": list(runs.values()), "runs": json.dumps(runs), "any": any_,
+            "call": call_id, "results": json.dumps(results, ensure_ascii=False),
+            "parent_run": parent_run, "token": token, "ws_state": workspace_state,
+            "ws_host": host, **self._names()}, ensure_ascii=False)])
+        if done == -1:
+            raise LeaseLost(f"run {parent_run}: another worker holds its lease now; "
+                            "this one stops without parking it")
+        return bool(done != 2)
+
+    def deliver(self, run_ids: list[str], tag: str, unsettled: bool = False
+                ) -> list[RunRecord]:
+        """Mark the settled runs of ``run_ids`` not delivered yet as delivered by ``tag``
+        and return them (each run once, ever); ``unsettled``: the others too (dropped by a
+        cancel: their results are never delivered)."""
+        ids = cast("list[str]", self._deliver(args=[json.dumps({
+            "run_ids": run_ids, "tag": tag, "any_state": unsettled,
+            "run_prefix": keys.run("")})]))
+        return [r for r in self.runs(ids) if r is not None]
+
+    def tokens_of(self, agent_ids: list[str]) -> list[int]:
+        """The tokens each agent's session has used so far (one round trip)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for aid in agent_ids:
+                pipe.hget(keys.session(aid), "meta")
+            metas = pipe.execute()
+        return [int((json.loads(m).get("usage") or {}).get("total_tokens", 0)) if m else 0
+                for m in metas]
+
+    def waiter_of(self, run_id: str) -> str:
+        """The wait a background run's parent is parked on for it ("": none)."""
+        return str(self.redis.hget(keys.run(run_id), "waiter") or "")
 
     # -- the coordinator: spawn, hold, release, refuse --------------------------------------
 
@@ -1291,8 +1453,8 @@ class Ledger:
                 head.get("count") and int(head.get("settled") or 0) < int(head["count"]))):
             return None
         req = self.request(request_id)
-        if req is None or req.state not in ("dispatched", "answered"):
-            return None
+        if req is None or req.state not in ("dispatched", "answered") or req.kind:
+            return None  # a background request is never joined: its parent asks (a wait)
         parent = self.agent(req.parent)
         if parent is None:
             return None
@@ -1343,6 +1505,67 @@ class Ledger:
             return joined
 
         return cast("Joined | None", self._transaction(answer, rkey, skey))
+
+    def answer_wait(self, wait_id: str, session_ttl: int = keys.SESSION_TTL,
+                    cap: int = 0) -> Joined | None:
+        """When any (or all) of the background runs a parent waits on have settled, answer
+        its call with their results (:func:`joined_text`: all in call order, any as they
+        came), mark each delivered and unpark the parent, in one transaction; a root is
+        woken in it. Returns what to wake, or None while the wait is not met (or was
+        answered: a wait answered whose worker parent was not resumed yet is returned
+        again, as :meth:`join` does)."""
+        req = self.request(wait_id)
+        if req is None or req.kind != "wait" or req.state not in ("waiting", "answered"):
+            return None
+        parent = self.agent(req.parent)
+        if parent is None:
+            return None
+        joined = Joined(wait_id, req.swarm, parent)
+        if req.state == "answered":
+            return joined
+        runs = [r for r in self.runs(req.runs.values()) if r is not None]
+        ready = [r for r in runs if r.state in SETTLED and r.delivered in ("", wait_id)]
+        if not ready or (not req.any and len(ready) < len(req.runs)):
+            return None
+        if req.any:
+            ready.sort(key=lambda r: r.settled)
+        pending = [r.agent for r in runs if r not in ready and not r.delivered]
+        wkey, skey = keys.request(wait_id), keys.session(parent.session_id)
+
+        def answer(pipe: Pipeline) -> Joined | None:
+            state = pipe.hget(wkey, "state")
+            meta, messages = cast("list[str | None]", pipe.hmget(skey, ["meta", "messages"]))
+            session = RedisSessionStore.from_fields(parent.session_id, meta, messages)
+            if state != "waiting" or session is None or session.parked != wait_id:
+                log.warning("wait %s: parent %s is not parked on it; not answered",
+                            wait_id, parent.id)
+                return None
+            text = joined_text(ready, pending, cap)
+            if req.call:
+                _answer_calls(session, {}, {**req.results, req.call: text})
+            else:
+                session.messages.append({"role": "user", "content": BACKGROUND_SETTLED + text})
+                session.parked = ""
+            pipe.multi()
+            write_session(pipe, session, session_ttl, index=not joined.resume)
+            for run in runs:
+                pipe.hdel(keys.run(run.id), "waiter")
+            for run in ready:
+                pipe.hset(keys.run(run.id), "delivered", wait_id)
+            self._event(pipe, joined.swarm_id, "joined", parent.id, children=len(ready),
+                        refused=0)
+            if joined.resume:
+                pipe.hset(wkey, "state", "answered")
+                if parent.run:
+                    self._grace(keys=[keys.leases()], args=[self.grace, "", parent.run],
+                                client=pipe)
+            else:
+                pipe.rpush(keys.wake(parent.id), wait_id)
+                pipe.expire(keys.wake(parent.id), self.ttl)
+                pipe.hset(wkey, "state", "joined")
+            return joined
+
+        return cast("Joined | None", self._transaction(answer, wkey, skey))
 
     def resumed(self, request_id: str) -> None:
         """The parent's resume task was sent: the request is done with."""

@@ -36,6 +36,7 @@ from swarm.cache import TTLCache
 from swarm.config import Settings
 from swarm.domain.history import repair
 from swarm.domain.records import usage_since
+from swarm.domain.session import Session
 from swarm.errors import (
     AgentStopped,
     Cancelled,
@@ -261,6 +262,16 @@ class ChildRunner:
         model.gate = RedisRateGate(self.redis, swarm_id)
         model.stop = control.event  # a cancel aborts the model call in flight
         queue = ApprovalQueue(self.redis, swarm_id, run=run.id, lease=watched.token)
+
+        def land_taken(taken: Session) -> None:
+            """Background children's results it took (agent_join): their work lands now."""
+            landing = homecoming.bring_home(
+                seeds, taken, workspace.path, swarm_id, tree, workspace,
+                run_check=homecoming.checker(agent.env, settings.command_timeout),
+                check=settings.land_check)
+            if landing is not None:
+                self.ledger.landed(swarm_id, dict(landing.children))
+
         try:
             agent = build_agent(
                 settings, workspace.path, model, session, store=self.sessions,
@@ -275,7 +286,7 @@ class ChildRunner:
                                                                tree_of=tree, own=workspace),
                                      keeper=parked.state,
                                      host=self.host, keep_state=True,
-                                     limits=limits_of(settings)),
+                                     limits=limits_of(settings), lander=land_taken),
                 extra_prompt=role_prompt(record.kind, run.agent, record.depth,
                                          workspace.path, record.type),
                 agent_id=run.agent,

@@ -39,6 +39,7 @@ from typing import Any
 from swarm.agent.protocols import Environment
 from swarm.domain.messages import tool_body
 from swarm.domain.session import Session
+from swarm.domain.spawn import BACKGROUND_SETTLED, joined_body
 from swarm.errors import WorkspaceError
 from swarm.workspace import gitstate as g
 from swarm.workspace.seed import EMPTY, Seeds, Workspace
@@ -146,30 +147,55 @@ def bring_home(seeds: Seeds, session: Session, workspace: Path, swarm_id: str,
     ``own``: a seeded child's workspace); each result is rewritten to say how it landed.
     ``run_check`` runs a call's ``check`` (else ``check``) after its landing (see
     :func:`land`). None when no result had work to bring (nothing to save)."""
-    todo: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    todo: list[tuple[str, dict[str, Any]]] = []
+    joins: list[tuple[dict[str, Any], dict[str, Any]]] = []
     calls: dict[str, dict[str, Any]] = {}
     for message in reversed(session.messages):
         if message.get("role") == "assistant":
             calls = _arguments(message)
             break
+        joined = joined_body(message)
+        if joined is not None:  # background children's results, as the parent took them
+            joins.append((message, joined))
+            todo.extend((str(b.get("call_id", "")), b) for b in reversed(joined["results"])
+                        if isinstance(b, dict) and _has_work(b))
+            continue
         body = tool_body(message)
-        # A worker's result says "none: ..." (NO_CHANGES) when its child changed nothing.
-        if body is not None and ("delta" in body or
-                                 str(body.get("changes", "")).split(":")[0] == "none"):
-            todo.append((message, body))
+        if body is not None and _has_work(body):
+            todo.append((str(message.get("tool_call_id", "")), body))
+            joins.append((message, body))
     if not todo:
         return None
     todo.reverse()  # call order
-    for message, body in todo:
-        args = calls.get(str(message.get("tool_call_id", "")), {})
+    for call_id, body in todo:
+        args = calls.get(call_id) or _call_arguments(session, call_id)
         body["land"] = str(args.get("land") or "merge")
         if isinstance(args.get("check"), str):
             body["check"] = args["check"]
     parent = parent_of(seeds, workspace, tree_of, own)
     done = land(seeds, parent, [body for _, body in todo], swarm_id, run_check, check)
-    for message, body in todo:
-        message["content"] = json.dumps(body, ensure_ascii=False, indent=1)
+    for message, body in joins:
+        text = json.dumps(body, ensure_ascii=False, indent=1)
+        settled = str(message.get("content", "")).startswith(BACKGROUND_SETTLED)
+        message["content"] = BACKGROUND_SETTLED + text if settled else text
     return done
+
+
+def _has_work(body: dict[str, Any]) -> bool:
+    """A child's result with work to bring: a delta, or "none: ..." (NO_CHANGES) when it
+    changed nothing."""
+    return "delta" in body or str(body.get("changes", "")).split(":")[0] == "none"
+
+
+def _call_arguments(session: Session, call_id: str) -> dict[str, Any]:
+    """The arguments of an earlier call (a background ``agent`` call, whose result the
+    parent took later); ``{}`` once compaction dropped it."""
+    for message in reversed(session.messages):
+        if message.get("role") == "assistant":
+            args = _arguments(message)
+            if call_id in args:
+                return args[call_id]
+    return {}
 
 
 def _arguments(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
