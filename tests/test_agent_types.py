@@ -3,8 +3,10 @@ type end to end (real Redis, a real coordinator and worker, the scripted model o
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,10 +14,13 @@ from typing import Any
 import pytest
 import redis as redis_lib
 from click.testing import CliRunner, Result
+from rich.console import Console
 
 from swarm.agent import agent_types
-from swarm.cli import main
+from swarm.cli import live, main
 from swarm.errors import ConfigError
+from swarm.report.display import Prices
+from swarm.report.view import SwarmReader
 from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
 from swarm.testing.cluster import local_swarm
@@ -292,6 +297,15 @@ def test_status_shows_tokens_and_cost_per_agent_type(
     text = swarm(cluster, model, "status", swarm_id)
     assert text.exit_code == 0, text.output
     assert "  leaf: 2 agents, 3.0k tokens, ~$0.0040" in text.stdout.splitlines()
+
+    page = swarm(cluster, model, "report", "-o", "-", swarm_id)
+    assert page.exit_code == 0, page.output
+    assert "<li>leaf: 2 agents, 3.0k tokens, ~$0.0040</li>" in page.stdout
+    # The live tree names each child's type before its task.
+    out = io.StringIO()
+    Console(file=out, width=160, color_system=None).print(
+        live.render(SwarmReader(client).load(swarm_id), Prices(1, 2), 20))
+    assert len(re.findall(r"\[leaf\] LEAF-COST", out.getvalue())) == 2, out.getvalue()
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """The live tree of a swarm in the terminal (rich ``Live``), for ``swarm run`` and ``swarm top``.
 
-Each agent shows its short id and label, state, depth, elapsed time, turns, tokens and
+Each agent shows its short id, its agent type (``[leaf]``) and label, state, depth, elapsed time, turns, tokens and
 its last command (or its error); a summary line counts running / done / failed agents,
 total tokens and, when ``SWARM_PRICE_INPUT`` / ``SWARM_PRICE_OUTPUT`` (US dollars per
 million prompt / completion tokens) are set, the estimated cost.
@@ -68,6 +68,8 @@ def render(view: SwarmView, prices: Prices, height: int) -> RenderableType:
 
 def _name(agent: AgentView, indent: int | str) -> Text:
     text = Text(f"{indent}{agent.id[:9]} ", style="cyan")
+    if agent.type:
+        text.append(f"[{agent.type}] ", style="magenta")
     text.append(agent.label or "")
     return text
 

@@ -317,7 +317,7 @@
       Object.assign(this.data, fields);
       const d = this.data;
       const usage = d.usage || {};
-      this.set("agent", d.label || "");
+      this.set("agent", (d.type ? "[" + d.type + "] " : "") + (d.label || ""));
       this.set("state", d.state || "?");
       this.set("stateClass", d.state);
       this.set("depth", d.depth === undefined ? "" : String(d.depth));
@@ -765,7 +765,8 @@
       const facts = $("p-facts");
       clear(facts);
       const usage = live.usage || a.usage || {};
-      for (const [name, value] of [["label", a.label], ["kind", a.kind], ["depth", a.depth],
+      for (const [name, value] of [["label", a.label], ["kind", a.kind], ["type", a.type || ""],
+        ["depth", a.depth],
         ["time", duration(live.elapsed === undefined ? a.elapsed : live.elapsed)],
         ["turns", live.turns || a.turns], ["tokens", tokens(usage.total_tokens)],
         ["cost", cost(live.cost === undefined ? a.cost : live.cost)],
