@@ -19,6 +19,8 @@ Parts (``--only NAME[,NAME]``):
 - ``page``      the page of ``swarm serve`` in headless Chromium watching an N-agent swarm
                 (default 500) live, then opening it settled: per-event cost, time to
                 render (bench.page; needs /usr/bin/chromium and playwright)
+- ``join``      a fan-out of ten where one child takes 10x longer: time to the parent's
+                next model call with ``agent_join(any)`` against waiting for all (bench.join)
 
 ``--smoke`` runs a tiny size of each (about a minute; results go to ``*-smoke.json``).
 """
@@ -39,7 +41,7 @@ from typing import Any
 from bench.common import RESULTS, configure, log, results_dir, write_result
 
 PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold", "seed",
-         "land", "page")
+         "land", "page", "join")
 MODULES = {"workers": "across", "redis": "redis_cost"}
 
 
@@ -141,6 +143,13 @@ def parser() -> argparse.ArgumentParser:
                    help="children of the swarm the page watches (default 500)")
     g.add_argument("--page-turns", type=int, default=2,
                    help="commands per child of that swarm (default 2)")
+    g = p.add_argument_group("join")
+    g.add_argument("--join-n", type=int, default=10,
+                   help="children of the fan-out, one of them 10x slower (default 10)")
+    g.add_argument("--join-delay", type=float, default=1.0,
+                   help="seconds the fast children's model answers take (default 1)")
+    g.add_argument("--join-repeats", type=int, default=3,
+                   help="jobs of each way; the median is reported (default 3)")
     p.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
                    help="SWARM_SANDBOX of the workers (default auto, as a deployment runs; "
                         "none to compare with a swarm that had no sandbox)")
@@ -160,7 +169,8 @@ SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 
          "cold_repeats": 1, "cold_sizes": [1, 3], "cold_workers": 1, "seed_n": 4,
          "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1, "seed_view": "auto",
          "seed_command": "ls | wc -l", "land_n": 4, "land_files": 50, "land_mb": 0.5,
-         "land_repeats": 1, "page_n": 3, "page_turns": 1}
+         "land_repeats": 1, "page_n": 3, "page_turns": 1, "join_n": 3, "join_delay": 0.1,
+         "join_repeats": 1}
 
 
 def display(path: Path) -> str:

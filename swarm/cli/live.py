@@ -1,9 +1,10 @@
 """The live tree of a swarm in the terminal (rich ``Live``), for ``swarm run`` and ``swarm top``.
 
-Each agent shows its short id, its agent type (``[leaf]``) and label, state, depth, elapsed time, turns, tokens and
-its last command (or its error); a summary line counts running / done / failed agents,
-total tokens and, when ``SWARM_PRICE_INPUT`` / ``SWARM_PRICE_OUTPUT`` (US dollars per
-million prompt / completion tokens) are set, the estimated cost.
+Each agent shows its short id, its agent type (``[leaf]``) and label, state, depth,
+elapsed time, turns, tokens and its last command (or its error); a summary line counts
+running / done / failed agents, total tokens and, when ``SWARM_PRICE_INPUT`` /
+``SWARM_PRICE_OUTPUT`` (US dollars per million prompt / completion tokens) are set, the
+estimated cost.
 
 The view reads the ledger itself, from a background thread, at most ``1 / interval``
 times a second (4 by default) and only when events arrived (or once a second, for
