@@ -3,6 +3,11 @@
 One step is one model call and the tool calls it asked for. The session is
 saved after the model's message and after every tool result, so a crash loses
 at most the call in flight (and a dangling call is repaired at load).
+
+Around it: :mod:`~swarm.agent.observer` (what it reports, its knobs),
+:mod:`~swarm.agent.context` (how full the context is, compaction),
+:mod:`~swarm.agent.spawning` (plain ``agent`` calls: park on them) and
+:mod:`~swarm.agent.background` (background ones: go on, join later).
 """
 
 from __future__ import annotations
@@ -11,17 +16,18 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from swarm import telemetry
-from swarm.agent import compaction
+from swarm.agent import compaction, context, spawning
 from swarm.agent.agent_types import AgentType, AgentTypes
 from swarm.agent.approval import ApprovalGate
 from swarm.agent.background import TOOLS as BACKGROUND_TOOLS
 from swarm.agent.background import Background, MustWait
 from swarm.agent.folder import AgentFolder, TypedTool
+from swarm.agent.observer import AgentConfig as AgentConfig
+from swarm.agent.observer import Observer as Observer
 from swarm.agent.protocols import (
     Environment,
     HintStore,
@@ -43,18 +49,13 @@ from swarm.agent.tools import (
 from swarm.domain import history
 from swarm.domain.approval import ApprovalRequest
 from swarm.domain.messages import (
-    TOKENS_BEYOND_BYTES,
     ChatResult,
     Message,
-    StreamEvent,
-    estimate_tokens,
 )
 from swarm.domain.session import Session
-from swarm.domain.spawn import SpawnCall
 from swarm.errors import (
     Interrupted,
     ModelCallAborted,
-    Parked,
     RepeatedCalls,
     ToolError,
     TurnLimitReached,
@@ -69,57 +70,6 @@ log = logging.getLogger(__name__)
 INTERRUPTED_BY_USER = "[interrupted by the user before this call finished]"
 #: How a message a person sent to the running agent (``swarm say``) enters its conversation.
 FROM_A_PERSON = "[message from a person, sent while you work: {text}]"
-#: Past this share of the context, compaction happens even without hints.
-FORCE_AT = 0.92
-
-
-class Observer:
-    """What the loop reports as it works. Override what you display; the rest is a no-op."""
-
-    def model_call(self, model: Model) -> AbstractContextManager[None]:
-        """Wraps one call of ``model``, from the request until the answer is whole or the
-        call failed (a view may show that it waits); :meth:`on_event` sees the pieces."""
-        return nullcontext()
-
-    def on_event(self, event: StreamEvent) -> None:
-        """A piece of the answer as it streams (thinking, text, a tool name)."""
-
-    def on_model_result(self, result: ChatResult) -> None:
-        """A whole model message has arrived."""
-
-    def on_tool_start(self, call: Call, summary: str) -> None:
-        """A tool call is about to run (after approval); raising an
-        :class:`~swarm.errors.AgentStopped` stops the agent before it runs."""
-
-    def on_tool_result(self, call: Call, result: str) -> None:
-        """A tool call finished (or was refused); ``result`` is what the model sees."""
-
-    def on_usage(self, used_tokens: int, context_length: int) -> None:
-        """How full the context is after a model call."""
-
-    def on_notice(self, text: str) -> None:
-        """Something the user should know (compaction, a repaired session, ...)."""
-
-    def on_retry(self, text: str) -> None:
-        """A model call (or lookup) failed and is tried again; ``text`` says why and when.
-        A terminal shows it in place (see :class:`swarm.cli.render.TerminalView`)."""
-        log.warning("%s", text)
-
-
-@dataclass
-class AgentConfig:
-    """Knobs of one agent; the CLI and workers fill these from :class:`swarm.config.Settings`."""
-
-    max_turns: int = 0
-    turn_limit_name: str = "--max-turns"
-    """The setting ``max_turns`` came from, for the message that stops the agent."""
-    repeat_limit: int = 0
-    """Stop after this many answers in a row made the same calls and got the same refusal
-    (``SWARM_REPEAT_LIMIT``); 0: never."""
-    command_timeout: int = 300
-    command_timeout_max: int = 3600
-    compact_at: float = 0.75
-    agent_id: str = ""
 
 
 @dataclass
@@ -160,7 +110,8 @@ class Agent:
     run_start: int | None = field(default=None, init=False)
     """The session's turn count when :meth:`run` gave the current task."""
     _noticed: set[str] = field(default_factory=set, init=False)
-    _tools_bytes: int = field(default=0, init=False)
+    tools_bytes: int = field(default=0, init=False)
+    """The size of the tools offered at the last model call (:func:`context.used_tokens`)."""
     background: Background = field(init=False)
     """Its children started with ``background: true`` (:mod:`swarm.agent.background`)."""
 
@@ -245,12 +196,12 @@ class Agent:
         if any(c.name == "agent" and not c.error and c.id not in started for c in calls):
             self.background.can_wait = False
             try:
-                done = self.spawn(calls, started)  # parks, unless no child could be sent
+                done = spawning.spawn(self, calls, started)  # parks, unless no child could be sent
             finally:
                 self.background.can_wait = True
             for call in calls:
                 self.add_result(call, done[call.id])
-            self.manage_context(result, None, since=answered_from)
+            context.manage(self, result, None, since=answered_from)
             return None
         for i, call in enumerate(calls):
             try:
@@ -268,7 +219,7 @@ class Agent:
             self.add_result(call, output)
             if call.name == "leave_memory_hints" and not call.error:
                 hints = str(call.arguments["hints"])
-        self.manage_context(result, hints, since=answered_from)
+        context.manage(self, result, hints, since=answered_from)
         return None
 
     def hear(self) -> bool:
@@ -306,44 +257,6 @@ class Agent:
                 f"stopped: {plural(count, 'answer')} in a row made the same call and got the "
                 f"same refusal (SWARM_REPEAT_LIMIT {limit}): {what}")
 
-    def spawn(self, calls: list[Call], started: dict[str, str]) -> dict[str, str]:
-        """Run the calls that are not ``agent`` calls, hand the ``agent`` calls to the swarm
-        and park: their results (and these) are appended in call order when all settle.
-        When none of the ``agent`` calls can be sent (the spawner refused them all, e.g. a
-        workspace over its snapshot cap), every call's result is returned instead."""
-        assert self.spawner is not None
-        results: dict[str, str] = dict(started)
-        spawns: list[SpawnCall] = []
-        for call in calls:
-            if call.id in started:
-                continue
-            if call.name == "agent" and not call.error:
-                args = call.arguments
-                with telemetry.span("tool agent", call_id=call.id, agent=self.config.agent_id):
-                    trace = telemetry.traceparent()
-                spawns.append(SpawnCall(call.id, str(args["message"]),
-                                        str(args.get("agent_id", "")), args.get("output_schema"),
-                                        trace, empty=args.get("seed") is False,
-                                        type=str(args.get("type") or "")))
-                self.observer.on_tool_start(call, self.summary(call))
-                continue
-            try:
-                results[call.id] = self.execute(call)
-            except KeyboardInterrupt:
-                raise self.interrupted(calls, results) from None
-            self.observer.on_tool_result(call, results[call.id])
-        spawns, refused = self.spawner.prepare(spawns)
-        results.update(refused)
-        if not spawns:
-            return results
-        # Parked is saved before the request exists: the fan-in must never find this
-        # session unparked (a load would then "repair" the calls it is about to answer).
-        request_id = self.spawner.request_id(self.session.turns, spawns)
-        self.session.parked = request_id
-        self.save()
-        self.spawner.submit(request_id, self.session.turns, spawns, results)
-        raise Parked(request_id)
-
     def query(self, tools: list[dict[str, Any]]) -> ChatResult:
         """Ask the model for the next message.
 
@@ -362,7 +275,7 @@ class Agent:
             if self.before_step is not None:
                 self.before_step(self)
             raise
-        self._tools_bytes = len(json.dumps(tools, ensure_ascii=False).encode())
+        self.tools_bytes = len(json.dumps(tools, ensure_ascii=False).encode())
         for kind, text in result.notices.items():
             if kind not in self._noticed:  # once a run
                 self._noticed.add(kind)
@@ -374,21 +287,8 @@ class Agent:
         for key, value in result.usage.as_dict().items():
             usage[key] = usage.get(key, 0) + value
         self.observer.on_model_result(result)
-        self.observer.on_usage(self.used_tokens(result), self.model.context_length())
+        self.observer.on_usage(context.used_tokens(self, result), self.model.context_length())
         return result
-
-    def used_tokens(self, result: ChatResult, since: int | None = None) -> int:
-        """Tokens the context holds after ``result``: the model's count, plus an estimate of
-        the messages appended since (tool results), else an estimate of everything.
-
-        Never more than a token a byte of the messages and tools (and a chat template): a
-        figure alone must not make the loop compact the conversation away."""
-        if not result.usage.total_tokens:
-            return estimate_tokens(self.messages)
-        extra = self.messages[since:] if since is not None else []
-        used = result.usage.total_tokens + estimate_tokens(extra)
-        most = len(json.dumps(self.messages, ensure_ascii=False).encode())
-        return min(used, most + self._tools_bytes + TOKENS_BEYOND_BYTES)
 
     def execute(self, call: Call) -> str:
         """Run one checked tool call; every failure becomes the text the model sees."""
@@ -451,45 +351,10 @@ class Agent:
             schemas.extend(self.mcp.schemas())
             for notice in self.mcp.notices():
                 self.observer.on_notice(notice)
-        if self.crisis_index() is not None:
+        if context.crisis_index(self.messages) is not None:
             schemas.append(LEAVE_MEMORY_HINTS)
         kind = self.kind
         return {tool_name(s): s for s in schemas if kind is None or kind.allows(tool_name(s))}
-
-    def crisis_index(self) -> int | None:
-        """Where the emergency instruction stands, when the context is in crisis."""
-        for i in range(len(self.messages) - 1, -1, -1):
-            msg = self.messages[i]
-            if msg.get("role") == "user" and msg.get("content") == compaction.EMERGENCY:
-                return i
-        return None
-
-    def manage_context(self, result: ChatResult, hints: str | None, since: int) -> None:
-        """Start the emergency at ``compact_at``; compact once hints are left (or, past
-        :data:`FORCE_AT`, with the hints there are)."""
-        context = self.model.context_length()
-        used = self.used_tokens(result, since=since)
-        self.observer.on_usage(used, context)
-        crisis = self.crisis_index()
-        fraction = compaction.used_fraction(used, context)
-        if crisis is not None and (hints is not None or fraction >= FORCE_AT):
-            self.compact(crisis, hints)
-        elif crisis is None and fraction >= self.config.compact_at:
-            self.messages.append({"role": "user", "content": compaction.EMERGENCY})
-            self.save()
-            self.observer.on_notice(
-                f"context {fraction:.0%} full: asked the model to save its memory and compact")
-
-    def compact(self, crisis: int, hints: str | None) -> None:
-        if hints is None:
-            hints = self.hints.load() if self.hints is not None else ""
-        before = len(self.messages)
-        budget = int(self.model.context_length() * 0.25)
-        self.session.messages = compaction.rebuild(
-            self.system_prompt(hints), self.messages, crisis, budget)
-        self.save()
-        self.observer.on_notice(
-            f"compacted the conversation: {before} messages -> {len(self.messages)}")
 
     def refresh_system_prompt(self) -> None:
         """Put a fresh system prompt (current hints, environment) at the head of the history."""
