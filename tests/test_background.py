@@ -19,8 +19,12 @@ import redis as redis_lib
 from click.testing import CliRunner, Result
 
 from swarm.cli import main
+from swarm.domain.spawn import SpawnCall
+from swarm.runtime.build import new_session
+from swarm.runtime.spawner import RedisSpawner
 from swarm.store.connection import connect
 from swarm.store.ledger import AgentRecord, Ledger
+from swarm.store.sessions import RedisSessionStore
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
@@ -263,3 +267,39 @@ def test_cancelling_a_parent_cancels_its_background_children(
     assert json.loads(parent)["state"] == "cancelled"
     assert state_of(ledger, "CANCEL-SLOW") == "cancelled"
     assert not [r for r in model.requests if "parent never answers" in json.dumps(r)]
+
+
+def test_a_background_result_is_taken_once_in_the_same_write_as_the_session(
+        redis: redis_lib.Redis) -> None:
+    """The parent's own take (its children settled before it joined): each result goes
+    into the session saved with its mark, once; a later join of it says so."""
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent")
+    sessions = RedisSessionStore(redis, index=False)
+    spawner = RedisSpawner(ledger, "aparent", "s1", sessions=sessions)
+    started = spawner.start(1, [SpawnCall("c1", "do 1", background=True),
+                                SpawnCall("c2", "do 2", background=True)])
+    first, second = (json.loads(started[c])["agent_id"] for c in ("c1", "c2"))
+    runs, notes = spawner.outstanding([])
+    assert list(runs) == [first, second] and notes == []
+    run = ledger.run(runs[first])
+    assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
+    session = new_session(Path("/w"), "aparent")
+    session.messages.append({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "j1", "type": "function",
+         "function": {"name": "agent_join", "arguments": '{"any": true}'}}]})
+    session.parked = "w1"  # as a parent saves itself before it tries to wait
+    sessions.save(session)
+
+    text = spawner.take(runs, True, "w1", session, "j1", [])
+    body = json.loads(text)
+    assert [r["answer"] for r in body["results"]] == ["one"]
+    assert body["still_running"] == [second]
+    assert spawner.take(runs, True, "w2", session, "j2", []) == ""  # once
+    stored = sessions.load(session.id)
+    assert stored is not None and not stored.parked
+    assert [(m["tool_call_id"], m["content"]) for m in stored.messages
+            if m["role"] == "tool"] == [("j1", text)]
+    assert spawner.outstanding([first, second, "anobody"]) == (
+        {second: runs[second]}, [f"{first}: its result was given to you already",
+                                 "anobody: not a child you started in the background"])

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from swarm import telemetry
 from swarm.agent.tools import Call, function_schema
 from swarm.domain.session import Session
-from swarm.domain.spawn import BACKGROUND_SETTLED, SpawnCall
+from swarm.domain.spawn import SpawnCall
 from swarm.errors import Parked
 
 if TYPE_CHECKING:
@@ -78,9 +78,11 @@ class Children(Protocol):
         """Park on ``runs`` (True), or False when they settled already."""
         ...
 
-    def take(self, runs: dict[str, str], any_: bool, tag: str) -> str:
-        """The results of the settled ones of ``runs`` not delivered yet, now delivered
-        (the text the model sees); "" when none had settled."""
+    def take(self, runs: dict[str, str], any_: bool, tag: str, session: Session,
+             call_id: str, notes: list[str]) -> str:
+        """Deliver the results of the settled ones of ``runs`` not delivered yet into
+        ``session`` (the answer of ``call_id``, "" for a message after the final answer),
+        saved with their marks at once; the text added, "" when none had settled."""
         ...
 
     def cancel(self, runs: dict[str, str]) -> str:
@@ -153,13 +155,11 @@ class Background:
         if not runs:
             return "\n".join(notes or ["you have no background children whose results you "
                                        "have not taken"])
-        if self.can_wait:  # taken at once when settled (and landed), else waited for
-            raise MustWait(call, runs, any_, notes)
-        # Beside plain agent calls the answer parks on those: their join lands these too.
-        taken = children.take(runs, any_, call.id)
-        return "\n".join([*notes, taken or (
-            "error: agent_join cannot wait in an answer that also starts children without "
-            "background (you park on those); none of these has settled: call it again")])
+        if not self.can_wait:
+            return ("error: agent_join cannot be called in an answer that also starts "
+                    "children without background (you wait for those); call it in an answer "
+                    "of its own")
+        raise MustWait(call, runs, any_, notes)  # taken now if settled, else waited for
 
     def park(self, wait: MustWait, rest: list[Call]) -> None:
         """Run the answer's calls after the join (their results wait with it), then park
@@ -176,8 +176,11 @@ class Background:
         wait_id = self._wait_id(wait.call.id)
         if self._parked(wait_id, wait.runs, wait.any, wait.call.id, results):
             raise Parked(wait_id)
-        taken = children.take(wait.runs, wait.any, wait.call.id)
-        agent.add_result(wait.call, "\n".join([*wait.notes, taken]))
+        if agent.guard is not None:
+            agent.guard()
+        text = children.take(wait.runs, wait.any, wait_id, agent.session, wait.call.id,
+                             wait.notes)
+        agent.observer.on_tool_result(wait.call, text)
         for call in rest:
             agent.add_result(call, results[call.id])
         self._land()
@@ -195,11 +198,10 @@ class Background:
         wait_id = self._wait_id(ANSWER)
         if self._parked(wait_id, runs, False, ANSWER, {}):
             raise Parked(wait_id)
-        taken = children.take(runs, False, wait_id)
-        if not taken:
+        if self.agent.guard is not None:
+            self.agent.guard()
+        if not children.take(runs, False, wait_id, self.agent.session, ANSWER, []):
             return False
-        self.agent.messages.append({"role": "user", "content": BACKGROUND_SETTLED + taken})
-        self.agent.save()
         self._land()
         return True
 

@@ -229,6 +229,8 @@ class RootSwarm:
         agent.mailbox = Mailbox(self.store.redis, self.swarm_id, self.outage)
         if isinstance(agent.spawner, RedisSpawner):
             agent.spawner.lander = partial(self.land_taken, agent)
+            if isinstance(agent.store, RedisSessionStore):
+                agent.spawner.sessions = agent.store
 
     def land_taken(self, agent: Agent, session: Session) -> None:
         landing = self.outage.ride(partial(self.bring_home, agent, session))

@@ -10,11 +10,20 @@ from dataclasses import asdict
 from typing import Any
 
 from swarm.config import Settings
+from swarm.domain.messages import Message
 from swarm.domain.session import Session
-from swarm.domain.spawn import Limits, SpawnCall, admit
+from swarm.domain.spawn import BACKGROUND_SETTLED, Limits, SpawnCall, admit
 from swarm.errors import WorkspaceError
 from swarm.store.connection import Outage, ride
-from swarm.store.ledger import SETTLED, Ledger, derive_id, joined_text, result_text
+from swarm.store.ledger import (
+    SETTLED,
+    Ledger,
+    RunRecord,
+    derive_id,
+    joined_text,
+    result_text,
+)
+from swarm.store.sessions import RedisSessionStore
 
 #: Takes the snapshot of the parent's workspace its new children start from; returns its
 #: id, or raises :class:`WorkspaceError` (over a cap, say) with the reason.
@@ -43,7 +52,8 @@ class RedisSpawner:
                  seeder: Seeder | None = None, host: str = "",
                  keep_state: bool = False, keeper: Keeper | None = None,
                  outage: Outage | None = None, limits: Limits | None = None,
-                 lander: Callable[[Session], None] | None = None) -> None:
+                 lander: Callable[[Session], None] | None = None,
+                 sessions: RedisSessionStore | None = None) -> None:
         self.ledger = ledger
         self.agent_id = agent_id
         self.run_id = run_id
@@ -61,6 +71,9 @@ class RedisSpawner:
         self.outage = outage
         self.limits = limits
         """The parent's limits, for those its swarm did not record."""
+        self.sessions = sessions
+        """Where the parent's session is saved (its TTL, whether it is listed): a take
+        writes it."""
         self.lander = lander
         """Lands the work of background children's results just taken (agent_join)."""
         self.requests = 0
@@ -187,17 +200,31 @@ class RedisSpawner:
             wait_id, self.agent_id, self.swarm_id, turn, runs, any_, call_id, results,
             parent_run=self.run_id, token=self.token, workspace_state=state, host=self.host)))
 
-    def take(self, runs: dict[str, str], any_: bool, tag: str) -> str:
-        """The results of the settled ``runs`` not delivered yet, delivered now (in call
-        order; with ``any_``, as they settled); "" when none had settled."""
-        taken = self.ledger.deliver(list(runs.values()), tag)
+    def take(self, runs: dict[str, str], any_: bool, tag: str, session: Session,
+             call_id: str, notes: list[str]) -> str:
+        """Deliver the results of the settled ``runs`` not delivered yet (in call order;
+        with ``any_``, as they settled) into ``session``: the answer of ``call_id`` ("": a
+        message after its final answer), written with the marks in one transaction.
+        Returns the text added, "" when none had settled (nothing written)."""
+        cap = int(self.ledger.swarm_settings(self.swarm_id).get("output_cap") or 0)
+        store = self.sessions or RedisSessionStore(self.ledger.redis, index=False)
+
+        def message(taken: list[RunRecord]) -> Message:
+            if any_:
+                taken.sort(key=lambda r: r.settled)
+            got = {r.agent for r in taken}
+            text = "\n".join([*notes, joined_text(taken, [a for a in runs if a not in got],
+                                                   cap)])
+            return {"role": "tool", "tool_call_id": call_id, "content": text} if call_id \
+                else {"role": "user", "content": BACKGROUND_SETTLED + text}
+
+        if store.fence is not None:
+            store.fence()
+        taken = ride(self.outage, lambda: self.ledger.take(
+            session, list(runs.values()), tag, message, store.ttl, store.index))
         if not taken:
             return ""
-        if any_:
-            taken.sort(key=lambda r: r.settled)
-        got = {r.agent for r in taken}
-        cap = int(self.ledger.swarm_settings(self.swarm_id).get("output_cap") or 0)
-        return joined_text(taken, [a for a in runs if a not in got], cap)
+        return str(session.messages[-1]["content"])
 
     def cancel(self, runs: dict[str, str]) -> str:
         """Cancel the children of ``runs`` (and their subtrees); their results are never

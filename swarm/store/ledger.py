@@ -81,7 +81,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -89,6 +89,7 @@ import redis
 from redis.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
+from swarm.domain.messages import Message
 from swarm.domain.records import (
     ACTIVE,
     SETTLED,
@@ -1130,6 +1131,40 @@ class Ledger:
             metas = pipe.execute()
         return [int((json.loads(m).get("usage") or {}).get("total_tokens", 0)) if m else 0
                 for m in metas]
+
+    def take(self, session: Session, run_ids: list[str], tag: str,
+             message: Callable[[list[RunRecord]], Message], session_ttl: int,
+             index: bool) -> list[RunRecord]:
+        """The parent takes the settled runs of ``run_ids`` not delivered yet, in one
+        transaction: each marked delivered by ``tag``, and ``session`` written with
+        ``message(them)`` appended and unparked (then changed so here too); a crash leaves
+        both or neither: each result reaches the parent once. [] (nothing written) when none
+        had settled."""
+        rkeys = [keys.run(r) for r in run_ids]
+
+        def take(pipe: Pipeline) -> tuple[list[RunRecord], Message | None]:
+            runs = [RunRecord.from_hash(rid, cast("dict[str, str]", pipe.hgetall(key)))
+                    for rid, key in zip(run_ids, rkeys, strict=True)]
+            ready = [r for r in runs if r is not None and r.state in SETTLED
+                     and not r.delivered]
+            if not ready:
+                return [], None
+            said = message(ready)
+            pipe.multi()
+            for run in ready:
+                pipe.hset(keys.run(run.id), "delivered", tag)
+                pipe.hdel(keys.run(run.id), "waiter")
+            write_session(pipe, dataclasses.replace(
+                session, messages=[*session.messages, said], parked="", updated=time.time()),
+                session_ttl, index)
+            return ready, said
+
+        ready, said = cast("tuple[list[RunRecord], Message | None]",
+                           self._transaction(take, *rkeys))
+        if said is not None:
+            session.messages.append(said)
+            session.parked = ""
+        return ready
 
     def waiter_of(self, run_id: str) -> str:
         """The wait a background run's parent is parked on for it ("": none)."""
