@@ -303,3 +303,28 @@ def test_a_background_result_is_taken_once_in_the_same_write_as_the_session(
     assert spawner.outstanding([first, second, "anobody"]) == (
         {second: runs[second]}, [f"{first}: its result was given to you already",
                                  "anobody: not a child you started in the background"])
+
+
+def test_background_and_plain_calls_in_one_answer(
+        cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
+    """The plain call parks the parent as ever; the background one is answered with its
+    id in the same fan-in, and its result comes with the join after."""
+    model.responder = ByTask({
+        "MIXED-ROOT": [Reply(tool_calls=[background("MIXED-BG", "b"),
+                                         ToolCall("agent", {"message": "MIXED-PLAIN"}, id="p"),
+                                         ToolCall("agent_join", {}, id="no")]),
+                       Reply(tool_calls=[ToolCall("agent_join", {}, id="j")]),
+                       answer_with],
+        "MIXED-BG": [Reply(content="background done")],
+        "MIXED-PLAIN": [Reply(content="plain done")],
+    })
+    result = swarm_run(cluster, model, tmp_path, "MIXED-ROOT")
+    assert result.exit_code == 0, result.output
+    root = [r for r in model.requests if task_of(r) == "MIXED-ROOT"]
+    started, plain, refused = tool_results(root[1])
+    assert json.loads(started)["state"] == "started"
+    assert json.loads(plain)["answer"] == "plain done"
+    assert refused.startswith("error: agent_join cannot be called in an answer that also")
+    (joined,) = json.loads(tool_results(root[2])[0])["results"]
+    assert (joined["agent_id"], joined["answer"]) == (json.loads(started)["agent_id"],
+                                                      "background done")

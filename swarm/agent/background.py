@@ -16,6 +16,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from swarm import telemetry
+from swarm.agent.agent_types import BACKGROUND
 from swarm.agent.tools import Call, function_schema
 from swarm.domain.session import Session
 from swarm.domain.spawn import SpawnCall
@@ -50,7 +51,7 @@ AGENT_CANCEL = function_schema(
     {"ids": _IDS}, [])
 
 SCHEMAS = (AGENT_STATUS, AGENT_JOIN, AGENT_CANCEL)
-TOOLS = frozenset({"agent_status", "agent_join", "agent_cancel"})
+TOOLS = BACKGROUND  # offered with ``agent`` (a type that lists it gets them too)
 #: The tool call id that stands for the parent's final answer in a wait.
 ANSWER = ""
 

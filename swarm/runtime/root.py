@@ -409,6 +409,10 @@ def describe(event: dict[str, Any]) -> str:
         return f"[{who}] its work: {event.get('landing', '')}"
     if kind == "message":
         return f"[{who}] told: {(str(event.get('text', '')).splitlines() or [''])[0][:200]}"
+    if kind == "wait":
+        count = str(event.get("children", ""))
+        children = plural(int(count), "child", "children") if count.isdigit() else "children"
+        return f"[{who}] waits for {children} it started in the background"
     if kind in ("spawn", "dispatched", "joined"):
         count = str(event.get("children", ""))
         children = plural(int(count), "child", "children") if count.isdigit() else "children"
