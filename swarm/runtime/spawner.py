@@ -161,7 +161,9 @@ class RedisSpawner:
         tokens = self.ledger.tokens_of([r.agent for r in runs])
         rows = []
         for run, agent, used in zip(runs, agents, tokens, strict=True):
-            row: dict[str, Any] = {"agent_id": run.agent, "state": run.state}
+            latest = agent is not None and agent.run == run.id  # its state: waiting, say
+            row: dict[str, Any] = {"agent_id": run.agent,
+                                   "state": agent.state if latest and agent else run.state}
             if agent is not None:
                 row.update(type=agent.type or None, turns=agent.turns, last=agent.last or None)
             row.update(tokens=used, result="taken" if run.delivered else (
