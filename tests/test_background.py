@@ -328,3 +328,30 @@ def test_background_and_plain_calls_in_one_answer(
     (joined,) = json.loads(tool_results(root[2])[0])["results"]
     assert (joined["agent_id"], joined["answer"]) == (json.loads(started)["agent_id"],
                                                       "background done")
+
+
+def test_a_background_childs_work_lands_when_its_result_is_taken(
+        cluster: tuple[str, Path], model: ScriptedModelServer, client: redis_lib.Redis,
+        tmp_path: Path) -> None:
+    ledger = Ledger(client)
+    seen: dict[str, bool] = {}
+
+    def join_once_settled(request: dict[str, Any]) -> Reply:
+        wait_until(lambda: state_of(ledger, "LAND-CHILD") == "done", "the child settled")
+        seen["before"] = (tmp_path / "bg.txt").exists()
+        return Reply(tool_calls=[ToolCall("agent_join", {}, id="j")])
+
+    model.responder = ByTask({
+        "LAND-ROOT": [Reply(tool_calls=[background("LAND-CHILD", "b")]), join_once_settled,
+                      answer_with],
+        "LAND-CHILD": [Reply(tool_calls=[ToolCall("run_cli", {"command": "echo made > bg.txt"})]),
+                       Reply(content="wrote it")],
+    })
+    (tmp_path / "README").write_text("the parent's folder\n")  # seeded from it
+    result = swarm_run(cluster, model, tmp_path, "LAND-ROOT")
+    assert result.exit_code == 0, result.output
+    assert seen == {"before": False}  # settled, but not landed until taken
+    assert (tmp_path / "bg.txt").read_text() == "made\n"
+    root = [r for r in model.requests if task_of(r) == "LAND-ROOT"]
+    (joined,) = json.loads(tool_results(root[-1])[0])["results"]
+    assert joined["landing"] == "landed" and joined["files_changed"] == ["bg.txt"]
