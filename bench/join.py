@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(out: dict[str, Any]) -> list[str]:
     cfg = out["config"]
-    return [f"12. background join: {cfg['n']} children, one answering in {cfg['slow_delay']:.1f} s "
+    return [f"9. background join: {cfg['n']} children, one answering in {cfg['slow_delay']:.1f} s "
             f"and the rest in {cfg['delay']:.1f} s; seconds from the parent's fan-out to its "
             "next model call with a child's result (median of "
             f"{cfg['repeats']})",

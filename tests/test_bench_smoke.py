@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed", "land",
-         "page")
+         "page", "join")
 
 pytestmark = [
     pytest.mark.slow,
