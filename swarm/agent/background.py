@@ -202,6 +202,7 @@ class Background:
         if self.agent.guard is not None:
             self.agent.guard()
         if not children.take(runs, False, wait_id, self.agent.session, ANSWER, []):
+            self.agent.save()  # unparked: nothing was left to take
             return False
         self._land()
         return True
