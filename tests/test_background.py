@@ -355,3 +355,27 @@ def test_a_background_childs_work_lands_when_its_result_is_taken(
     root = [r for r in model.requests if task_of(r) == "LAND-ROOT"]
     (joined,) = json.loads(tool_results(root[-1])[0])["results"]
     assert joined["landing"] == "landed" and joined["files_changed"] == ["bg.txt"]
+
+
+def test_a_parent_holds_its_slot_while_it_works_and_gives_it_back_when_it_joins(
+        cluster: tuple[str, Path], model: ScriptedModelServer, tmp_path: Path) -> None:
+    """SWARM_MAX_PARALLEL=1: a parent in a worker holds the one slot, so its background
+    child waits; its join parks it and frees the slot, and the child runs."""
+    seen: dict[str, Any] = {}
+
+    def peeked(request: dict[str, Any]) -> Reply:
+        seen["status"] = json.loads(tool_results(request)[0])
+        return Reply(tool_calls=[ToolCall("agent_join", {}, id="j")])
+
+    model.responder = ByTask({
+        "SLOT-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "SLOT-PARENT"}, id="p")]),
+                      answer_with],
+        "SLOT-PARENT": [Reply(tool_calls=[background("SLOT-CHILD", "c")]),
+                        Reply(tool_calls=[ToolCall("agent_status", {}, id="s")]),
+                        peeked, answer_with],
+        "SLOT-CHILD": [Reply(content="ran once the slot was free")],
+    })
+    result = swarm_run(cluster, model, tmp_path, "SLOT-ROOT", SWARM_MAX_PARALLEL="1")
+    assert result.exit_code == 0, result.output
+    assert [row["state"] for row in seen["status"]] == ["waiting"]
+    assert "ran once the slot was free" in result.stdout
