@@ -73,6 +73,10 @@ def measure_job(cluster: Cluster, model: Any, n: int, turns: int, latency: float
         "peak_concurrent_model_requests": times.peak_concurrent_requests,
         "cpu_seconds": cpu, "cpu_total": round(sum(cpu.values()), 2),
         "redis_commands": after["commands"] - before["commands"],
+        "redis_commandstats": {k: v - before["commandstats"].get(k, 0)
+                               for k, v in sorted(after["commandstats"].items(),
+                                                  key=lambda kv: -kv[1])
+                               if v - before["commandstats"].get(k, 0) > 0},
     }
 
 
@@ -158,4 +162,9 @@ def report(out: dict[str, Any]) -> list[str]:
         big = out["jobs"][-1]
         lines.append(f"  CPU seconds at N={big['n']}: " + ", ".join(
             f"{k} {v:.1f}" for k, v in big["cpu_seconds"].items()))
+        if big.get("redis_commandstats"):
+            lines.append(f"  Redis commands a child at N={big['n']} (INFO commandstats, scripts' "
+                         "own calls included): " + ", ".join(
+                             f"{k} {v / big['n']:.1f}"
+                             for k, v in big["redis_commandstats"].items()))
     return lines
