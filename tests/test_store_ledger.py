@@ -477,6 +477,22 @@ def test_cancel_flags_the_subtree_and_settles_held_runs(redis: redis_py.Redis) -
     assert redis.llen(keys.swarm_waiting("s1")) == 0
 
 
+def test_the_cancel_flags_of_many_agents_are_read_in_one_command(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    redis.set(keys.cancel("a7"), "stop")
+
+    def calls() -> int:
+        stats = redis.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+    before = calls()
+    flags = ledger.cancelled([f"a{i}" for i in range(50)])
+    assert calls() - before == 1  # a worker polls its children's flags twice a second
+    assert flags == [i == 7 for i in range(50)]
+    assert ledger.cancelled([]) == []
+
+
 def test_a_settled_swarms_record_is_never_written_again(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     ledger.create_swarm("s-kept", "s-kept", "/w", "task", {}, "h", "sess",
