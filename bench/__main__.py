@@ -81,6 +81,11 @@ def parser() -> argparse.ArgumentParser:
                    "with the range (default 3)")
     g.add_argument("--repeat-max", type=int, default=200,
                    help="larger N run once (default 200)")
+    g.add_argument("--model-processes", type=int, default=-1, metavar="K",
+                   help="the scripted model in K processes of its own on one port "
+                   "(SO_REUSEPORT), so a wide job measures the swarm and not this process; "
+                   "0: in this process, beside the root (default: a quarter of the cores, "
+                   "1 to 4)")
     g = p.add_argument_group("processes")
     g.add_argument("--processes-n", type=int, default=50,
                    help="children of the process-per-child comparison (default 50)")
