@@ -64,7 +64,8 @@ KINDS = [
 ]
 
 CONFIGURED = {
-    "session": f"SESSION_TTL {keys.SESSION_TTL} s (SWARM_SESSION_TTL), refreshed every save",
+    "session": f"SESSION_TTL {keys.SESSION_TTL} s (SWARM_SESSION_TTL), refreshed by a save "
+               "(at most once a minute per process)",
     "ledger agent": f"LEDGER_TTL {keys.LEDGER_TTL} s, set at creation",
     "ledger run": f"LEDGER_TTL {keys.LEDGER_TTL} s, set at creation",
     "ledger request": f"LEDGER_TTL {keys.LEDGER_TTL} s, set at creation",
