@@ -2,11 +2,11 @@
 
 Every :data:`POLL` seconds it asks Redis in one command (MGET) which children were
 cancelled (``swarm cancel``) and checks their wall-time limits; every ``lease / 3`` seconds
-it renews all their leases in one more round trip (a child whose lease was taken over by
-another worker is told to stop). Every :data:`FLUSH` seconds it writes what the children
-reported meanwhile (their last action and turn count, ``tool`` events; the tokens spent
-every :data:`TOKENS_EVERY` seconds) in one pipeline, and runs the flush hooks (the
-children's Flower events, batched).
+it renews all their leases in one more round trip, one script (a child whose lease was
+taken over by another worker is told to stop). Every :data:`FLUSH` seconds it writes what
+the children reported meanwhile (their last action and turn count, ``tool`` events; the
+tokens spent every :data:`TOKENS_EVERY` seconds) in one pipeline, and runs the flush hooks
+(the children's Flower events, batched).
 
 So a running child costs no thread of its own, no command a second, and no round trip
 for its progress: under load, every blocking call of a thread is another wait for the
@@ -220,10 +220,7 @@ class Supervisor:
         if not children:
             return
         sent = time.monotonic()
-        with self.redis.pipeline(transaction=False) as pipe:
-            for child in children:
-                self.ledger.renew(child.run_id, child.token, self.lease, client=pipe)
-            renewed = pipe.execute()
+        renewed = self.ledger.renew_all([(c.run_id, c.token) for c in children], self.lease)
         for child, ok in zip(children, renewed, strict=True):
             if ok:
                 child.valid_until = sent + self.lease - self.margin
