@@ -116,7 +116,7 @@ def median_job(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return job
 
 
-def cluster_pids(cluster: Cluster, client: Any, model: Any) -> dict[str, int]:
+def cluster_pids(cluster: Cluster, client: Any, model: Any = None) -> dict[str, int]:
     model_pids = getattr(model, "pids", [])
     pids = {"root" if model_pids else "root + model": os.getpid(),
             "Redis": int(client.info("server")["process_id"]),
