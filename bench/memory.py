@@ -112,12 +112,12 @@ def watch(worker: int, n: int, done: threading.Event, out: dict[str, Any]) -> No
             time.sleep(0.1)
         out.update(rss_alive_kb=max(samples), threads=threads, peak_before_alive_kb=peak,
                    processes=box_processes(worker))
-    opened: set[int] = set()
+    opened: set[int] = set()  # by pid: a command run again waits at its gate again
     while not done.is_set():
         for i, pid in gates(worker).items():
-            if i not in opened and open_gate(pid, i):
-                opened.add(i)
-        done.wait(0.1)
+            if pid not in opened and open_gate(pid, i):
+                opened.add(pid)
+        done.wait(0.1 if len(opened) < n else 1.0)  # all let go: only a straggler is left
 
 
 def measure(n: int, latency: float) -> dict[str, Any]:
