@@ -147,10 +147,11 @@ def measure(n: int, latency: float) -> dict[str, Any]:
     alive = out.get("alive", 0)
     if alive < n:
         raise RuntimeError(
-            f"memory: {alive} of {n} children reached their gate within {READY_TIMEOUT:.0f} s "
-            f"(SWARM_SANDBOX={_kept_env.get('SWARM_SANDBOX', '')}): no figure per child. Each "
-            f"runs `{COMMAND}` in its workspace; see the job's answers for what the command "
-            "said, and the worker's log")
+            f"memory: {alive} of {n} children were alive at once, at their gate, after "
+            f"{out.get('ready_after_s', 0):.0f} s (the job ended, or {READY_TIMEOUT:.0f} s "
+            f"passed; SWARM_SANDBOX={_kept_env.get('SWARM_SANDBOX', '')}): no figure per "
+            f"child. Each runs `{COMMAND}` in its workspace: see what the command said in "
+            "the job's sessions (`swarm logs`), and the worker's log")
     procs = out.get("processes", {})
     grown = out["rss_alive_kb"] - baseline
     return {"n": n, "worker_threads_configured": n + 16, "alive_at_once": alive,
