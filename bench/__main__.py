@@ -83,6 +83,11 @@ def parser() -> argparse.ArgumentParser:
                    "with the range (default 3)")
     g.add_argument("--repeat-max", type=int, default=200,
                    help="larger N run once (default 200)")
+    g.add_argument("--model-processes", type=int, default=-1, metavar="K",
+                   help="the scripted model in K processes of its own on one port "
+                   "(SO_REUSEPORT), so a wide job measures the swarm and not this process; "
+                   "0: in this process, beside the root (default: a quarter of the cores, "
+                   "1 to 4)")
     g = p.add_argument_group("processes")
     g.add_argument("--processes-n", type=int, default=50,
                    help="children of the process-per-child comparison (default 50)")
@@ -98,6 +103,10 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("redis")
     g.add_argument("--redis-n", type=int, default=200,
                    help="children of the Redis cost runs (default 200)")
+    g.add_argument("--redis-trace", type=int, default=10, metavar="N",
+                   help="then one job of N children (T = --turns, at --latency) under MONITOR: "
+                   "where a child's commands go, by command and kind of key (0: off; "
+                   "default 10)")
     g = p.add_argument_group("mcp")
     g.add_argument("--mcp-n", type=int, default=64,
                    help="children sharing one MCP server, and servers started one per child "
@@ -165,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
 SMOKE = {"spawn_sizes": [1, 2], "spawn_repeats": 1, "sizes": [1, 4], "repeats": 2,
          "repeat_max": 1, "latency": 0.05,
          "turns": 2, "workers": 1, "concurrency": 16, "processes_n": 3, "memory_sizes": [5],
-         "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "mcp_n": 3,
+         "workers_n": 4, "workers_configs": "1,hosts", "redis_n": 4, "redis_trace": 2, "mcp_n": 3,
          "cold_repeats": 1, "cold_sizes": [1, 3], "cold_workers": 1, "seed_n": 4,
          "seed_files": 50, "seed_mb": 0.5, "seed_repeats": 1, "seed_view": "auto",
          "seed_command": "ls | wc -l", "land_n": 4, "land_files": 50, "land_mb": 0.5,

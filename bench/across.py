@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from bench.common import Cluster, WorkerSpec, fmt_ms, log, model_server
-from bench.scaling import cluster_pids, measure_job
+from bench.scaling import cluster_pids, measure_job, model_processes
 from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
 
@@ -38,12 +38,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     configs = [c.strip() for c in args.workers_configs.split(",") if c.strip()]
     began = time.perf_counter()
     rows = []
-    with model_server(latency) as model:
+    with model_server(latency, model_processes(args)) as model:
         for config in configs:
             specs = specs_for(config, n)
             with Cluster(specs) as cluster:
                 client = connect(cluster.url)
-                pids = cluster_pids(cluster, client)
+                pids = cluster_pids(cluster, client, model)
                 measure_job(cluster, model, 2 * len(specs) + 1, 1, 0.05, 64, pids)
                 job = measure_job(cluster, model, n, turns, latency, max(64, n), pids)
                 ledger = Ledger(client)

@@ -477,7 +477,7 @@ class JobScript:
         return Reply(content=f"[bench model: no script for {task[:60]!r}]")
 
 
-def model_env(model: TimedModelServer) -> dict[str, str]:
+def model_env(model: Any) -> dict[str, str]:
     """The settings a `swarm run` needs to talk to the scripted model."""
     return {"SWARM_BASE_URL": model.base_url, "SWARM_MODEL": MODEL, "SWARM_API_KEY": "bench",
             "SWARM_RETRIES": "1", "SWARM_YES": "1"}
@@ -499,7 +499,7 @@ def new_tag() -> str:
     return f"B{os.getpid()}J{_jobs}"
 
 
-def run_root(cluster: Cluster, model: TimedModelServer, script: JobScript, *,
+def run_root(cluster: Cluster, model: Any, script: JobScript, *,
              max_parallel: int, timeout: float = 180.0,
              workspace: Path | None = None) -> RootRun:
     """Run the root of ``script`` as ``swarm run --workers 0`` in this process, on ``cluster``
@@ -577,7 +577,15 @@ def analyse(script: JobScript, run: RootRun, invoked_at: float | None = None) ->
 
 
 @contextlib.contextmanager
-def model_server(latency: float) -> Iterator[TimedModelServer]:
+def model_server(latency: float, processes: int = 0) -> Iterator[Any]:
+    """The timed scripted model: in this process, or in ``processes`` of its own
+    (:class:`bench.model_procs.ModelProcesses`)."""
+    if processes:
+        from bench.model_procs import ModelProcesses
+
+        with ModelProcesses(latency, processes) as procs:
+            yield procs
+        return
     with TimedModelServer(latency=latency, models=[MODEL], nodelay=True) as model:
         yield model
 

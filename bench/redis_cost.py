@@ -64,7 +64,8 @@ KINDS = [
 ]
 
 CONFIGURED = {
-    "session": f"SESSION_TTL {keys.SESSION_TTL} s (SWARM_SESSION_TTL), refreshed every save",
+    "session": f"SESSION_TTL {keys.SESSION_TTL} s (SWARM_SESSION_TTL), refreshed by a save "
+               "(at most once a minute per process)",
     "ledger agent": f"LEDGER_TTL {keys.LEDGER_TTL} s, set at creation",
     "ledger run": f"LEDGER_TTL {keys.LEDGER_TTL} s, set at creation",
     "ledger request": f"LEDGER_TTL {keys.LEDGER_TTL} s, set at creation",
@@ -158,6 +159,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         streams = {name: client.xlen(name) for name in (keys.spawn_stream(), keys.settle_stream())}
         census = key_census(client)
         child_mem = children_bytes(client, three["swarm"])
+        traced = None
+        if args.redis_trace:
+            from bench.redis_trace import trace
+
+            traced = trace(cluster, model, args.redis_trace, args.turns, args.latency,
+                           max(64, args.redis_trace))
+            log(f"redis: traced N={args.redis_trace}: {traced['per_child']:.0f} commands per "
+                "child under MONITOR")
         server = client.info("memory")
         client.close()
     extra_turns = n * (three["turns"] - one["turns"])
@@ -181,6 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "configured": CONFIGURED.get(k, "none")}
                        for k, v in census.items()},
             "server_used_memory_mib": int(server["used_memory"]) / 2**20,
+            "trace": traced,
             "run_seconds": time.perf_counter() - began}
 
 
@@ -227,4 +237,8 @@ def report(out: dict[str, Any]) -> list[str]:
                      f"{ttl_text(v):<16} | {v['configured']}")
     lines.append(f"  spawn/settle streams: {out['streams_xlen']} entries after "
                  f"{2 * cfg['n'] + 5} children; TTL 'none' = kept until deleted")
+    if out.get("trace"):
+        from bench.redis_trace import report as trace_report
+
+        lines.extend(trace_report(out["trace"]))
     return lines

@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    CLK_TCK,
     Cluster,
     JobScript,
     WorkerSpec,
@@ -38,8 +40,29 @@ from bench.spawn import cpu_seconds
 from swarm.store.connection import connect
 
 
+def reaped_cpu_seconds(pid: int) -> float:
+    """CPU seconds of the children ``pid`` has waited for (cutime + cstime): a worker's
+    command processes (its boxes: bubblewrap, slirp4netns, the shells)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / CLK_TCK
+
+
 def cpu_of(pids: dict[str, int]) -> dict[str, float]:
-    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+    out = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    out.update({f"{name} commands": reaped_cpu_seconds(pid) for name, pid in pids.items()
+                if name.startswith("worker")})
+    return out
+
+
+def kind_of(name: str) -> str:
+    """The kind of process a CPU figure is of: root, coordinator, workers, worker commands,
+    Redis, model."""
+    if name.startswith("worker"):
+        return "worker commands" if name.endswith("commands") else "workers"
+    return name.split("#")[0]
 
 
 def measure_job(cluster: Cluster, model: Any, n: int, turns: int, latency: float,
@@ -58,7 +81,10 @@ def measure_job(cluster: Cluster, model: Any, n: int, turns: int, latency: float
     times = analyse(script, run, invoked)
     ideal = (turns + 3) * latency
     phase_ideal = (turns + 1) * latency
-    cpu = {k: round(cpu_after[k] - cpu_before[k], 2) for k in pids}
+    cpu = {k: round(cpu_after[k] - cpu_before[k], 2) for k in cpu_before}
+    by_kind: dict[str, float] = {}
+    for k, v in cpu.items():
+        by_kind[kind_of(k)] = by_kind.get(kind_of(k), 0.0) + v
     return {
         "n": n, "turns": turns, "latency": latency, "wall": run.wall, "ideal": ideal,
         "ratio": run.wall / ideal, "efficiency": ideal / run.wall,
@@ -72,7 +98,12 @@ def measure_job(cluster: Cluster, model: Any, n: int, turns: int, latency: float
         "models_requests": times.models_requests,
         "peak_concurrent_model_requests": times.peak_concurrent_requests,
         "cpu_seconds": cpu, "cpu_total": round(sum(cpu.values()), 2),
+        "cpu_ms_per_child": {k: round(v * 1000 / n, 2) for k, v in by_kind.items()},
         "redis_commands": after["commands"] - before["commands"],
+        "redis_commandstats": {k: v - before["commandstats"].get(k, 0)
+                               for k, v in sorted(after["commandstats"].items(),
+                                                  key=lambda kv: -kv[1])
+                               if v - before["commandstats"].get(k, 0) > 0},
     }
 
 
@@ -85,12 +116,21 @@ def median_job(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return job
 
 
-def cluster_pids(cluster: Cluster, client: Any) -> dict[str, int]:
-    pids = {"bench (root + model)": os.getpid(),
-            "redis": int(client.info("server")["process_id"]),
+def cluster_pids(cluster: Cluster, client: Any, model: Any = None) -> dict[str, int]:
+    model_pids = getattr(model, "pids", [])
+    pids = {"root" if model_pids else "root + model": os.getpid(),
+            "Redis": int(client.info("server")["process_id"]),
             "coordinator": cluster.procs["coordinator"].pid}
     pids.update({f"worker{i}": pid for i, pid in enumerate(cluster.worker_pids)})
+    pids.update({f"model#{i}": pid for i, pid in enumerate(model_pids)})
     return pids
+
+
+def model_processes(args: argparse.Namespace) -> int:
+    """``--model-processes``: -1 (auto) is a quarter of the cores, 1 to 4."""
+    if args.model_processes >= 0:
+        return int(args.model_processes)
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -98,9 +138,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     specs = [WorkerSpec(args.concurrency) for _ in range(args.workers)]
     began = time.perf_counter()
     jobs = []
-    with model_server(args.latency) as model, Cluster(specs) as cluster:
+    procs = model_processes(args)
+    with model_server(args.latency, procs) as model, Cluster(specs) as cluster:
         client = connect(cluster.url)
-        pids = cluster_pids(cluster, client)
+        pids = cluster_pids(cluster, client, model)
         machine = machine_info(client)
         client.close()
         log(f"scaling: cluster of {args.workers} x {args.concurrency} ready in "
@@ -125,6 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        "workers": args.workers, "concurrency": args.concurrency,
                        "max_parallel": args.max_parallel or "max(64, N)",
                        "repeats": args.repeats, "repeat_max": args.repeat_max,
+                       "model_processes": procs,
                        "child": f"{args.turns} turns of one command (echo) + 1 answer",
                        "ideal": "(turns + 3) x latency: root 2 calls + child turns + 1"},
             "jobs": jobs, "run_seconds": time.perf_counter() - began}
@@ -139,7 +181,9 @@ def report(out: dict[str, Any]) -> list[str]:
     cfg = out["config"]
     lines = [f"2. scaling: {cfg['workers']} worker process(es) x {cfg['concurrency']} threads, "
              f"T={cfg['turns']} command turns + 1 answer per child, model latency "
-             f"{cfg['latency']:g} s, max_parallel {cfg['max_parallel']}; ideal = (T+3) x latency",
+             f"{cfg['latency']:g} s, max_parallel {cfg['max_parallel']}; ideal = (T+3) x latency"
+             f"; the model in {cfg.get('model_processes', 0) or 'the bench'} process(es) "
+             f"{'of its own' if cfg.get('model_processes') else ''}",
              f"  each N up to {cfg.get('repeat_max', 0)}: the job of median wall time of "
              f"{cfg.get('repeats', 1)}, the range of all under 'runs'; larger N: one job",
              "     N | wall s | runs s      | ideal | wall/ideal | effic. | children s (ideal) "
@@ -158,4 +202,12 @@ def report(out: dict[str, Any]) -> list[str]:
         big = out["jobs"][-1]
         lines.append(f"  CPU seconds at N={big['n']}: " + ", ".join(
             f"{k} {v:.1f}" for k, v in big["cpu_seconds"].items()))
+        lines.append("  CPU ms a child, by kind of process: " + "; ".join(
+            f"N={j['n']}: " + ", ".join(f"{k} {v:.1f}" for k, v in j["cpu_ms_per_child"].items())
+            for j in out["jobs"] if "cpu_ms_per_child" in j))
+        if big.get("redis_commandstats"):
+            lines.append(f"  Redis commands a child at N={big['n']} (INFO commandstats, scripts' "
+                         "own calls included): " + ", ".join(
+                             f"{k} {v / big['n']:.1f}"
+                             for k, v in big["redis_commandstats"].items()))
     return lines

@@ -127,6 +127,8 @@ class _BenchHTTPServer(HTTPServer):
 class TimedModelServer(ScriptedModelServer):
     """:class:`ScriptedModelServer` that records a :class:`Stamp` per request."""
 
+    server_class: type[HTTPServer] = _BenchHTTPServer
+
     def __init__(self, *, nodelay: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.nodelay = nodelay
@@ -148,7 +150,7 @@ class TimedModelServer(ScriptedModelServer):
 
     def start(self) -> TimedModelServer:  # as the parent's, with the timed handler
         if self._httpd is None:
-            self._httpd = _BenchHTTPServer((self.host, self.port), _TimedHandler)
+            self._httpd = self.server_class((self.host, self.port), _TimedHandler)
             self._httpd.owner = self
             self.port = self._httpd.server_address[1]
             self._thread = threading.Thread(

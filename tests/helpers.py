@@ -80,3 +80,10 @@ def make_agent(
         observer=observer or Observer(),
         config=AgentConfig(**config),
     )
+
+
+def scripts_run(redis_: Any) -> int:
+    """EVALSHA calls that ran a script on the server (INFO commandstats; a first call
+    answered NOSCRIPT, then sent again by redis-py, counts once)."""
+    stats = redis_.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))

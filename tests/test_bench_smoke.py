@@ -49,6 +49,12 @@ def test_bench_smoke_runs_every_part(tmp_path: Path) -> None:
     assert all(r["wall"] > 0 for r in cold["rows"].values())
     processes = json.loads((tmp_path / "processes-smoke.json").read_text())
     assert len(processes["ways"]) == 4
+    memory = json.loads((tmp_path / "memory-smoke.json").read_text())
+    assert [r["alive_at_once"] for r in memory["rows"]] == [5]  # else the part fails
+    scaled = scaling["jobs"][-1]
+    assert {"root", "workers", "Redis", "model"} <= set(scaled["cpu_ms_per_child"])
+    redis = json.loads((tmp_path / "redis-smoke.json").read_text())
+    assert redis["trace"]["per_child"] > 0 and redis["trace"]["by_label"]
     for heading in ("1. spawn", "2. scaling", "3. the same job", "4. memory",
                     "5. across workers", "6. Redis cost", "7. cold start"):
         assert heading in done.stdout, done.stdout[-3000:]
@@ -64,5 +70,6 @@ def test_bench_help_lists_the_options() -> None:
     done = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0
-    for option in ("--smoke", "--only", "--latency", "--sizes"):
+    for option in ("--smoke", "--only", "--latency", "--sizes", "--model-processes",
+                   "--redis-trace"):
         assert option in done.stdout

@@ -24,6 +24,7 @@ from swarm.store.ledger import (
     result_text,
 )
 from swarm.store.sessions import RedisSessionStore
+from tests.helpers import scripts_run
 
 PARENT = AgentRecord(id="aparent", swarm="s1", workspace="/work/parent", host="host-a",
                      kind="root")
@@ -134,6 +135,26 @@ def test_leases_and_grace_periods_are_on_the_servers_clock(
     assert ledger.reap(60.0) == []  # a fast coordinator reaps nothing early
     other = ledger.start(run, "s1", "intruder", 30.0, "host-b")  # nor can a fast worker
     assert other is not None and not other.claimed
+
+
+def test_renew_all_pushes_the_leases_its_tokens_still_hold_in_one_script(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    swarm_with(ledger, child(1), child(2), child(3))
+    for n in (1, 2, 3):
+        run = ledger.run(f"r{n}")
+        assert run is not None and ledger.start(run, "s1", f"tok{n}", 5.0, "host-a")
+    before = {n: float(redis.hget(keys.run(f"r{n}"), "lease_until")) for n in (1, 2, 3)}
+    scripts = scripts_run(redis)
+    assert ledger.renew_all([("r1", "tok1"), ("r2", "stolen"), ("r3", "tok3")], 60.0) == \
+        [True, False, True]
+    assert scripts_run(redis) == scripts + 1
+    for n in (1, 3):
+        until = float(redis.hget(keys.run(f"r{n}"), "lease_until"))
+        assert abs(until - (server_now(redis) + 60)) < 5 and until > before[n]
+        assert abs(redis.zscore(keys.leases(), f"r{n}") - until) < 1e-3
+    assert float(redis.hget(keys.run("r2"), "lease_until")) == before[2]  # not its token
+    assert ledger.renew_all([], 60.0) == []
 
 
 def test_a_runs_wall_time_counts_across_parks_and_takeovers(redis: redis_py.Redis) -> None:
@@ -475,6 +496,22 @@ def test_cancel_flags_the_subtree_and_settles_held_runs(redis: redis_py.Redis) -
     held = ledger.run("r2")
     assert held is not None and held.state == "cancelled"
     assert redis.llen(keys.swarm_waiting("s1")) == 0
+
+
+def test_the_cancel_flags_of_many_agents_are_read_in_one_command(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    redis.set(keys.cancel("a7"), "stop")
+
+    def calls() -> int:
+        stats = redis.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+    before = calls()
+    flags = ledger.cancelled([f"a{i}" for i in range(50)])
+    assert calls() - before == 1  # a worker polls its children's flags twice a second
+    assert flags == [i == 7 for i in range(50)]
+    assert ledger.cancelled([]) == []
 
 
 def test_a_settled_swarms_record_is_never_written_again(redis: redis_py.Redis) -> None:

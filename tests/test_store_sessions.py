@@ -55,7 +55,7 @@ def test_round_trip(redis: redis_py.Redis) -> None:
 
 
 def test_save_replaces_whole_and_refreshes_ttl(redis: redis_py.Redis) -> None:
-    store = RedisSessionStore(redis, ttl=100)
+    store = RedisSessionStore(redis, ttl=100, refresh=0)
     store.save(make("s1", 1.0))
     redis.expire(keys.session("s1"), 5)
     store.save(make("s1", 2.0, [{"role": "user", "content": "second"}]))
@@ -64,6 +64,25 @@ def test_save_replaces_whole_and_refreshes_ttl(redis: redis_py.Redis) -> None:
     loaded = store.load("s1")
     assert loaded is not None and loaded.messages == [{"role": "user", "content": "second"}]
     assert redis.zscore(keys.sessions_index(), "s1") == 2.0
+
+
+def test_saves_soon_after_a_refresh_send_no_expire_but_a_key_made_again_gets_its_ttl(
+        redis: redis_py.Redis) -> None:
+    store = RedisSessionStore(redis, ttl=1000, refresh=60)
+    store.save(make("s1", 1.0))
+    assert 990 < redis.ttl(keys.session("s1")) <= 1000
+    redis.expire(keys.session("s1"), 500)
+    before = redis.info("commandstats").get("cmdstat_expire", {}).get("calls", 0)
+    store.save(make("s1", 2.0))  # within a minute of the refresh: no EXPIRE
+    assert redis.info("commandstats").get("cmdstat_expire", {}).get("calls", 0) == before
+    assert 490 < redis.ttl(keys.session("s1")) <= 500
+    redis.delete(keys.session("s1"))
+    store.save(make("s1", 3.0))  # the key was gone: made again, with its TTL
+    assert 990 < redis.ttl(keys.session("s1")) <= 1000
+    RedisSessionStore(redis, ttl=1000, refresh=60).save(make("s2", 1.0))
+    redis.expire(keys.session("s2"), 500)
+    RedisSessionStore(redis, ttl=1000, refresh=60).save(make("s2", 2.0))  # another store
+    assert 990 < redis.ttl(keys.session("s2")) <= 1000
 
 
 def test_list_most_recent_first_and_prunes_expired(redis: redis_py.Redis) -> None:

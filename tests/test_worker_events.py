@@ -6,7 +6,9 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import redis as redis_py
+from celery.contrib.testing.worker import start_worker
 
 from swarm.broker.app import app, configure
 from swarm.broker.events import BufferedEvents
@@ -73,5 +75,35 @@ def test_buffered_progress_events_reach_a_receiver(redis: redis_py.Redis,
         assert [e["turn"] for e in got] == [0, 1, 2]
         assert {(e["uuid"], e["hostname"], e["last"]) for e in got} == \
             {("r1", "w1@test", "run_cli: echo hi")}
+    finally:
+        tap.close()
+
+
+@app.task(name="tests.worker_events.noop", ignore_result=True)  # type: ignore[untyped-decorator]
+def noop() -> None:
+    """A task whose events (received, started, succeeded) are all there is to it."""
+
+
+def publishes(redis_: redis_py.Redis) -> int:
+    return int(redis_.info("commandstats").get("cmdstat_publish", {}).get("calls", 0))
+
+
+def test_a_workers_task_events_go_out_together_not_one_publish_each(
+        redis: redis_py.Redis, redis_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    configure(redis_server)
+    monkeypatch.setitem(app.conf, "task_send_sent_event", False)  # the worker's events only
+    tap = Tap()
+    try:
+        with start_worker(app, pool="threads", concurrency=8, perform_ping_check=False,
+                          loglevel="WARNING", shutdown_timeout=10):
+            before = publishes(redis)
+            for _ in range(20):
+                noop.delay()
+            tap.wait_for("task-succeeded", 20)
+            sent = publishes(redis) - before
+        got = [e for e in tap.events if e.get("type", "").startswith("task-")]
+        assert len(got) >= 60  # received, started, succeeded: 3 a task
+        # Flushed every 0.2 s: a few messages (3-4 seen; 26 when each tick flushed).
+        assert sent <= 10, f"{sent} publishes for {len(got)} task events"
     finally:
         tap.close()

@@ -3,7 +3,9 @@
 Celery's and Flower's event receivers take a list body apart, so buffered task events
 cost one publish per flush instead of one per event. Used for the children's progress
 (``task-progress``, flushed by the worker's supervisor) and for the coordinator's
-``task-sent`` events (flushed after each batch of dispatched runs).
+``task-sent`` events (flushed after each batch of dispatched runs). A worker's own task
+events (received, started, succeeded) are Celery's, buffered by it and published every
+0.2 s (:class:`swarm.broker.app.TaskEventsEvery`).
 """
 
 from __future__ import annotations

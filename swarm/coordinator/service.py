@@ -49,6 +49,8 @@ BLOCK_MS = 1000
 BATCH = 64
 #: Seconds between passes over dead coordinators' entries and dead workers' runs.
 REAP_EVERY = 2.0
+#: Seconds between the coordinator's heartbeats (its key lives ``keys.HEARTBEAT_TTL``).
+BEAT_EVERY = 1.0
 #: Seconds a swarm's limits are remembered (they are fixed when the swarm is created).
 LIMITS_TTL = 5.0
 
@@ -77,11 +79,14 @@ class Coordinator:
     def run(self) -> None:
         """Serve until :attr:`stop` is set."""
         self.ledger.open_inbox()
-        last_reclaim = 0.0
+        last_reclaim = last_beat = 0.0
         while not self.stop.is_set():
             try:
-                self.redis.set(keys.heartbeat("coordinator", self.name), time.time(),
-                               ex=keys.HEARTBEAT_TTL)
+                # A pass per batch handled: under load, many a second; one beat a second does.
+                if time.monotonic() - last_beat >= BEAT_EVERY:
+                    self.redis.set(keys.heartbeat("coordinator", self.name), time.time(),
+                                   ex=keys.HEARTBEAT_TTL)
+                    last_beat = time.monotonic()
                 if time.monotonic() - last_reclaim > REAP_EVERY:
                     self.reclaim()
                     self.reap()

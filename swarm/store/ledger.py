@@ -293,6 +293,29 @@ end
 return 0
 """
 
+# _RENEW for many runs at once (a worker's running children): one TIME and one ZADD for
+# all. KEYS: leases, then the runs; ARGV: the lease, then each run's token, then its id.
+_RENEW_ALL = _NOW + """
+local n = #KEYS - 1
+local until_ = now + tonumber(ARGV[1])
+local out, members = {}, {}
+for i = 1, n do
+  if redis.call('HGET', KEYS[i + 1], 'lease') == ARGV[i + 1] then
+    redis.call('HSET', KEYS[i + 1], 'lease_until', tostring(until_))
+    members[#members + 1] = until_
+    members[#members + 1] = ARGV[i + 1 + n]
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+if #members > 0 then redis.call('ZADD', KEYS[1], unpack(members)) end
+return out
+"""
+
+#: Runs renewed by one call of _RENEW_ALL (a script's arguments are unpacked onto Lua's stack).
+RENEW_BATCH = 500
+
 # Who holds each run's lease now: its token while it runs and its lease has not run out on
 # the server's clock, else ''. Read only.
 _HOLDERS = _NOW + """
@@ -793,6 +816,7 @@ class Ledger:
         self._settle = redis_.register_script(_SETTLE)
         self._start = redis_.register_script(_START)
         self._renew = redis_.register_script(_RENEW)
+        self._renew_all = redis_.register_script(_RENEW_ALL)
         self._hand_back = redis_.register_script(_HAND_BACK)
         self._release = redis_.register_script(_RELEASE)
         self._park = redis_.register_script(_PARK)
@@ -965,11 +989,11 @@ class Ledger:
         return None if reason is None else str(reason)
 
     def cancelled(self, agent_ids: list[str]) -> list[bool]:
-        """Which of ``agent_ids`` are flagged cancelled (one round trip)."""
-        with self.redis.pipeline(transaction=False) as pipe:
-            for aid in agent_ids:
-                pipe.exists(keys.cancel(aid))
-            return [bool(n) for n in pipe.execute()]
+        """Which of ``agent_ids`` are flagged cancelled: one MGET, one command whatever
+        their number (a worker polls its running children's flags every half second)."""
+        if not agent_ids:
+            return []
+        return [v is not None for v in self.redis.mget([keys.cancel(a) for a in agent_ids])]
 
     # -- the parent: park on a request ------------------------------------------------------
 
@@ -1384,6 +1408,17 @@ class Ledger:
         ``execute()``."""
         return bool(self._renew(keys=[keys.run(run_id), keys.leases()],
                                 args=[token, lease, run_id], client=client))
+
+    def renew_all(self, leases: list[tuple[str, str]], lease: float) -> list[bool]:
+        """:meth:`renew` of many runs, given as (run id, token): which still held theirs.
+        One script a :data:`RENEW_BATCH` runs: a worker renews all its children at once."""
+        out: list[bool] = []
+        for i in range(0, len(leases), RENEW_BATCH):
+            batch = leases[i:i + RENEW_BATCH]
+            got = self._renew_all(keys=[keys.leases(), *(keys.run(r) for r, _ in batch)],
+                                  args=[lease, *(t for _, t in batch), *(r for r, _ in batch)])
+            out.extend(bool(x) for x in cast("list[int]", got))
+        return out
 
     def lease_holders(self, run_ids: list[str]) -> dict[str, str]:
         """The lease token that holds each of ``run_ids`` now: "" for a run that is not

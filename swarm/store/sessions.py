@@ -10,6 +10,8 @@ from __future__ import annotations
 import builtins
 import json
 import logging
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -24,6 +26,12 @@ from swarm.store.connection import Outage, ride, store_errors
 
 log = logging.getLogger(__name__)
 
+#: Seconds at most between a store's refreshes of a saved session's TTL (a hundredth of the
+#: TTL when that is shorter): the session lives at least its TTL less this after its last save.
+REFRESH = 60.0
+#: Sessions whose last refresh a store remembers (forgotten all at once past it).
+REFRESHED_MAX = 10_000
+
 
 @dataclass
 class LoadedSession(Session):
@@ -33,13 +41,19 @@ class LoadedSession(Session):
 
 
 class RedisSessionStore:
-    """:class:`swarm.agent.protocols.SessionStore` on Redis; every save refreshes the TTL."""
+    """:class:`swarm.agent.protocols.SessionStore` on Redis; a save refreshes the TTL (at
+    most every :attr:`refresh` seconds per store and session)."""
 
     def __init__(self, redis: redis.Redis, ttl: int = keys.SESSION_TTL,
                  index: bool = True, outage: Outage | None = None,
-                 fence: Callable[[], None] | None = None) -> None:
+                 fence: Callable[[], None] | None = None,
+                 refresh: float | None = None) -> None:
         self.redis = redis
         self.ttl = ttl
+        self.refresh = min(REFRESH, ttl / 100) if refresh is None else refresh
+        """Seconds a save's TTL refresh holds for this store: a save sooner after it sends
+        no EXPIRE (a running agent saves every few seconds; each EXPIRE is a command)."""
+        self._refreshed: dict[str, float] = {}
         self.index = index
         """List saved sessions in ``swarm sessions`` (children of a swarm are not)."""
         self.outage = outage
@@ -50,16 +64,25 @@ class RedisSessionStore:
         was lost (a try after an outage must not overwrite another process's work)."""
 
     def save(self, session: Session) -> None:
-        """Replace the stored session whole, index it by ``session.updated``, refresh its TTL."""
+        """Replace the stored session whole, index it by ``session.updated``, refresh its TTL
+        (unless this store did less than :attr:`refresh` seconds ago and the key was there)."""
 
         def save() -> None:
             if self.fence is not None:
                 self.fence()
+            now = time.monotonic()
+            refresh = now - self._refreshed.get(session.id, -math.inf) >= self.refresh
             # One HSET replaces both fields at once; no MULTI needed (one round trip).
             with store_errors(f"saving session {session.id}"), \
                     self.redis.pipeline(transaction=False) as pipe:
-                write_session(pipe, session, self.ttl, self.index)
-                pipe.execute()
+                write_session(pipe, session, self.ttl if refresh else None, self.index)
+                added = pipe.execute()[0]
+                if not refresh and added:  # deleted meanwhile: made again, with no TTL
+                    self.redis.expire(keys.session(session.id), self.ttl)
+            if refresh:
+                if len(self._refreshed) >= REFRESHED_MAX:
+                    self._refreshed.clear()
+                self._refreshed[session.id] = now
 
         ride(self.outage, save)  # replaces it whole: safe to repeat
 
@@ -208,11 +231,12 @@ def session_fields(session: Session) -> dict[str, str]:
             "messages": json.dumps(session.messages, ensure_ascii=False)}
 
 
-def write_session(pipe: Any, session: Session, ttl: int, index: bool) -> None:
+def write_session(pipe: Any, session: Session, ttl: int | None, index: bool) -> None:
     """Queue the writes of :meth:`RedisSessionStore.save` on ``pipe`` (a pipeline, or a
-    transaction after MULTI)."""
+    transaction after MULTI): the HSET first; the EXPIRE unless ``ttl`` is None."""
     key = keys.session(session.id)
     pipe.hset(key, mapping=session_fields(session))
-    pipe.expire(key, ttl)
+    if ttl is not None:
+        pipe.expire(key, ttl)
     if index:
         pipe.zadd(keys.sessions_index(), {session.id: session.updated})

@@ -1,11 +1,12 @@
 """One thread per worker process that watches every child the process runs.
 
-Every :data:`POLL` seconds it asks Redis in one round trip which children were cancelled
-(``swarm cancel``) and checks their wall-time limits; every ``lease / 3`` seconds it renews
-all their leases in one more round trip (a child whose lease was taken over by another
-worker is told to stop). Every :data:`FLUSH` seconds it writes what the children reported
-meanwhile (their last action and turn count, ``tool`` events, tokens spent) in one
-pipeline, and runs the flush hooks (the children's Flower events, batched).
+Every :data:`POLL` seconds it asks Redis in one command (MGET) which children were
+cancelled (``swarm cancel``) and checks their wall-time limits; every ``lease / 3`` seconds
+it renews all their leases in one more round trip, one script (a child whose lease was
+taken over by another worker is told to stop). Every :data:`FLUSH` seconds it writes what
+the children reported meanwhile (their last action and turn count, ``tool`` events; the
+tokens spent every :data:`TOKENS_EVERY` seconds) in one pipeline, and runs the flush hooks
+(the children's Flower events, batched).
 
 So a running child costs no thread of its own, no command a second, and no round trip
 for its progress: under load, every blocking call of a thread is another wait for the
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 POLL = 0.5
 #: Seconds between writes of the children's progress (and flushes of their Flower events).
 FLUSH = 0.2
+#: Seconds between writes of the tokens they spent (the swarm's count, without a budget:
+#: a swarm with a budget counts each model call at once), unless a child settles first.
+TOKENS_EVERY = 1.0
 
 
 @dataclass(eq=False)
@@ -65,7 +69,7 @@ class Supervisor:
     """Cancel flags, deadlines and lease renewals of a process's running children."""
 
     def __init__(self, redis_: redis.Redis, lease: float, poll: float = POLL,
-                 flush_every: float = FLUSH) -> None:
+                 flush_every: float = FLUSH, tokens_every: float = TOKENS_EVERY) -> None:
         """``lease`` is the lease's length in seconds; a child is stopped when it has gone
         unrenewed for ``lease - margin`` (:meth:`margin`)."""
         self.redis = redis_
@@ -73,6 +77,7 @@ class Supervisor:
         self.lease = lease
         self.poll = poll
         self.flush_every = flush_every
+        self.tokens_every = tokens_every
         self.flush_hooks: list[Callable[[], None]] = []
         """Called after each write of progress (e.g. to send buffered Flower events)."""
         self._children: set[Watched] = set()
@@ -128,8 +133,9 @@ class Supervisor:
             with self._lock:
                 self._tokens[swarm_id] += tokens
 
-    def flush(self) -> None:
-        """Write the pending progress now, in one pipeline, then run the flush hooks.
+    def flush(self, tokens: bool = True) -> None:
+        """Write the pending progress now, in one pipeline, and the tokens spent (unless
+        ``tokens`` is False: they wait for a later flush), then run the flush hooks.
 
         A settling child calls this first, so its ``tool`` events precede its ``settled``
         event. Progress is best effort: what a Redis failure loses is not retried, except
@@ -137,24 +143,29 @@ class Supervisor:
         with self._flush_lock:
             with self._lock:
                 progress, self._progress = self._progress, []
-                tokens, self._tokens = self._tokens, Counter()
+                spent: Counter[str] = Counter()
+                if tokens:
+                    spent, self._tokens = self._tokens, Counter()
             try:
-                self.ledger.report(progress, dict(tokens))
+                self.ledger.report(progress, dict(spent))
             except redis.RedisError as exc:
                 log.debug("progress not recorded: %s", exc)
                 with self._lock:
-                    self._tokens.update(tokens)
+                    self._tokens.update(spent)
             for hook in self.flush_hooks:
                 hook()
 
     # -- the thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        next_tokens = 0.0
         while True:
             time.sleep(self.flush_every)
             try:
-                self.flush()
                 now = time.monotonic()
+                self.flush(tokens=now >= next_tokens)
+                if now >= next_tokens:
+                    next_tokens = now + self.tokens_every
                 if now < self._next_check:
                     continue
                 self._next_check = now + self.poll
@@ -209,10 +220,7 @@ class Supervisor:
         if not children:
             return
         sent = time.monotonic()
-        with self.redis.pipeline(transaction=False) as pipe:
-            for child in children:
-                self.ledger.renew(child.run_id, child.token, self.lease, client=pipe)
-            renewed = pipe.execute()
+        renewed = self.ledger.renew_all([(c.run_id, c.token) for c in children], self.lease)
         for child, ok in zip(children, renewed, strict=True):
             if ok:
                 child.valid_until = sent + self.lease - self.margin
