@@ -261,6 +261,7 @@ class ChildRunner:
         model.gate = RedisRateGate(self.redis, swarm_id)
         model.stop = control.event  # a cancel aborts the model call in flight
         queue = ApprovalQueue(self.redis, swarm_id, run=run.id, lease=watched.token)
+        agent: Agent | None = None
         try:
             agent = build_agent(
                 settings, workspace.path, model, session, store=self.sessions,
@@ -312,6 +313,8 @@ class ChildRunner:
             return {"run": run.id, "state": "parked"}
         finally:
             self.models.close(model)
+            if agent is not None:
+                agent.env.close()  # its box lasts as long as its turn here
         start_usage = run.result.get("usage_at_start") or {}
         changed, exact = self._changed(workspace, seeds, before, record)
         result.update(agent_id=run.agent, workspace=str(workspace.path), files_changed=changed,

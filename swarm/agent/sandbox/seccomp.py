@@ -14,7 +14,7 @@ REFUSED = (
     "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "fsconfig",
     "fsmount", "fspick", "mount_setattr",
     # other processes' memory
-    "ptrace", "process_vm_readv", "process_vm_writev",
+    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd",
     # the kernel
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
     "bpf", "perf_event_open", "userfaultfd", "acct", "swapon", "swapoff", "reboot", "syslog",
