@@ -7,6 +7,8 @@ with the environment."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +19,9 @@ import pytest
 from swarm.agent import sandbox
 from swarm.agent.sandbox.lasting import box_python
 from swarm.agent.shell import KILL_GRACE, LocalEnvironment
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(not sandbox.probe().ok or not box_python(),
                                 reason=f"no sandbox, or no python3 in it, here: "
@@ -165,3 +170,31 @@ def test_the_box_is_started_once_for_the_commands_of_a_child(env: LocalEnvironme
         env.execute("true", 30)
     assert host_processes(str(env.workspace)) == boxes
     assert os.getpid() not in boxes
+
+
+def test_a_box_between_commands_dies_with_its_worker(outside_tmp: Path) -> None:
+    """A child's box waits between its commands (while the model thinks): a worker killed
+    then takes it along, and what the last command left cannot outlive it."""
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    worker = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from swarm.agent.shell import LocalEnvironment\n"
+        f"env = LocalEnvironment(Path({str(ws)!r}), sandbox='bwrap', die_with_runner=True)\n"
+        "assert env.execute('true', 30).exit_code == 0\n"
+        "print('idle', flush=True)\n"
+        "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", worker], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert proc.stdout.readline().strip() == "idle"
+        assert host_processes(str(ws)), "no box between its commands"
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stdin.close()
+    wait_until(lambda: host_processes(str(ws)) == [], "the box to end with its worker",
+               timeout=30)
