@@ -88,15 +88,23 @@ def _stat(pid: int) -> tuple[str, int]:
     return name, int(raw[raw.rindex(")") + 2:].split()[1])
 
 
+def _boxed(pid: int) -> bool:
+    """Whether ``pid`` runs in a pid namespace below this one (a box's: its runner)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) > 2
+    return False
+
+
 def worker_of(sender: int) -> int:
     """The process that ran the command whose client is ``sender``: its first ancestor that
-    is not one of :data:`WRAPPERS` (1 when the command was orphaned; 0 when ``sender`` is
-    gone)."""
+    is not one of :data:`WRAPPERS` nor in a box (its runner: a box lasts a child's turn)
+    (1 when the command was orphaned; 0 when ``sender`` is gone)."""
     try:
         _, pid = _stat(sender)
         while pid > 1:
             name, parent = _stat(pid)
-            if name not in WRAPPERS:
+            if name not in WRAPPERS and not _boxed(pid):
                 return pid
             pid = parent
     except (OSError, ValueError):

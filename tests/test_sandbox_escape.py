@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from swarm.agent import sandbox
+from swarm.agent import boxnet, sandbox
 from tests.helpers import wait_until
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
@@ -346,7 +346,7 @@ def listeners() -> Iterator[list[tuple[str, int]]]:
     """TCP listeners on the host: on 127.0.0.1 and on each of its other addresses, where
     the embedded Redis and a host's services listen."""
     servers = []
-    for address in ("127.0.0.1", *sandbox.boxnet.host_addresses()):
+    for address in ("127.0.0.1", *boxnet.host_addresses()):
         server = socket.socket()
         server.bind((address, 0))
         server.listen()
@@ -369,7 +369,7 @@ def test_the_hosts_ports_and_redis_are_unreachable(
         box: Box, listeners: list[tuple[str, int]]) -> None:
     assert len(listeners) >= 2, "the host has no address but loopback"
     port = listeners[0][1]
-    targets = [f"{a}:{p}" for a, p in listeners] + [f"{sandbox.boxnet.GATEWAY}:{port}"]
+    targets = [f"{a}:{p}" for a, p in listeners] + [f"{boxnet.GATEWAY}:{port}"]
     result = box.run(f"python3 -c \"{CONNECT}\" {' '.join(targets)}; "
                      "cat /proc/net/route; echo routes")
     out = result["output"]

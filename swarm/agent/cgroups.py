@@ -250,16 +250,23 @@ class Group:
             pass
         return 0
 
-    def verdict(self) -> str:
-        """A line naming the limit the kernel enforced on this box, or ""."""
-        limits = self.tree.limits
+    def counts(self) -> tuple[int, int]:
+        """The processes the kernel killed for the memory limit, and the times a fork
+        failed for the pids limit, so far."""
         oom = self._count("", "memory.events", "oom_kill") if self.tree.v2 else \
             self._count("memory", "memory.oom_control", "oom_kill")
+        return oom, self._count("pids" if not self.tree.v2 else "", "pids.events", "max")
+
+    def verdict(self, since: tuple[int, int] = (0, 0)) -> str:
+        """A line naming the limit the kernel enforced on this box (since ``since``, its
+        :meth:`counts` before a command of a lasting box), or ""."""
+        limits = self.tree.limits
+        oom, forks = (now - then for now, then in zip(self.counts(), since, strict=True))
         if oom:
             return (f"[killed: the command reached the sandbox's memory limit of "
                     f"{limits.memory >> 20} MiB (SWARM_SANDBOX_MEMORY); the kernel killed "
                     f"{oom} process{'es' if oom > 1 else ''} of it]")
-        if self._count("pids" if not self.tree.v2 else "", "pids.events", "max"):
+        if forks:
             return (f"[the command reached the sandbox's limit of {limits.pids} processes and "
                     "threads (SWARM_SANDBOX_PIDS): some of its forks failed]")
         return ""

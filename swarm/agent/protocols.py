@@ -76,6 +76,10 @@ class Environment(Protocol):
         ``output_cap``: characters of output kept, instead of the environment's own cap."""
         ...
 
+    def close(self) -> None:
+        """End what the commands ran in (their box, and what is left in it)."""
+        ...
+
 
 class Approver(Protocol):
     """Decides on an approval request; a terminal asks a person, a worker asks a queue.

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from swarm.agent.cgroups import Limits
 from swarm.agent.protocols import CommandResult
 from swarm.agent.sandbox import (
     UID,
+    Box,
     Launch,
     add_git_stat_check,
     choose,
@@ -31,6 +33,7 @@ from swarm.agent.sandbox import (
     program_fd,
     runner_pipe,
 )
+from swarm.agent.sandbox.lasting import BoxedCommand, Failed, LastingBox, box_python
 from swarm.errors import PathRefused, ToolError
 from swarm.secrets import SECRET_VARS
 
@@ -62,6 +65,8 @@ init)."""
 
 BACKGROUND_NOTE = "[bash exited; background processes still hold the output open: not waited for]"
 CANCEL_NOTE = "[cancelled: the command and its children were killed]"
+LOST_NOTE = ("[the sandbox's box ended with the command (was its runner killed?): the next "
+             "command starts in a new one]")
 
 
 def child_env(extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -148,8 +153,11 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes] | BoxedCommand) -> None:
     """SIGTERM the process group of ``proc``, then SIGKILL whatever is left after a grace."""
+    if isinstance(proc, BoxedCommand):
+        proc.stop(KILL_GRACE)
+        return
     pgid = proc.pid  # start_new_session=True: the child leads its own group
     try:
         os.killpg(pgid, signal.SIGTERM)
@@ -226,6 +234,7 @@ class LocalEnvironment:
         beneath: Path | None = None,
         limits: Limits | None = None,
         show: tuple[str, ...] = (),
+        lasting: bool = True,
     ) -> None:
         if output_cap <= 0:
             raise ValueError("output_cap must be positive")
@@ -250,6 +259,19 @@ class LocalEnvironment:
         """The folder the workspace must lie in (a job's jobs root): the sandbox opens the
         workspace from there without following a symbolic link before it grants it."""
         self._env: dict[str, str] | None = None
+        self.lasting = lasting and bool(box_python())
+        """Sandboxed commands run in one box that lasts until :meth:`close`
+        (:mod:`swarm.agent.sandbox.lasting`); False: a box each (where the box shows no
+        python3 for its runner, or its runner fails to start, it is so anyway)."""
+        self._box: LastingBox | None = None
+        self._box_lock = threading.Lock()
+
+    def close(self) -> None:
+        """End the box the commands ran in, and whatever is left in it (idempotent)."""
+        with self._box_lock:
+            box, self._box = self._box, None
+        if box is not None:
+            box.close()
 
     def env(self) -> dict[str, str]:
         """The commands' environment, built at the first command (copying ``os.environ``
@@ -295,6 +317,13 @@ class LocalEnvironment:
                                 "a filesystem with POSIX ACLs (ext4, xfs, btrfs, tmpfs), or "
                                 "run the worker as a user of its own") from exc
             self._prepared = True
+        if box is not None and self.lasting and self._box_lock.acquire(blocking=False):
+            try:  # a command started while another runs (another thread) gets a box of its own
+                result = self._execute_in(box, command, timeout, output_cap or self.output_cap)
+                if result is not None:
+                    return result
+            finally:
+                self._box_lock.release()
         fd = program_fd() if box is not None else -1
         alive = (runner_pipe(),) if box is not None and self.die_with_runner else ()
         launch: Launch | None = None
@@ -324,6 +353,55 @@ class LocalEnvironment:
             result = dataclasses.replace(result, output=f"{result.output}{sep}{said}")
         return result
 
+    def _lasting(self, box: Box) -> LastingBox | None:
+        """The lasting box, started when there is none (or it ended); None where it cannot
+        start (then commands get a box each from now on)."""
+        if self._box is not None and self._box.alive_now:
+            return self._box
+        if self._box is not None:
+            self._box.close()
+        self._box = LastingBox(box, self.workspace, self.env(), linked=self.linked,
+                               runner=os.getpid() if self.die_with_runner else None,
+                               alive=runner_pipe() if self.die_with_runner else None)
+        try:
+            self._box.start()
+        except Failed:
+            self._box, self.lasting = None, False
+            return None
+        weakref.finalize(self, self._box.close)  # one dropped without close() (a test's)
+        return self._box
+
+    def _execute_in(self, box: Box, command: str, timeout: int,
+                    output_cap: int) -> CommandResult | None:
+        """:meth:`execute` in the lasting box (a new one when it ended since the last
+        command); None where there can be none."""
+        lasting = self._lasting(box)
+        if lasting is None:
+            return None
+        since = lasting.counts()
+        try:
+            proc = lasting.run(command)
+        except OSError:  # it ended since the last command: a new one, once
+            lasting.close()
+            lasting = self._lasting(box)
+            if lasting is None:
+                return None
+            since = lasting.counts()
+            try:
+                proc = lasting.run(command)
+            except OSError as exc:
+                lasting.close()
+                raise ToolError(f"the sandbox's box ended before the command started ({exc}); "
+                                "run it again") from exc
+        result = self._run(proc, timeout, output_cap)
+        said = lasting.notes(since)
+        if proc.lost and result.exit_code is not None:
+            said = "\n".join(filter(None, [said, LOST_NOTE]))
+        if said:
+            sep = "" if not result.output or result.output.endswith("\n") else "\n"
+            result = dataclasses.replace(result, output=f"{result.output}{sep}{said}")
+        return result
+
     def argv(self, command: str, seccomp_fd: int = -1,
              handshake: tuple[int, int, int] | None = None) -> list[str]:
         """How ``command`` starts: in its box (``seccomp_fd``: the filter's pipe;
@@ -338,7 +416,7 @@ class LocalEnvironment:
         return box.argv(command, self.workspace, seccomp_fd, self.linked, runner=os.getpid(),
                         alive_fd=runner_pipe(), handshake=handshake)
 
-    def _run(self, proc: subprocess.Popen[bytes], timeout: int,
+    def _run(self, proc: subprocess.Popen[bytes] | BoxedCommand, timeout: int,
              output_cap: int) -> CommandResult:
         """Collect the output of the started ``proc`` (see :meth:`execute`)."""
         assert proc.stdout is not None
@@ -358,7 +436,8 @@ class LocalEnvironment:
                              cut_chars=cut, cancelled=note == CANCEL_NOTE)
 
     def _collect(
-        self, proc: subprocess.Popen[bytes], buffer: _CappedBuffer, timeout: float
+        self, proc: subprocess.Popen[bytes] | BoxedCommand, buffer: _CappedBuffer,
+        timeout: float
     ) -> tuple[int | None, str, bool]:
         """Read output until the command ends; return (exit code, note, timed out)."""
         assert proc.stdout is not None

@@ -262,9 +262,11 @@ class ChildRunner:
         model.gate = RedisRateGate(self.redis, swarm_id)
         model.stop = control.event  # a cancel aborts the model call in flight
         queue = ApprovalQueue(self.redis, swarm_id, run=run.id, lease=watched.token)
+        agent: Agent | None = None
 
         def land_taken(taken: Session) -> None:
             """Background children's results it took (agent_join): their work lands now."""
+            assert agent is not None
             landing = homecoming.bring_home(
                 seeds, taken, workspace.path, swarm_id, tree, workspace,
                 run_check=homecoming.checker(agent.env, settings.command_timeout),
@@ -324,6 +326,8 @@ class ChildRunner:
             return {"run": run.id, "state": "parked"}
         finally:
             self.models.close(model)
+            if agent is not None:
+                agent.env.close()  # its box lasts as long as its turn here
         start_usage = run.result.get("usage_at_start") or {}
         changed, exact = self._changed(workspace, seeds, before, record)
         result.update(agent_id=run.agent, workspace=str(workspace.path), files_changed=changed,

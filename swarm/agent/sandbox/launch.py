@@ -1,0 +1,102 @@
+"""Starting a box command: for a box that waits for its worker, its cgroup joined and its
+user-mode network served before it is let go, and both cleaned up after it
+(:class:`Launch`)."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from swarm.agent import boxnet, cgroups
+from swarm.agent.cgroups import Limits
+from swarm.agent.sandbox.box import Box
+from swarm.agent.sandbox.seccomp import data_fd
+
+
+@functools.cache
+def cgroup_tree(limits: Limits) -> cgroups.Tree | str:
+    """This process's cgroup subtree for boxes with ``limits`` (made once, removed at
+    exit), or why there is none and how to fix it."""
+    try:
+        tree = cgroups.Tree(limits)
+    except (cgroups.Unavailable, OSError) as exc:
+        return str(exc)
+    atexit.register(tree.remove)
+    return tree
+
+
+class Launch:
+    """A box command started: its process, and, for a box that waits for its worker
+    (:attr:`Box.handshake`), its cgroup joined and its network served by slirp4netns
+    before it is let go. :meth:`finish` once the command ended: it stops slirp4netns,
+    removes the cgroup and says which limit, if any, the kernel enforced."""
+
+    def __init__(self, box: Box, build: Callable[[tuple[int, int, int] | None], list[str]],
+                 pass_fds: tuple[int, ...] = (), **popen: Any) -> None:
+        """Start ``build(handshake)``'s command (``handshake``: see :meth:`Box.argv`; None
+        for a box that waits for nothing) with ``popen`` (:class:`subprocess.Popen`'s
+        arguments); OSError when its cgroup cannot be made or it cannot start."""
+        self.slirp: boxnet.Slirp | None = None
+        self.group: cgroups.Group | None = None
+        self.notes: list[str] = []
+        if not box.handshake:
+            self.proc: subprocess.Popen[Any] = subprocess.Popen(
+                build(None), pass_fds=pass_fds, **popen)
+            return
+        tree = cgroup_tree(box.limits) if box.limits is not None else None
+        if isinstance(tree, cgroups.Tree):
+            self.group = tree.group()
+        elif tree is not None:
+            self.notes.append(f"[no cgroup limits: {tree}]")
+        up_r, up_w = os.pipe()
+        go_r, go_w = os.pipe()
+        resolv = data_fd(boxnet.RESOLV.encode())
+        try:
+            self.proc = subprocess.Popen(build((up_w, go_r, resolv)),
+                                         pass_fds=(*pass_fds, up_w, go_r, resolv), **popen)
+        except BaseException:
+            for fd in (up_r, go_w):
+                os.close(fd)
+            self._drop_group()
+            raise
+        finally:
+            for fd in (up_w, go_r, resolv):
+                os.close(fd)
+        try:
+            if boxnet.await_word(up_r):
+                if self.group is not None:
+                    try:
+                        self.group.join(self.proc.pid)
+                    except OSError as exc:  # it runs nothing without its limits
+                        self.notes.append(f"[the box could not join its cgroup: {exc}]")
+                        return
+                if box.net.mode == "user":
+                    self.slirp = boxnet.Slirp(self.proc.pid)
+                    if self.slirp.error:
+                        self.notes.append(f"[no network: {self.slirp.error}; "
+                                          f"{boxnet.SLIRP_FIX}]")
+                os.write(go_w, b"go\n")
+        finally:
+            os.close(up_r)
+            os.close(go_w)
+
+    def _drop_group(self) -> None:
+        if self.group is not None:
+            self.group.remove()
+            self.group = None
+
+    def finish(self) -> str:
+        """Stop what served the box; a line on what stopped it or what it lacked, or ""."""
+        if self.slirp is not None:
+            self.slirp.stop()
+            self.slirp = None
+        verdict = self.group.verdict() if self.group is not None else ""
+        if self.group is not None:
+            self.group.remove_soon()
+            self.group = None
+        return "\n".join([*self.notes, *([verdict] if verdict else [])])
+

@@ -1,0 +1,157 @@
+"""The runner of a lasting box (:mod:`swarm.agent.sandbox.lasting`): the box's first
+process, which runs the commands the worker sends it, one at a time, each in its own session.
+
+Never imported by swarm: :mod:`~swarm.agent.sandbox.lasting` passes this file's text to the
+box's python3 (``python3 -I -S -c``), so it uses the standard library only and runs on any
+Python 3 from 3.8. Arguments: its end of the worker's socket (``AF_UNIX``, ``SOCK_SEQPACKET``)
+and the read end of the worker's lifeline pipe (``-1``: none).
+
+It makes itself non-dumpable first: a command runs as the same uid, but without a
+capability it can then neither open the runner's descriptors (``/proc/2/fd``,
+``pidfd_getfd``) nor write its memory, so only the worker talks to it. Messages from the
+worker: ``R`` + the command's length (8 bytes) + its first bytes, with the write end of the
+command's output pipe attached (``SCM_RIGHTS``), then ``C`` + more bytes until whole;
+``T``: SIGTERM the command's process group; ``K``: SIGKILL it. To the worker: ``ready``
+once, then ``X`` + the exit code (128 + the signal's number when a signal ended it) of each
+command, sent once everything the command started is gone: it kills every process of the
+box but itself and the box's init (``kill(-1)``: the box is a pid namespace of its own, where
+it is pid 2), so nothing a command leaves behind reaches the next. At the end of the worker's
+socket or lifeline (the worker closed the box, or died), it kills them all and exits.
+"""
+
+import _signal as signal  # type: ignore[import-not-found]  # not signal, nor socket: they import enum (~10 ms at each start)
+import _socket as socket
+import ctypes
+import os
+import select
+import struct
+import sys
+import time
+
+PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3
+
+
+def alive(pid: str) -> bool:
+    """Whether process ``pid`` is there and not a zombie (this runner's command, whose end
+    it reads after the sweep, or one init has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def sweep() -> None:
+    """Kill every process of the box but this one and init; return once they are gone."""
+    me = os.getpid()
+    for _ in range(2000):
+        try:  # noqa: SIM105 (contextlib imports functools, a few ms at each start)
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if not [p for p in os.listdir("/proc")
+                if p.isdigit() and int(p) not in (1, me) and alive(p)]:
+            return
+        time.sleep(0.001)
+
+
+def start(command: bytes, out: int) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
+            if fd > 2:
+                try:  # noqa: SIM105
+                    os.close(fd)
+                except OSError:
+                    pass
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.execvp(b"bash", [b"bash", b"-c", command])
+    except BaseException as exc:
+        os.write(2, f"cannot start bash: {exc}\n".encode())
+    os._exit(127)
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    alive = int(sys.argv[2])
+    libc = ctypes.CDLL(None, use_errno=True)
+    if os.getpid() != 2 or libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 \
+            or libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
+        sock.send(b"Enot pid 2 of its own namespace, or it stayed dumpable")
+        return
+    watched: list[int] = [sock.fileno()]
+    if alive >= 0:
+        if select.select([alive], [], [], 0)[0]:  # the worker is gone already
+            return
+        watched.append(alive)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    watched.append(wake_r)
+    sock.send(b"ready")
+    child = 0
+    pending = b""
+    wanted = 0
+    out = -1
+    while True:
+        ready = select.select(watched, [], [])[0]
+        if alive in ready:
+            return
+        if wake_r in ready:
+            while True:
+                try:
+                    if not os.read(wake_r, 512):
+                        break
+                except BlockingIOError:
+                    break
+            if child:
+                done, status = os.waitpid(child, os.WNOHANG)
+                if done:
+                    child = 0
+                    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) \
+                        else os.WEXITSTATUS(status)
+                    sweep()
+                    sock.send(b"X%d" % code)
+        if sock.fileno() in ready:
+            data, ancillary, _, _ = sock.recvmsg(1 << 17, socket.CMSG_SPACE(4))
+            if not data:
+                return
+            kind = data[:1]
+            for level, ctype, fds in ancillary:
+                if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
+                    out = struct.unpack("i", fds[:4])[0]
+            if kind == b"R" and not child:
+                wanted = struct.unpack(">Q", data[1:9])[0]
+                pending = data[9:]
+            elif kind == b"C" and not child:
+                pending += data[1:]
+            elif kind in (b"T", b"K") and child:
+                try:  # noqa: SIM105
+                    os.killpg(child, signal.SIGTERM if kind == b"T" else signal.SIGKILL)
+                except OSError:
+                    pass
+                if kind == b"K":
+                    sweep()
+                continue
+            if kind in (b"R", b"C") and not child and out >= 0 and len(pending) >= wanted:
+                child = start(pending, out)
+                os.close(out)
+                out, pending = -1, b""
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        if os.getpid() == 2:
+            sweep()

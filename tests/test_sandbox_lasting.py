@@ -1,0 +1,200 @@
+"""A box per child (swarm.agent.sandbox.lasting): its commands run one after another in one
+box, and each guarantee of a box per command still holds: what a command leaves behind
+dies with it, the command cannot reach its runner's channel, a timed-out or cancelled
+command's processes are killed while the box goes on, and the box and what is in it end
+with the environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarm.agent import sandbox
+from swarm.agent.sandbox.lasting import box_python
+from swarm.agent.shell import KILL_GRACE, LocalEnvironment
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(not sandbox.probe().ok or not box_python(),
+                                reason=f"no sandbox, or no python3 in it, here: "
+                                       f"{sandbox.probe().reason}")
+
+#: The command lines of the box's processes but its init and runner (pid 1 and 2).
+OTHERS = ("for p in /proc/[0-9]*; do n=${p#/proc/}; [ $n -gt 2 ] && [ $n != $$ ] && "
+          "tr '\\0' ' ' < $p/cmdline 2>/dev/null && echo; done; true")
+
+
+@pytest.fixture
+def env(outside_tmp: Path) -> Iterator[LocalEnvironment]:
+    ws = outside_tmp / "ws"
+    ws.mkdir(exist_ok=True)
+    made = LocalEnvironment(ws, sandbox="bwrap", die_with_runner=True)
+    assert made.lasting
+    yield made
+    made.close()
+
+
+def host_processes(word: str) -> list[int]:
+    """Pids of this host's processes whose command line holds ``word``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if word.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_commands_leftover_processes_do_not_reach_the_next_command(
+        env: LocalEnvironment) -> None:
+    """A command's background jobs, detached ones (setsid, nohup) too, are killed when it
+    ends, as when its box ended with it: the next command of the box finds none."""
+    first = env.execute("echo kept > /tmp/mark; sleep 3001 & setsid sleep 3002 & "
+                        "(nohup sleep 3003 >/dev/null 2>&1 &); echo started", 30)
+    assert (first.exit_code, first.output) == (0, "started\n"), first.output
+    second = env.execute(f"cat /tmp/mark; {OTHERS}", 30)
+    assert second.exit_code == 0
+    assert second.output.split("\n")[0] == "kept"  # the same box
+    assert "sleep" not in second.output, second.output
+    assert host_processes("sleep 300") == []
+
+
+def test_nothing_of_one_childs_box_reaches_the_next_childs(outside_tmp: Path) -> None:
+    """The box ends with its environment (a child's turn): the next child's box, in the
+    same workspace, starts with an empty /tmp and none of the first one's processes, and
+    none is left on the host."""
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    first = LocalEnvironment(ws, sandbox="bwrap", die_with_runner=True)
+    # A process started while the command runs, left to the box's end (no sweep would catch
+    # it before the next command: it is the command that waits for it).
+    done = first.execute("echo secret > /tmp/left; echo y > /dev/shm/left; "
+                         "setsid sleep 3011 & echo ok", 30)
+    assert done.output == "ok\n"
+    assert host_processes(str(ws))  # its box, between its commands
+    first.close()
+    assert host_processes(str(ws)) == [] and host_processes("sleep 3011") == []
+    second = LocalEnvironment(ws, sandbox="bwrap", die_with_runner=True)
+    try:
+        seen = second.execute(f"ls /tmp /dev/shm; {OTHERS}", 30)
+        assert "left" not in seen.output and "sleep" not in seen.output, seen.output
+    finally:
+        second.close()
+
+
+def test_a_command_cannot_reach_its_runners_channel(env: LocalEnvironment) -> None:
+    """The runner is not dumpable: the command (same uid, no capability) can neither open
+    its descriptors (the worker's socket, the lifeline), take them with pidfd_getfd, nor
+    write its memory; so it cannot send the worker a fake end or run anything past its
+    limits through it."""
+    steal = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "pidfd = libc.syscall(434, 2, 0)\n"  # pidfd_open(runner)
+        "got = [libc.syscall(438, pidfd, fd, 0) for fd in range(3, 12)]\n"  # pidfd_getfd
+        "print('stolen' if any(g >= 0 for g in got) else 'refused')\n")
+    result = env.execute(
+        "ls /proc/2/fd; echo ls=$?; echo X0 > /proc/2/fd/3; echo write=$?; "
+        "head -c 1 /proc/2/mem; echo mem=$?; "
+        f"python3 -c \"{steal}\"", 30)
+    out = result.output
+    assert "ls=2" in out and "write=1" in out and "mem=1" in out, out
+    assert "refused" in out and "stolen" not in out, out
+    assert out.count("Permission denied") >= 3, out
+    assert env.execute("echo still", 30).output == "still\n"
+
+
+def test_a_timed_out_command_is_killed_and_the_box_goes_on(env: LocalEnvironment) -> None:
+    """SIGTERM reaches the command's process group through the runner (a trap sees it),
+    SIGKILL after the grace when it stays, and what it started is gone; the box it ran in
+    serves the next command."""
+    env.execute("echo kept > /tmp/mark", 30)
+    began = time.monotonic()
+    result = env.execute("trap 'echo got-term' TERM; sleep 3021 & "
+                         "while :; do sleep 0.05; done", 1)
+    assert result.timed_out and result.exit_code is None
+    assert "got-term" in result.output, result.output  # SIGTERM first, then SIGKILL
+    assert time.monotonic() - began < 1 + KILL_GRACE + 1.5
+    after = env.execute(f"cat /tmp/mark; {OTHERS}", 30)
+    assert after.output.split("\n")[0] == "kept", after.output  # the same box
+    assert "sleep" not in after.output, after.output
+
+
+def test_a_cancelled_command_is_killed_at_once(outside_tmp: Path) -> None:
+    cancel = threading.Event()
+    env = LocalEnvironment(outside_tmp, sandbox="bwrap", die_with_runner=True, cancel=cancel)
+    try:
+        env.execute("true", 30)
+        threading.Timer(0.5, cancel.set).start()
+        began = time.monotonic()
+        result = env.execute("sleep 3031; echo finished", 30)
+        assert result.cancelled and "finished" not in result.output
+        assert time.monotonic() - began < 0.5 + KILL_GRACE + 1
+        cancel.clear()
+        assert "sleep" not in env.execute(OTHERS, 30).output
+    finally:
+        env.close()
+
+
+def test_output_is_capped_and_ends_with_its_command(env: LocalEnvironment) -> None:
+    result = env.execute("head -c 100000 /dev/zero | tr '\\0' a; echo; echo end", 30,
+                         output_cap=100)
+    assert result.cut_chars > 0 and result.output.endswith("end\n"), result.output[-80:]
+    assert env.execute("echo next", 30).output == "next\n"
+
+
+def test_a_killed_runner_ends_the_box_and_the_next_command_gets_a_new_one(
+        env: LocalEnvironment) -> None:
+    env.execute("echo kept > /tmp/mark", 30)
+    lost = env.execute("kill -KILL 2; sleep 5", 30)
+    assert "box ended with the command" in lost.output
+    again = env.execute("cat /tmp/mark 2>/dev/null || echo fresh", 30)
+    assert again.output == "fresh\n"
+
+
+def test_the_box_is_started_once_for_the_commands_of_a_child(env: LocalEnvironment) -> None:
+    """The point of it: a child's commands share one box (one bubblewrap on the host)."""
+    env.execute("true", 30)
+    boxes = host_processes(str(env.workspace))
+    for _ in range(5):
+        env.execute("true", 30)
+    assert host_processes(str(env.workspace)) == boxes
+    assert os.getpid() not in boxes
+
+
+def test_a_box_between_commands_dies_with_its_worker(outside_tmp: Path) -> None:
+    """A child's box waits between its commands (while the model thinks): a worker killed
+    then takes it along, and what the last command left cannot outlive it."""
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    worker = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from swarm.agent.shell import LocalEnvironment\n"
+        f"env = LocalEnvironment(Path({str(ws)!r}), sandbox='bwrap', die_with_runner=True)\n"
+        "assert env.execute('true', 30).exit_code == 0\n"
+        "print('idle', flush=True)\n"
+        "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", worker], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert proc.stdout.readline().strip() == "idle"
+        assert host_processes(str(ws)), "no box between its commands"
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stdin.close()
+    wait_until(lambda: host_processes(str(ws)) == [], "the box to end with its worker",
+               timeout=30)
