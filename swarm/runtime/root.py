@@ -24,6 +24,7 @@ from swarm.agent.agent_types import AgentTypes
 from swarm.agent.loop import Agent
 from swarm.config import Settings
 from swarm.domain.approval import ApprovalRequest, Decision
+from swarm.domain.history import repair
 from swarm.domain.records import AgentRecord, RootEnd, RootStart, usage_since
 from swarm.domain.session import Session
 from swarm.errors import BudgetExceeded, Cancelled, Parked
@@ -213,8 +214,13 @@ class RootSwarm:
         self.limit(agent)
         self.listen(agent)
         self.ensure_runtime()
-        if agent.session.parked:
-            return self.carry_on(agent, agent.session.parked, sessions)
+        parked = agent.session.parked
+        if parked and self.outage.ride(partial(self.ledger.request, parked)) is not None:
+            return self.carry_on(agent, parked, sessions)
+        if parked:  # its terminal went between saving it parked and parking: answer the calls
+            agent.session.messages = repair(agent.session.messages)
+            agent.session.parked = ""
+            agent.save()
         last = agent.messages[-1] if agent.messages else {}
         if last.get("role") == "assistant" and not last.get("tool_calls"):
             return str(last.get("content") or "")

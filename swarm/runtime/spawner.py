@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from swarm import faults
 from swarm.config import Settings
 from swarm.domain.messages import Message
 from swarm.domain.session import Session
@@ -111,6 +112,7 @@ class RedisSpawner:
                results: dict[str, str]) -> None:
         self._ensure()
         self.requests += 1
+        faults.point("spawner-before-park")  # the parent is saved parked; no request yet
         ride(self.outage, lambda: self.park(request_id, turn, calls, results))
 
     def park(self, request_id: str, turn: int, calls: list[SpawnCall],

@@ -903,3 +903,42 @@ def test_cancel_settles_children_held_back_by_the_in_flight_limit(
     wait_until(lambda: {a.state for a in swarm.agents() if a.kind == "child"}
                == {"cancelled"}, timeout=10, what="every child cancelled")
     assert not [r for r in model.requests if task_of(r).startswith("HELD")]
+
+
+def test_a_root_gone_between_saving_itself_parked_and_parking_is_attached_and_answers(
+        swarm: Swarm, model: ScriptedModelServer, tmp_path: Path) -> None:
+    """The root's terminal dies after its session is saved parked and before its request
+    is written: `swarm attach` does not wait for a request that never went out (it waited
+    for ever); the lost call is answered as interrupted and the root answers again."""
+    def after(request: dict[str, Any]) -> Reply:
+        return Reply(content="after: " + " | ".join(tool_results(request)))
+
+    model.responder = ByTask({"ROOT": [agent_calls("KID one"), after], "KID": [a_kid()]})
+    swarm.start("coordinator", "coord")
+    swarm.start("worker", "w1")
+    swarm.ready()
+    stderr, workspace = tmp_path / "root.err", tmp_path / "ws"
+    root = root_process(swarm, model, workspace, stderr, "ROOT park", SWARM_LOCK_TTL="1",
+                        SWARM_FAULT="spawner-before-park")
+    assert root.wait(timeout=60) == 137, stderr.read_text()
+    session_id = keys.session_id_for(str(workspace.resolve()))
+    saved = RedisSessionStore(swarm.redis).load(session_id)
+    assert saved is not None and saved.parked
+    assert swarm.ledger.request(saved.parked) is None
+    swarm_id = swarm.ledger.latest_swarm()
+    assert swarm_id
+    wait_until(lambda: not swarm.redis.exists(keys.lock(keys.session_lock(session_id))),
+               "the dead root's lock to expire")
+    base = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
+    base.update(swarm.env(SWARM_BASE_URL=model.base_url))
+    done: list[Result] = []
+    thread = threading.Thread(target=lambda: done.append(
+        CliRunner().invoke(main, ["attach", swarm_id], env=base)))
+    thread.start()
+    thread.join(timeout=60)
+    assert done, "swarm attach still waits for a request that was never written"
+    assert done[0].exit_code == 0, done[0].output
+    assert done[0].stdout.strip().startswith("after: [interrupted:")
+    session = RedisSessionStore(swarm.redis).load(session_id)
+    assert session is not None and not session.parked
+    assert not [a for a in swarm.agents() if a.kind == "child"]  # nothing was sent
