@@ -6,6 +6,7 @@ restored elsewhere or fails loudly."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from dataclasses import replace
@@ -327,3 +328,54 @@ def test_a_checkout_as_it_was_seeded_has_nothing_to_send_home(
         ([], False)
     (child.path / "committed.txt").write_text("edited\n")
     assert ChildRunner._changed(child, far, before, record) == (["committed.txt"], True)
+
+
+def big_repo(path: Path, files: int = 200, size: int = 10_000) -> Path:
+    """A committed repository of ``files`` files of random text, ``size`` bytes each."""
+    path.mkdir(parents=True)
+    for i in range(files):
+        (path / f"f{i:03d}.txt").write_text(os.urandom(size // 2).hex())
+    sh(path, "init", "-q")
+    sh(path, "add", "-A")
+    sh(path, "commit", "-qm", "base")
+    return path
+
+
+def test_a_second_snapshot_after_a_one_file_edit_moves_only_that_change(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = big_repo(tmp_path / "repo")  # 2 MB
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    store = SnapshotStore(redis)
+    first = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    far.child(SWARM, "a1", first)
+    assert store.hosts(first)["hostb"] > 1_000_000
+    (repo / "f007.txt").write_text((repo / "f007.txt").read_text() + "one more line\n")
+    (repo / "f008.txt").unlink()
+    second = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    meta = store.meta(second)
+    assert meta is not None and meta.base == first
+    assert meta.size < 20_000  # stored as the change, not 2 MB again
+    child = far.child(SWARM, "a2", second)
+    assert store.hosts(second)["hostb"] == meta.size < 20_000  # and moved as it
+    assert files_of(child.path) == files_of(repo)
+    # A host that never held the first fetches both, and sees the second's files.
+    fresh = seeds(redis, tmp_path / "home-c", "hostc").child(SWARM, "a3", second)
+    assert files_of(fresh.path) == files_of(repo) and "f008.txt" not in files_of(fresh.path)
+
+
+def test_a_hosts_cache_of_other_repositories_never_shows_in_a_childs_workspace(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    mine, theirs = big_repo(tmp_path / "mine", 20, 100), big_repo(tmp_path / "theirs", 20, 100)
+    (theirs / "their-secret-plan.txt").write_text("not for you\n")
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    other = seeds(redis, tmp_path / "home-t", "their-laptop")
+    far.child("swarm-t", "t1", other.take(theirs, "swarm-t", tree_of=g.discover(theirs)))
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    first = laptop.take(mine, SWARM, tree_of=g.discover(mine))
+    assert files_of(far.child(SWARM, "a1", first).path) == files_of(mine)
+    (mine / "f001.txt").write_text("edited\n")
+    second = laptop.take(mine, SWARM, tree_of=g.discover(mine))
+    child = far.child(SWARM, "a2", second)
+    assert files_of(child.path) == files_of(mine)
+    assert "their-secret-plan.txt" not in files_of(child.path)

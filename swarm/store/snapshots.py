@@ -7,6 +7,12 @@ stored once. Chunks and the record live :data:`~swarm.store.keys.SNAPSHOT_TTL`, 
 on at every read, longer than the runs that start from them. Which hosts hold a
 snapshot (and how many bytes each fetched) is counted here too, so a benchmark or a
 test can tell that a host fetched it once, or never.
+
+A snapshot may be stored as a delta over another (its ``base``): a child's work over its
+seed, and a seed over the previous seed of the same folder, so a second fan-out from a
+repository stores and moves only what changed. A host that lacks the base fetches it
+first; chains are at most :data:`MAX_CHAIN` deep, and a delta's base lives as long as
+the delta (both pushed on together).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ import redis
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
 from swarm.store import keys
 from swarm.text import human_bytes
+
+#: Deltas over deltas at most: a longer chain stores the whole snapshot again.
+MAX_CHAIN = 8
 
 _PUT = """
 -- KEYS: record, swarm counters, hosts, chunk 0..n-1
@@ -102,6 +111,18 @@ class SnapshotStore:
         self._touch(meta)
         return True
 
+    def depth(self, snapshot_id: str) -> int | None:
+        """How many snapshots the one stored as ``snapshot_id`` needs, itself included (1:
+        a whole one), every one of them pushed on; None when one of them is gone."""
+        meta, found = self.meta(snapshot_id), 0
+        while meta is not None:
+            found += 1
+            self._touch(meta, chain=False)
+            if not meta.base or found > MAX_CHAIN:
+                return found
+            meta = self.meta(meta.base)
+        return None
+
     def put(self, meta: SnapshotMeta, data: bytes, swarm_id: str, swarm_cap: int) -> bool:
         """Store ``data`` under ``meta.id`` and count its bytes against the swarm, in one
         script; False when it was stored already (nothing counted). Raises
@@ -158,10 +179,14 @@ class SnapshotStore:
         row = cast("dict[str, str]", self.redis.hgetall(keys.snapshot_hosts(snapshot_id)))
         return {host: int(n) for host, n in row.items()}
 
-    def _touch(self, meta: SnapshotMeta) -> None:
+    def _touch(self, meta: SnapshotMeta, chain: bool = True) -> None:
+        """Push on the TTL of ``meta``'s snapshot and (``chain``) of those it is a delta
+        over: a base never expires before its delta."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.expire(keys.snapshot(meta.id), self.ttl)
             pipe.expire(keys.snapshot_hosts(meta.id), self.ttl)
             for i in range(meta.chunks):
                 pipe.expire(keys.snapshot_chunk(meta.id, i), self.ttl)
             pipe.execute()
+        if chain and meta.base:
+            self.depth(meta.base)

@@ -310,15 +310,32 @@ def tree_stats(repo: Path, tree: str) -> tuple[int, int]:
 
 def bundle(repo: Path, sha: str, base: str = "") -> bytes:
     """A bundle of commit ``sha`` (ref ``refs/swarm/snap/<sha>``) with only the objects
-    ``base`` lacks."""
+    ``base`` lacks (those of its tree too, whether or not ``base`` is an ancestor: a
+    snapshot is a commit without parents, and two snapshots of one repository share most
+    of their files), a changed file as a delta over its version in ``base``."""
     ref = f"refs/swarm/snap/{sha}"
     git("update-ref", ref, sha, repo=repo)
-    with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
-        path = Path(tmp) / "b.bundle"
-        git("-c", "pack.compression=1", "-c", "pack.window=0", "bundle", "create", "-q",
-            str(path), ref,
-            *([f"^{base}"] if base else []), repo=repo)
-        return path.read_bytes()
+    if not base:
+        with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
+            path = Path(tmp) / "b.bundle"
+            git("-c", "pack.compression=1", "-c", "pack.window=0", "bundle", "create", "-q",
+                str(path), ref, repo=repo)
+            return path.read_bytes()
+    # `git bundle create ref ^base` leaves out what is reachable from base only through
+    # history; --shallow marks every tree of base as there (git's "aggressive edges"),
+    # --thin lets a changed file travel as a delta (the fetch's index-pack completes it).
+    try:
+        pack = subprocess.run(
+            ["git", "-c", "pack.compression=1", "pack-objects", "--revs", "--thin",
+             "--shallow", "--stdout", "-q"],
+            input=f"{sha}\n^{base}\n".encode(), capture_output=True, timeout=300,
+            env=_environ({"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo)}), cwd=repo)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WorkspaceError(f"git pack-objects failed: {exc}") from None
+    if pack.returncode != 0:
+        raise WorkspaceError("git pack-objects failed: "
+                             f"{pack.stderr.decode(errors='replace').strip()[-500:]}")
+    return f"# v2 git bundle\n-{base} swarm base\n{sha} {ref}\n\n".encode() + pack.stdout
 
 
 def unbundle(repo: Path, sha: str, data: bytes) -> None:

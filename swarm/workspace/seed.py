@@ -25,12 +25,13 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from swarm.errors import SnapshotTooLarge, WorkspaceError, WorkspaceLost
-from swarm.store.snapshots import SnapshotMeta, SnapshotStore
+from swarm.store.snapshots import MAX_CHAIN, SnapshotMeta, SnapshotStore
 from swarm.text import human_bytes
 from swarm.workspace import gitstate as g
 from swarm.workspace import views
@@ -148,6 +149,14 @@ class Seeds:
             top, odb, subdir = workspace, self.cache, "."
             key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
             tree = g.write_tree(top, odb=odb, index=self.home / "seeds" / "index" / key)
+        # The previous snapshot of this folder: the new one is stored (and moves) as what
+        # changed since, to every host that holds it.
+        # (Kept under SWARM_HOME, never as a ref in the user's repository.)
+        last = self.home / "seeds" / "last" / \
+            hashlib.sha256(f"{odb}\0{workspace.resolve()}".encode()).hexdigest()[:32]
+        if base in ("", EMPTY):
+            with contextlib.suppress(OSError):
+                base = last.read_text().strip()
         if tree == g.EMPTY_TREE:
             return EMPTY  # nothing to ship: the children start in empty folders
         files, size = g.tree_stats(odb, tree)
@@ -164,9 +173,14 @@ class Seeds:
         g.keep(odb, sid)
         if local != sid:
             g.git("update-ref", f"refs/swarm/local/{sid}", local, repo=odb)
-        base = base if base not in ("", EMPTY, sid) and g.has(odb, base) else ""
+        base = base if base not in ("", EMPTY, sid) and g.has(odb, base) and \
+            (self.store.depth(base) or MAX_CHAIN) < MAX_CHAIN else ""
         self.publish(odb, SnapshotMeta(sid, 0, 0, "", base, files, self.host, str(odb), local,
                                         "" if subdir == "." else subdir), swarm_id)
+        last.parent.mkdir(parents=True, exist_ok=True)
+        tmp = last.with_name(f".{last.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(sid)
+        os.replace(tmp, last)
         return sid
 
     def publish(self, odb: Path, meta: SnapshotMeta, swarm_id: str) -> None:
@@ -193,6 +207,8 @@ class Seeds:
                 return 0
             meta, data = self.store.get(sid)
             fetched = self.fetch(meta.base, into) if meta.base else 0
+            if meta.base:  # the delta's bundle needs its base reachable from a ref
+                g.keep(into, meta.base)
             g.unbundle(into, sid, data)
             self.store.fetched(sid, self.host, len(data))
             return fetched + len(data)
