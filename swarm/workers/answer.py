@@ -10,7 +10,14 @@ import redis
 from swarm.agent.loop import Agent
 from swarm.agent.output import ask_for, check_output, retry_message
 from swarm.domain.history import repair
-from swarm.errors import AgentStopped, Cancelled, LeaseLost, ModelError, Parked
+from swarm.errors import (
+    AgentStopped,
+    Cancelled,
+    LeaseLost,
+    ModelError,
+    Parked,
+    WorkspaceError,
+)
 from swarm.errors import StoreError as SwarmStoreError
 from swarm.store.ledger import Ledger, RunRecord
 from swarm.workers.prompts import RESUMED
@@ -50,8 +57,8 @@ def answer(agent: Agent, run: RunRecord, resume: bool,
             return "failed", {"answer": text,
                               "error": f"the answer did not match output_schema: {problem}"}
         return "done", {"answer": text, "output": value}
-    except (Parked, LeaseLost):
-        raise
+    except (Parked, LeaseLost, WorkspaceError):
+        raise  # a workspace that could not be made fails the run saying so (ChildRunner.run)
     except Cancelled as exc:
         return exc.state, {"error": str(exc)}
     except (AgentStopped, ModelError) as exc:

@@ -26,9 +26,10 @@ from swarm.workers.prompts import role_prompt
 from swarm.workers.supervisor import Watched
 from swarm.workspace import gitstate as g
 from swarm.workspace import parked
-from swarm.workspace.seed import Seeds, Workspace, upper
+from swarm.workspace.seed import Seeds, upper
 
 if TYPE_CHECKING:
+    from swarm.workers.arrival import Arrival
     from swarm.workers.child import ChildRunner
 
 
@@ -54,13 +55,24 @@ class Claimed:
         return self.start.record.swarm
 
 
-def child_agent(runner: ChildRunner, claimed: Claimed, workspace: Workspace, seeds: Seeds,
+def child_agent(runner: ChildRunner, claimed: Claimed, arrival: Arrival, seeds: Seeds,
                 session: Session, model: LLMClient, control: Control,
                 tree: g.WorkTree | None) -> Agent:
-    """The agent of ``claimed`` working in ``workspace`` (``tree``: its git work tree, a
-    job's), its limits kept by ``control``."""
+    """The agent of ``claimed`` working in the workspace ``arrival`` makes (``tree``: its
+    git work tree, a job's), its limits kept by ``control``; with a preface, it asks the
+    model before its files are there, and waits for them at its first tool call."""
     run, record, swarm_id, settings = claimed.run, claimed.record, claimed.swarm_id, \
         claimed.settings
+    workspace = arrival.expected
+
+    def seeder() -> str:
+        own = arrival.arrive()
+        return seeds.take(own.path, swarm_id, base=own.seed, tree_of=tree, own=own)
+
+    def guard() -> None:  # before every save, so before every tool call
+        arrival.arrive()
+        control.check_lease()
+
     redis_, token = runner.redis, claimed.watched.token
     queue = ApprovalQueue(redis_, swarm_id, run=run.id, lease=token)
     jobs_root = runner.placement.jobs_root(swarm_id) if record.kind == "job" else None
@@ -72,16 +84,14 @@ def child_agent(runner: ChildRunner, claimed: Claimed, workspace: Workspace, see
         observer=ProgressReporter(runner.supervisor, swarm_id, run.agent, claimed.send,
                                   control),
         spawner=RedisSpawner(runner.ledger, run.agent, swarm_id, run.id, token=token,
-                             seeder=lambda: seeds.take(workspace.path, swarm_id,
-                                                       base=workspace.seed, tree_of=tree,
-                                                       own=workspace),
+                             seeder=seeder,
                              keeper=parked.state, host=runner.host, keep_state=True,
                              limits=limits_of(settings)),
         extra_prompt=role_prompt(record.kind, run.agent, record.depth, workspace.path,
                                  record.type),
         agent_id=run.agent,
         cancel=control.event,
-        guard=control.check_lease,
+        guard=guard,
         before_step=control.before_step,
         mailbox=Mailbox(redis_, run.agent),
         mcp=runner.recorded.mcp_servers(swarm_id),
@@ -94,6 +104,7 @@ def child_agent(runner: ChildRunner, claimed: Claimed, workspace: Workspace, see
         beneath=jobs_root,
         boxed_mcp=True,
         kind=record.kind,
+        preface=arrival.preface,
         # Its parent's folder (its .env, whatever seeding left out) stays out of reach
         # even where the box shows what holds it (/opt, SWARM_SANDBOX_SHOW).
         hidden=(Path(record.parent_workspace),)

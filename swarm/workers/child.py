@@ -27,6 +27,8 @@ import redis
 from swarm import faults, telemetry
 from swarm.agent import sandbox
 from swarm.agent.agent_types import AgentTypes
+from swarm.agent.loop import Agent
+from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
 from swarm.domain.records import usage_since
 from swarm.errors import LeaseLost, Parked, WorkspaceElsewhere, WorkspaceError, WorkspaceLost
@@ -38,6 +40,7 @@ from swarm.store.ledger import SETTLED, AgentRecord, Ledger, RunRecord, Start
 from swarm.store.sessions import RedisSessionStore
 from swarm.store.snapshots import SnapshotStore
 from swarm.workers.answer import answer
+from swarm.workers.arrival import Arrival
 from swarm.workers.assembly import Claimed, child_agent
 from swarm.workers.limits import Control
 from swarm.workers.models import ModelClients
@@ -45,9 +48,20 @@ from swarm.workers.placement import Placement, changed, run_listing
 from swarm.workers.recorded import Recorded, typed_settings
 from swarm.workers.supervisor import Supervisor, Watched
 from swarm.workspace import homecoming, sweep, views
+from swarm.workspace.listing import Listing
 from swarm.workspace.seed import EMPTY, Seeds, Workspace
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Here:
+    """What a run learnt when its workspace arrived (see ``ChildRunner._arrived``)."""
+
+    isolated: bool = False
+    """Its thread is in a mount namespace of its own (:func:`swarm.workspace.views.isolate`)."""
+    before: Listing | None = None
+    """Its workspace's listing as the run began (None: a view, which tells what changed)."""
 
 #: What a child's result says when its workspace is as it was seeded.
 NO_CHANGES = "none: its workspace is as it was given, nothing to merge"
@@ -169,29 +183,45 @@ class ChildRunner:
         seeds = Seeds(self.snapshots, self.settings.home, self.host, settings.snapshot_max,
                       settings.snapshot_swarm_max, view=self.settings.seed_view,
                       box_uid=self.sandbox.box.run_as if self.sandbox.box else None)
-        workspace = self.placement.workspace(record, swarm_id, seeds)
-        if run.rebase and run.rebase not in (workspace.seed, EMPTY) and workspace.seed \
-                and not resume and run.start_index < 0:
-            workspace, run = self.placement.rebase(workspace, seeds, run, record)
-        # Its boxes copy its thread's mounts: there, no other child's view.
-        isolated = workspace.view is not None and self.sandbox.box is not None and \
-            views.isolate(self.settings.home / "workspaces", workspace.top)
+        arrival = self._arrival(record, swarm_id, seeds)
+        if arrival.ready and not resume and run.start_index < 0:
+            workspace = arrival.wait()
+            if run.rebase and run.rebase not in (workspace.seed, EMPTY) and workspace.seed:
+                workspace, run = self.placement.rebase(workspace, seeds, run, record)
+                arrival = Arrival.there(workspace)
         claimed = Claimed(run, start, resume, send, watched, settings, kind)
+        here = _Here()
         try:
-            return self._work_in(claimed, workspace, seeds)
+            return self._work_in(claimed, arrival, seeds, here)
         finally:
             try:
-                if isolated:
+                if here.isolated:
                     views.rejoin()
             finally:
-                seeds.unmount(workspace)  # a view is mounted while a run works in it
+                made = arrival.settled()
+                if made is not None:
+                    seeds.unmount(made)  # a view is mounted while a run works in it
 
-    def _work_in(self, claimed: Claimed, workspace: Workspace, seeds: Seeds) -> dict[str, Any]:
+    def _arrival(self, record: AgentRecord, swarm_id: str, seeds: Seeds) -> Arrival:
+        """The agent's workspace on this host: a new seeded child's made in a thread when
+        its seed's preface lets its agent start first (:mod:`swarm.workers.arrival`)."""
+        if record.workspace or record.kind != "child":
+            return Arrival.there(self.placement.workspace(record, swarm_id, seeds))
+        planned = seeds.plan(swarm_id, record.id, record.seed)
+        if planned.preface is None:
+            return Arrival.there(self.placement.made(record, seeds, planned))
+        return Arrival.begin(planned.workspace,
+                             lambda: self.placement.made(record, seeds, planned),
+                             planned.preface)
+
+    def _work_in(self, claimed: Claimed, arrival: Arrival, seeds: Seeds,
+                 here: _Here) -> dict[str, Any]:
         run, record, swarm_id = claimed.run, claimed.record, claimed.swarm_id
         settings, watched, start = claimed.settings, claimed.watched, claimed.start
+        expected = arrival.expected
         session = self.sessions.from_fields(run.agent, start.session_meta,
                                             start.session_messages) \
-            or new_session(workspace.path, run.agent)
+            or new_session(expected.path, run.agent)
         if session.parked:
             request = self.ledger.request(session.parked)
             if request is not None and request.state in ("answered", "joined"):
@@ -203,11 +233,8 @@ class ChildRunner:
                 return {"run": run.id, "state": "parked"}
         # Its git work tree as this host made it; a job's folder (named by its submitter)
         # is found as a root's is, before its first run's commands, and kept.
-        tree = workspace.tree or (seeds.pinned(f"job:{run.agent}", workspace.path)
-                                  if record.kind == "job" else None)
-        # A view tells what changed from its upper folder; other workspaces are compared
-        # with a listing taken as the run began.
-        before = run_listing(workspace, run) if workspace.view is None else None
+        tree = expected.tree or (seeds.pinned(f"job:{run.agent}", expected.path)
+                                 if record.kind == "job" else None)
         watched.limit = settings.child_timeout
         control = Control(self.redis, swarm_id, watched, settings, self.supervisor,
                           cancelled=start.cancelled, spent=start.spent)
@@ -215,10 +242,13 @@ class ChildRunner:
         model.gate = RedisRateGate(self.redis, swarm_id)
         model.stop = control.event  # a cancel aborts the model call in flight
         try:
-            agent = child_agent(self, claimed, workspace, seeds, session, model, control, tree)
+            agent = child_agent(self, claimed, arrival, seeds, session, model, control, tree)
+            arrival.hook = lambda ws: self._arrived(ws, agent, expected, run, here)
+            if arrival.ready:
+                arrival.arrive()
             # Its children's work lands before it goes on (a check runs in its box).
             landing = homecoming.bring_home(
-                seeds, session, workspace.path, swarm_id, tree, workspace,
+                seeds, session, expected.path, swarm_id, tree, arrival.arrive(),
                 run_check=homecoming.checker(agent.env, settings.command_timeout),
                 check=settings.land_check) if claimed.resume else None
             if landing is not None:
@@ -230,8 +260,9 @@ class ChildRunner:
             return {"run": run.id, "state": "parked"}
         finally:
             self.models.close(model)
+        workspace = arrival.arrive()  # an agent that called no tool did not wait for it
         start_usage = run.result.get("usage_at_start") or {}
-        changed_files, exact = changed(workspace, seeds, before, record)
+        changed_files, exact = changed(workspace, seeds, here.before, record)
         result.update(agent_id=run.agent, workspace=str(workspace.path),
                       files_changed=changed_files, usage=usage_since(session.usage, start_usage))
         self._send_home(workspace, seeds, claimed, result, bool(changed_files) or not exact)
@@ -240,6 +271,19 @@ class ChildRunner:
         if record.kind == "job":
             self.ledger.finish_swarm(swarm_id, state)
         return {"run": run.id, "state": state}
+
+    def _arrived(self, workspace: Workspace, agent: Agent, expected: Workspace,
+                 run: RunRecord, here: _Here) -> None:
+        """The run's thread has its workspace, before its first tool call."""
+        # Its boxes copy its thread's mounts: there, no other child's view.
+        here.isolated = workspace.view is not None and self.sandbox.box is not None and \
+            views.isolate(self.settings.home / "workspaces", workspace.top)
+        # A view tells what changed from its upper folder; other workspaces are compared
+        # with a listing taken as the run began.
+        here.before = run_listing(workspace, run) if workspace.view is None else None
+        if workspace.view != expected.view and isinstance(agent.env, LocalEnvironment):
+            # No view could be made after all: a full checkout, no view's git to bind.
+            agent.env.linked = None
 
     def _send_home(self, workspace: Workspace, seeds: Seeds, claimed: Claimed,
                    result: dict[str, Any], changes: bool) -> None:

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import redis
 
+from swarm import faults
 from swarm.agent import grants
 from swarm.errors import PathRefused, WorkspaceElsewhere, WorkspaceError, WorkspaceLost
 from swarm.store import keys
 from swarm.store.ledger import AgentRecord, Ledger, RunRecord
 from swarm.workspace import homecoming, parked
 from swarm.workspace.listing import LISTING_LIMIT, Listing, changed_files, listing
-from swarm.workspace.seed import Seeds, Workspace
+from swarm.workspace.seed import Planned, Seeds, Workspace
 
 
 class Placement:
@@ -56,11 +57,12 @@ class Placement:
                                        record.ws_state)
             self.ledger.place(record.id, str(workspace.path), self.host)
             return workspace
-        return self.seeded(record, swarm_id, seeds)
+        return self.made(record, seeds, seeds.plan(swarm_id, record.id, record.seed))
 
-    def seeded(self, record: AgentRecord, swarm_id: str, seeds: Seeds) -> Workspace:
+    def made(self, record: AgentRecord, seeds: Seeds, planned: Planned) -> Workspace:
         """A new child's workspace, made from its parent's snapshot and placed here."""
-        workspace = seeds.child(swarm_id, record.id, record.seed)
+        faults.point("worker-seeding")
+        workspace = seeds.make(planned)
         self.ledger.place(record.id, str(workspace.path), self.host)
         return workspace
 

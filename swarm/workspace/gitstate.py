@@ -308,6 +308,58 @@ def tree_stats(repo: Path, tree: str) -> tuple[int, int]:
     return files, size
 
 
+#: Bytes of a preface's files at most (larger: no preface, the child waits for its files).
+PREFACE_MAX = 64 * 1024
+
+
+def preface(repo: Path, tree: str) -> tuple[list[str], dict[str, str]] | None:
+    """What an agent's system prompt reads of a workspace whose files are the tree
+    ``tree``: its top-level names (a folder's ending in ``/``) and the text of its
+    ``AGENTS.md`` and ``.swarm/instructions.md`` (by path), so a child's first model
+    request need not wait for its files. None where the prompt would read more (skills or
+    typed tools under ``.swarm/``), a name is a symbolic link (a folder or not, the
+    listing follows it), or the files pass :data:`PREFACE_MAX`."""
+    def entries(of: str) -> list[tuple[str, str, str]]:
+        out = git("ls-tree", "-z", of, repo=repo, raw=True)
+        found = []
+        for item in filter(None, out.split("\0")):
+            head, _, name = item.partition("\t")
+            mode, _kind, sha = head.split()
+            found.append((mode, sha, name))
+        return found
+
+    top = entries(tree)
+    files: dict[str, str] = {}
+    wanted = {"AGENTS.md": "", ".swarm/instructions.md": ""}
+    for mode, sha, name in top:
+        if mode == "120000":
+            return None
+        if name == ".swarm":
+            if mode != "040000":
+                return None
+            for sub_mode, sub_sha, sub in entries(sha):
+                if sub in ("skills", "tools"):
+                    return None
+                if sub == "instructions.md":
+                    if sub_mode not in ("100644", "100755"):
+                        return None
+                    wanted[".swarm/instructions.md"] = sub_sha
+        elif name == "AGENTS.md":
+            if mode not in ("100644", "100755"):
+                return None
+            wanted[name] = sha
+    size = 0
+    for rel, sha in wanted.items():
+        if sha:
+            size += int(git("cat-file", "-s", sha, repo=repo))
+            if size > PREFACE_MAX:
+                return None
+            files[rel] = git("cat-file", "blob", sha, repo=repo, raw=True).encode(
+                "utf-8", "surrogateescape").decode("utf-8", "replace")
+    return [name + "/" if mode in ("040000", "160000") else name
+            for mode, _sha, name in top], files
+
+
 def bundle(repo: Path, sha: str, base: str = "") -> bytes:
     """A bundle of commit ``sha`` (ref ``refs/swarm/snap/<sha>``) with only the objects
     ``base`` lacks (those of its tree too, whether or not ``base`` is an ancestor: a

@@ -19,6 +19,7 @@ restore a workspace on another host.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -30,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarm.agent.folder import instructions_of
+from swarm.agent.probe import listing_text
 from swarm.errors import SnapshotTooLarge, WorkspaceError, WorkspaceLost
 from swarm.store.snapshots import MAX_CHAIN, SnapshotMeta, SnapshotStore
 from swarm.text import human_bytes
@@ -73,6 +76,29 @@ class Workspace:
         """A child's work tree is read as a folder (see the class), never as a git work
         tree: None."""
         return None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A new child's workspace as it will be (:meth:`Seeds.plan`), before it is made."""
+
+    workspace: Workspace
+    start: str
+    """The commit checked out (the parent's own when its repository is borrowed)."""
+    meta: SnapshotMeta | None
+    """Its seed's record (None: an empty folder)."""
+
+    @property
+    def preface(self) -> tuple[str, str] | None:
+        """What the system prompt reads of its files (listing, instructions), from its
+        seed's record, so its agent may start before they are there; None: it waits."""
+        if self.meta is None or not self.meta.preface:
+            return None
+        try:
+            found = json.loads(self.meta.preface)
+            return str(found["listing"]), str(found["instructions"])
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 @contextlib.contextmanager
@@ -176,7 +202,8 @@ class Seeds:
         base = base if base not in ("", EMPTY, sid) and g.has(odb, base) and \
             (self.store.depth(base) or MAX_CHAIN) < MAX_CHAIN else ""
         self.publish(odb, SnapshotMeta(sid, 0, 0, "", base, files, self.host, str(odb), local,
-                                        "" if subdir == "." else subdir), swarm_id)
+                                        "" if subdir == "." else subdir,
+                                        _preface(odb, tree, subdir)), swarm_id)
         last.parent.mkdir(parents=True, exist_ok=True)
         tmp = last.with_name(f".{last.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(sid)
@@ -216,28 +243,46 @@ class Seeds:
     def child(self, swarm_id: str, agent_id: str, seed: str) -> Workspace:
         """A new child's workspace: its parent's snapshot ``seed`` checked out with a
         repository of its own (an empty folder when ``seed`` is "")."""
+        return self.make(self.plan(swarm_id, agent_id, seed))
+
+    def plan(self, swarm_id: str, agent_id: str, seed: str) -> Planned:
+        """What :meth:`make` will make of a new child's workspace (quick: it reads the
+        snapshot's record; the files are not there yet)."""
         path = self.home / "workspaces" / swarm_id / agent_id
         if seed in ("", EMPTY):
-            path.mkdir(parents=True, exist_ok=True)
-            return Workspace(path, root=path)
+            return Planned(Workspace(path, root=path), "", None)
         meta = self.store.meta(seed)
         if meta is None:
             raise WorkspaceLost(f"the snapshot of the parent's workspace ({seed[:12]}) is not "
                                 "in the store any more")
         odb = Path(meta.odb)
         start = meta.local or seed
-        if meta.origin == self.host and odb.is_dir() and g.has(odb, start):
+        if not (meta.origin == self.host and odb.is_dir() and g.has(odb, start)):
+            odb, start = self.cache, seed  # fetched into this host's cache
+        view = path.parent / ".views" / path.name \
+            if self.view == "auto" and not views.unavailable(self.home) else None
+        return Planned(Workspace(path / meta.subdir if meta.subdir else path, root=path,
+                                 seed=seed, odb=odb, index=self.index_of(swarm_id, agent_id),
+                                 view=view), start, meta)
+
+    def make(self, planned: Planned) -> Workspace:
+        """The workspace ``planned``: its snapshot fetched (once per host) and checked out
+        (its ``view`` None if a copy-on-write view could not be made)."""
+        ws, meta = planned.workspace, planned.meta
+        path = ws.top
+        if meta is None or ws.odb is None or ws.index is None:
+            path.mkdir(parents=True, exist_ok=True)
+            return ws
+        if ws.odb != self.cache:
             # The parent's host: its objects are borrowed where they are, no transfer.
-            self.store.fetched(seed, self.host, 0)
+            self.store.fetched(ws.seed, self.host, 0)
         else:
-            odb, start = self.cache, seed
-            self.fetch(seed, odb)
-        index = self.index_of(swarm_id, agent_id)
-        view = self.checkout(odb, path, f"swarm/{agent_id}", start, seed, index)
+            self.fetch(ws.seed, ws.odb)
+        view = self.checkout(ws.odb, path, f"swarm/{path.name}", planned.start, ws.seed,
+                             ws.index)
         if meta.subdir:
             (path / meta.subdir).mkdir(parents=True, exist_ok=True)
-        return Workspace(path / meta.subdir if meta.subdir else path, root=path, seed=seed,
-                         odb=odb, index=index, view=view)
+        return dataclasses.replace(ws, view=view)
 
     def index_of(self, swarm_id: str, agent_id: str) -> Path:
         """Where the worker keeps its own index of an agent's workspace."""
@@ -394,6 +439,20 @@ class Seeds:
         self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
                                          sid), swarm_id)
         return sid
+
+
+def _preface(odb: Path, tree: str, subdir: str) -> str:
+    """:attr:`SnapshotMeta.preface` of a snapshot of ``tree`` whose workspace is at
+    ``subdir`` of it ("" when the prompt needs more than it holds)."""
+    try:
+        found = g.preface(odb, tree if subdir == "." else
+                          g.git("rev-parse", "--verify", "-q", f"{tree}:{subdir}", repo=odb))
+    except WorkspaceError:
+        return ""
+    if found is None:
+        return ""
+    names, files = found
+    return json.dumps({"listing": listing_text(names), "instructions": instructions_of(files)})
 
 
 def _copy_index(source: Path, dest: Path) -> None:
