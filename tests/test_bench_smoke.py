@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed", "land",
-         "page")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed", "reseed",
+         "land", "page")
 
 pytestmark = [
     pytest.mark.slow,
