@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -175,14 +176,15 @@ class Seeds:
             top, odb, subdir = workspace, self.cache, "."
             key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
             tree = g.write_tree(top, odb=odb, index=self.home / "seeds" / "index" / key)
-        # The previous snapshot of this folder: the new one is stored (and moves) as what
-        # changed since, to every host that holds it.
-        # (Kept under SWARM_HOME, never as a ref in the user's repository.)
-        last = self.home / "seeds" / "last" / \
-            hashlib.sha256(f"{odb}\0{workspace.resolve()}".encode()).hexdigest()[:32]
-        if base in ("", EMPTY):
+        # A root's or a job's folder: its previous snapshot (named under SWARM_HOME, never
+        # by a ref in the user's repository) is the new one's base, so it is stored and
+        # moves as what changed since, to every host that holds that one.
+        last = self.home / "seeds" / "last" / hashlib.sha256(
+            f"{odb}\0{workspace.resolve()}".encode()).hexdigest()[:32] if own is None else None
+        if last is not None and base in ("", EMPTY):
             with contextlib.suppress(OSError):
                 base = last.read_text().strip()
+                base = base if re.fullmatch(r"[0-9a-f]{40,64}", base) else ""
         if tree == g.EMPTY_TREE:
             return EMPTY  # nothing to ship: the children start in empty folders
         files, size = g.tree_stats(odb, tree)
@@ -204,10 +206,11 @@ class Seeds:
         self.publish(odb, SnapshotMeta(sid, 0, 0, "", base, files, self.host, str(odb), local,
                                         "" if subdir == "." else subdir,
                                         _preface(odb, tree, subdir)), swarm_id)
-        last.parent.mkdir(parents=True, exist_ok=True)
-        tmp = last.with_name(f".{last.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(sid)
-        os.replace(tmp, last)
+        if last is not None:
+            last.parent.mkdir(parents=True, exist_ok=True)
+            tmp = last.with_name(f".{last.name}.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(sid)
+            os.replace(tmp, last)
         return sid
 
     def publish(self, odb: Path, meta: SnapshotMeta, swarm_id: str) -> None:
