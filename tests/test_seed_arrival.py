@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
 from swarm.cli import main
@@ -66,11 +67,13 @@ def latest_seed(url: str) -> str:
     return seed
 
 
+@pytest.mark.parametrize("view", ["auto", "checkout"])
 def test_a_childs_first_model_request_goes_out_before_its_files_arrive(
-        world: tuple[Hosts, str, Path], tmp_path: Path) -> None:
+        world: tuple[Hosts, str, Path], tmp_path: Path, view: str) -> None:
     hosts, _url, laptop = world
     flag = tmp_path / "seeding-paused"
     hosts.env["SWARM_FAULT"] = f"worker-seeding:{flag}"  # the worker waits there for us
+    hosts.env["SWARM_SEED_VIEW"] = view  # a copy-on-write view (the worker is root) or not
     hosts.start("hosta")
     repo = git_repo(laptop / "repo")
     (repo / "data.txt").write_text("ARRIVED-7\n")
@@ -82,7 +85,10 @@ def test_a_childs_first_model_request_goes_out_before_its_files_arrive(
         asked.append({"seeding": flag.exists(), "system": request["messages"][0]["content"]})
         return cli("cat data.txt && ls")
 
+    results: list[dict[str, Any]] = []
+
     def collect(request: dict[str, Any]) -> Reply:
+        results.extend(json.loads(t) for t in tool_results(request))
         return Reply(content=tool_results(request)[0])
 
     hosts.model.responder = ByTask({
@@ -111,8 +117,11 @@ def test_a_childs_first_model_request_goes_out_before_its_files_arrive(
         not in asked[0]["system"]
     (result,) = out
     assert result.exit_code == 0, result.stderr
-    # Its command, after the wait, saw its files.
+    # Its command, after the wait, saw its files; what it changed is compared with them.
     assert "ARRIVED-7" in result.stdout and "AGENTS.md" in result.stdout, result.stdout
+    (child,) = results
+    assert child["state"] == "done" and not child.get("files_changed"), child
+    assert "delta" not in child, child  # nothing to send home
 
 
 def test_a_second_fan_out_after_a_one_file_edit_moves_only_the_change(
