@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
+from swarm.agent.folder import AgentFolder
+from swarm.agent.probe import workspace_listing
 from swarm.domain.records import AgentRecord
 from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
@@ -379,3 +381,26 @@ def test_a_hosts_cache_of_other_repositories_never_shows_in_a_childs_workspace(
     child = far.child(SWARM, "a2", second)
     assert files_of(child.path) == files_of(mine)
     assert "their-secret-plan.txt" not in files_of(child.path)
+
+
+def test_a_seeds_preface_is_what_the_prompt_reads_of_its_files_once_there(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    (repo / "AGENTS.md").write_text("Be brief.\n")
+    (repo / ".swarm").mkdir()
+    (repo / ".swarm" / "instructions.md").write_text("Test first.\n")
+    (repo / "lib").mkdir()
+    (repo / "lib" / "a.py").write_text("x = 1\n")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    planned = seeds(redis, tmp_path / "home-b", "hostb").plan(SWARM, "a1", sid)
+    assert planned.preface is not None and not planned.workspace.path.exists()
+    child = seeds(redis, tmp_path / "home-b", "hostb").make(planned)
+    assert planned.preface == (workspace_listing(child.path),
+                               AgentFolder(child.path).instructions())
+    assert "Be brief." in planned.preface[1] and "lib/" in planned.preface[0]
+    # Skills or typed tools are more than a preface holds: its children wait for files.
+    (repo / ".swarm" / "skills").mkdir()
+    (repo / ".swarm" / "skills" / "s.md").write_text("a skill\n")
+    again = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    assert seeds(redis, tmp_path / "home-b", "hostb").plan(SWARM, "a2", again).preface is None

@@ -455,6 +455,8 @@ def _preface(odb: Path, tree: str, subdir: str) -> str:
     if found is None:
         return ""
     names, files = found
+    if subdir == ".":
+        names.append(".git/")  # a seeded child's own repository
     return json.dumps({"listing": listing_text(names), "instructions": instructions_of(files)})
 
 
