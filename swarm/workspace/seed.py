@@ -7,7 +7,11 @@ restore a workspace on another host.
   (:class:`~swarm.store.snapshots.SnapshotStore`). A child on the parent's host starts
   from a ``git worktree`` of the object store that already has it (no transfer); a child
   elsewhere fetches the bundle into its host's cache (``SWARM_HOME/seeds/cache.git``)
-  once per host, then makes a worktree from there.
+  once per host, then makes a worktree from there. A folder's next snapshot is stored as
+  a delta over its previous one (named in ``SWARM_HOME/seeds/last/``), so a host that
+  holds that one fetches only what changed. A seed's record carries its *preface* (what
+  a child's system prompt reads of its files), so a child's agent may ask the model
+  while :meth:`Seeds.make` fetches and checks them out (:meth:`Seeds.plan` says where).
 - **Views.** Where the worker may mount, a child's worktree is a copy-on-write view of
   one shared checkout of its seed per host (:mod:`swarm.workspace.views`).
 - **Bring home.** A settling child's workspace is a commit over its seed, stored as a
