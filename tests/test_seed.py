@@ -82,13 +82,14 @@ def test_a_child_elsewhere_starts_with_uncommitted_and_untracked_files(
     assert got["staged.txt"] == "staged change\n"
     assert got["unstaged.txt"] == "unstaged change\n"
     assert got["untracked.txt"] == "untracked\n"
-    # A repository of its own on swarm/a1 at the seed, borrowing the host cache's objects.
+    # A repository of its own on swarm/a1 at the seed, borrowing the objects of the host's
+    # cache of this folder's snapshots.
     assert child.root is not None and (child.root / ".git").is_dir()
     assert sh(child.path, "symbolic-ref", "HEAD").strip() == "refs/heads/swarm/a1"
     assert sh(child.path, "rev-parse", "HEAD").strip() == sid
-    assert child.odb == far.cache
+    assert child.odb == far.cache_for(sid) != far.cache
     alternates = child.root / ".git" / "objects" / "info" / "alternates"
-    assert Path(alternates.read_text().strip()) == (far.cache / "objects").resolve()
+    assert Path(alternates.read_text().strip()) == (far.cache_for(sid) / "objects").resolve()
     assert sh(child.path, "status", "--porcelain") == ""  # its files are its HEAD's
 
 
@@ -366,10 +367,10 @@ def test_a_second_snapshot_after_a_one_file_edit_moves_only_that_change(
     assert files_of(fresh.path) == files_of(repo) and "f008.txt" not in files_of(fresh.path)
 
 
-def test_a_hosts_cache_of_other_repositories_never_shows_in_a_childs_workspace(
+def test_a_hosts_cache_of_other_repositories_never_reaches_a_childs_workspace(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
     mine, theirs = big_repo(tmp_path / "mine", 20, 100), big_repo(tmp_path / "theirs", 20, 100)
-    (theirs / "their-secret-plan.txt").write_text("not for you\n")
+    (theirs / "their-secret-plan.txt").write_text("THEIR SECRET PLAN\n")
     far = seeds(redis, tmp_path / "home-b", "hostb")
     other = seeds(redis, tmp_path / "home-t", "their-laptop")
     far.child("swarm-t", "t1", other.take(theirs, "swarm-t", tree_of=g.discover(theirs)))
@@ -380,7 +381,13 @@ def test_a_hosts_cache_of_other_repositories_never_shows_in_a_childs_workspace(
     second = laptop.take(mine, SWARM, tree_of=g.discover(mine))
     child = far.child(SWARM, "a2", second)
     assert files_of(child.path) == files_of(mine)
-    assert "their-secret-plan.txt" not in files_of(child.path)
+    # Nor through its git: its repository borrows the objects of its own folder's
+    # snapshots only, not of every snapshot this host fetched.
+    secret = sh(theirs, "hash-object", "their-secret-plan.txt").strip()
+    found = subprocess.run(["git", "cat-file", "-e", secret], cwd=child.path, check=False)
+    assert found.returncode != 0
+    everything = sh(child.path, "cat-file", "--batch-all-objects", "--batch-check")
+    assert secret not in everything and len(everything.splitlines()) > 20
 
 
 def test_a_seeds_preface_is_what_the_prompt_reads_of_its_files_once_there(

@@ -33,14 +33,14 @@ MAX_CHAIN = 8
 
 _PUT = """
 -- KEYS: record, swarm counters, hosts, chunk 0..n-1
--- ARGV: ttl, swarm cap (0: none), origin host, 11 x (field, value) of the record, chunks
+-- ARGV: ttl, swarm cap (0: none), origin host, 12 x (field, value) of the record, chunks
 -- 1 stored, 0 stored already, -(stored bytes + 1) when the swarm's cap would be passed.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local ttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local size = tonumber(ARGV[5])
 local stored = tonumber(redis.call('HGET', KEYS[2], 'snapshot_bytes') or '0')
 if cap > 0 and stored + size > cap then return -(stored + 1) end
-local first = 26
+local first = 28
 for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[first + i - 4], 'EX', ttl) end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4, first - 1))
 redis.call('EXPIRE', KEYS[1], ttl)
@@ -71,6 +71,9 @@ class SnapshotMeta:
     """What a child's system prompt reads of its files, as JSON (``listing``,
     ``instructions``): a seed's, so its children ask the model while their files arrive
     ("": they wait for them)."""
+    lineage: str = ""
+    """The folder it is a snapshot of (a hash; a delta's is its base's): a host keeps the
+    snapshots it fetched in one repository per lineage ("": one from before lineages)."""
 
     @classmethod
     def from_hash(cls, snapshot_id: str, row: dict[str, str]) -> SnapshotMeta | None:
@@ -79,7 +82,7 @@ class SnapshotMeta:
         return cls(snapshot_id, int(row.get("size") or 0), int(row["chunks"]),
                    row.get("sha256", ""), row.get("base", ""), int(row.get("files") or 0),
                    row.get("origin", ""), row.get("odb", ""), row.get("local", ""),
-                   row.get("subdir", ""), row.get("preface", ""))
+                   row.get("subdir", ""), row.get("preface", ""), row.get("lineage", ""))
 
 
 def binary_client(redis_: redis.Redis) -> redis.Redis:
@@ -141,7 +144,7 @@ class SnapshotStore:
                   "sha256", hashlib.sha256(data).hexdigest(), "base", meta.base,
                   "files", meta.files, "origin", meta.origin, "odb", meta.odb,
                   "local", meta.local, "subdir", meta.subdir, "preface", meta.preface,
-                  "created", f"{time.time():.3f}",
+                  "lineage", meta.lineage, "created", f"{time.time():.3f}",
                   *parts]))
         if stored < 0:
             raise SnapshotTooLarge(

@@ -6,12 +6,15 @@ restore a workspace on another host.
   the snapshot's id, and stored once in Redis as a git bundle
   (:class:`~swarm.store.snapshots.SnapshotStore`). A child on the parent's host starts
   from a ``git worktree`` of the object store that already has it (no transfer); a child
-  elsewhere fetches the bundle into its host's cache (``SWARM_HOME/seeds/cache.git``)
-  once per host, then makes a worktree from there. A folder's next snapshot is stored as
-  a delta over its previous one (named in ``SWARM_HOME/seeds/last/``), so a host that
-  holds that one fetches only what changed. A seed's record carries its *preface* (what
-  a child's system prompt reads of its files), so a child's agent may ask the model
-  while :meth:`Seeds.make` fetches and checks them out (:meth:`Seeds.plan` says where).
+  elsewhere fetches the bundle once per host into its host's cache of the snapshots of
+  that folder (``SWARM_HOME/seeds/caches/<lineage>.git``: a child's repository borrows
+  no other folder's objects), then makes a worktree from there. The host's own cache
+  (``SWARM_HOME/seeds/cache.git``) holds the snapshots of its plain folders. A folder's
+  next snapshot is stored as a delta over its previous one (named in
+  ``SWARM_HOME/seeds/last/``), so a host that holds that one fetches only what changed.
+  A seed's record carries its *preface* (what a child's system prompt reads of its
+  files), so a child's agent may ask the model while :meth:`Seeds.make` fetches and
+  checks them out (:meth:`Seeds.plan` says where).
 - **Views.** Where the worker may mount, a child's worktree is a copy-on-write view of
   one shared checkout of its seed per host (:mod:`swarm.workspace.views`).
 - **Bring home.** A settling child's workspace is a commit over its seed, stored as a
@@ -92,6 +95,8 @@ class Planned:
     """The commit checked out (the parent's own when its repository is borrowed)."""
     meta: SnapshotMeta | None
     """Its seed's record (None: an empty folder)."""
+    borrowed: bool = False
+    """Its seed's objects are borrowed where they are (its parent's host), not fetched."""
 
     @property
     def preface(self) -> tuple[str, str] | None:
@@ -149,8 +154,24 @@ class Seeds:
 
     @property
     def cache(self) -> Path:
-        """This host's bare repository of fetched snapshots (made on first use)."""
+        """This host's bare repository of the snapshots of its plain folders, and of
+        children's files sent home (made on first use); fetched seeds: :meth:`cache_for`."""
         path = self.home / "seeds" / "cache.git"
+        if not (path / "objects").is_dir():
+            with _locked(self.home / "seeds" / "cache.lock"):
+                g.ensure_bare(path)
+        return path
+
+    def cache_for(self, seed: str, meta: SnapshotMeta | None = None) -> Path:
+        """This host's bare repository of the snapshots fetched of one folder (``seed``'s
+        lineage), made on first use: a child's repository borrows the objects of its
+        seed's alone, never another folder's (another swarm's, another user's)."""
+        meta = meta if meta is not None else self.store.meta(seed)
+        if meta is None:
+            return self.cache  # gone: fetching it fails anyway, saying so
+        lineage = meta.lineage if re.fullmatch(r"[0-9a-f]{24}", meta.lineage) else \
+            _lineage(meta.origin, meta.odb)  # a snapshot from before lineages
+        path = self.home / "seeds" / "caches" / f"{lineage}.git"
         if not (path / "objects").is_dir():
             with _locked(self.home / "seeds" / "cache.lock"):
                 g.ensure_bare(path)
@@ -207,9 +228,12 @@ class Seeds:
             g.git("update-ref", f"refs/swarm/local/{sid}", local, repo=odb)
         base = base if base not in ("", EMPTY, sid) and g.has(odb, base) and \
             (self.store.depth(base) or MAX_CHAIN) < MAX_CHAIN else ""
+        based = self.store.meta(base) if base else None
+        lineage = based.lineage if based is not None and based.lineage else \
+            _lineage(self.host, str(odb), str(workspace.resolve()))
         self.publish(odb, SnapshotMeta(sid, 0, 0, "", base, files, self.host, str(odb), local,
                                         "" if subdir == "." else subdir,
-                                        _preface(odb, tree, subdir)), swarm_id)
+                                        _preface(odb, tree, subdir), lineage), swarm_id)
         if last is not None:
             last.parent.mkdir(parents=True, exist_ok=True)
             tmp = last.with_name(f".{last.name}.{os.getpid()}.{threading.get_ident()}")
@@ -264,13 +288,14 @@ class Seeds:
                                 "in the store any more")
         odb = Path(meta.odb)
         start = meta.local or seed
-        if not (meta.origin == self.host and odb.is_dir() and g.has(odb, start)):
-            odb, start = self.cache, seed  # fetched into this host's cache
+        borrowed = meta.origin == self.host and odb.is_dir() and g.has(odb, start)
+        if not borrowed:
+            odb, start = self.cache_for(seed, meta), seed  # fetched into this host's cache
         view = path.parent / ".views" / path.name \
             if self.view == "auto" and not views.unavailable(self.home) else None
         return Planned(Workspace(path / meta.subdir if meta.subdir else path, root=path,
                                  seed=seed, odb=odb, index=self.index_of(swarm_id, agent_id),
-                                 view=view), start, meta)
+                                 view=view), start, meta, borrowed)
 
     def make(self, planned: Planned) -> Workspace:
         """The workspace ``planned``: its snapshot fetched (once per host) and checked out
@@ -280,7 +305,7 @@ class Seeds:
         if meta is None or ws.odb is None or ws.index is None:
             path.mkdir(parents=True, exist_ok=True)
             return ws
-        if ws.odb != self.cache:
+        if planned.borrowed:
             # The parent's host: its objects are borrowed where they are, no transfer.
             self.store.fetched(ws.seed, self.host, 0)
         else:
@@ -384,9 +409,9 @@ class Seeds:
         # Its seed's objects are where this host took them from: its parent's repository
         # (chosen by the worker, never read from the workspace) or the host's cache.
         meta = self.store.meta(seed)
-        odb = Path(meta.odb) if meta is not None and meta.origin == self.host else self.cache
-        if odb == self.cache or not g.has(odb, seed):
-            odb = self.cache
+        odb = Path(meta.odb) if meta is not None and meta.origin == self.host else None
+        if odb is None or not g.has(odb, seed):
+            odb = self.cache_for(seed, meta)
             self.fetch(seed, odb)
         return Workspace(path, root=top, seed=seed, odb=odb,
                          index=self.index_of(swarm_id, agent_id), view=view)
@@ -443,9 +468,17 @@ class Seeds:
             if g.git("rev-parse", f"{ws.seed}^{{tree}}", repo=repo) == tree:
                 return ""
         sid = g.commit(repo, tree, parents, "swarm: a child's work")
+        seeded = self.store.meta(ws.seed) if ws.seed else None
+        lineage = seeded.lineage if seeded is not None and seeded.lineage else \
+            _lineage(self.host, str(repo), str(ws.top.resolve()))
         self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
-                                         sid), swarm_id)
+                                         sid, lineage=lineage), swarm_id)
         return sid
+
+
+def _lineage(*parts: str) -> str:
+    """A lineage (:attr:`SnapshotMeta.lineage`): the folder a snapshot is of, hashed."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
 def _preface(odb: Path, tree: str, subdir: str) -> str:
