@@ -411,3 +411,19 @@ def test_a_seeds_preface_is_what_the_prompt_reads_of_its_files_once_there(
     (repo / ".swarm" / "skills" / "s.md").write_text("a skill\n")
     again = laptop.take(repo, SWARM, tree_of=g.discover(repo))
     assert seeds(redis, tmp_path / "home-b", "hostb").plan(SWARM, "a2", again).preface is None
+
+
+def test_a_plain_folders_children_on_its_host_reach_no_other_folders_files(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    theirs, mine = tmp_path / "theirs", tmp_path / "mine"
+    for folder, text in ((theirs, "THEIR SECRET PLAN\n"), (mine, "mine\n")):
+        folder.mkdir()
+        (folder / "notes.txt").write_text(text)
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    laptop.take(theirs, "swarm-t")
+    child = laptop.child(SWARM, "a1", laptop.take(mine, SWARM))
+    assert files_of(child.path) == {"notes.txt": "mine\n"}
+    secret = subprocess.run(["git", "hash-object", "--stdin"], input="THEIR SECRET PLAN\n",
+                            capture_output=True, text=True, check=True).stdout.strip()
+    found = subprocess.run(["git", "cat-file", "-e", secret], cwd=child.path, check=False)
+    assert found.returncode != 0  # its repository borrows its own folder's objects only

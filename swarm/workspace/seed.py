@@ -154,9 +154,17 @@ class Seeds:
 
     @property
     def cache(self) -> Path:
-        """This host's bare repository of the snapshots of its plain folders, and of
-        children's files sent home (made on first use); fetched seeds: :meth:`cache_for`."""
-        path = self.home / "seeds" / "cache.git"
+        """This host's bare repository of what no child borrows: the files of children
+        that started empty, sent home (made on first use). Seeds fetched:
+        :meth:`cache_for`; a plain folder's snapshots: :meth:`folder_cache`."""
+        return self._bare(self.home / "seeds" / "cache.git")
+
+    def folder_cache(self, folder: Path) -> Path:
+        """The bare repository of the snapshots of the plain folder ``folder`` (made on
+        first use): its children on this host borrow its objects, no other folder's."""
+        return self._bare(folder_cache(self.home, folder))
+
+    def _bare(self, path: Path) -> Path:
         if not (path / "objects").is_dir():
             with _locked(self.home / "seeds" / "cache.lock"):
                 g.ensure_bare(path)
@@ -171,11 +179,7 @@ class Seeds:
             return self.cache  # gone: fetching it fails anyway, saying so
         lineage = meta.lineage if re.fullmatch(r"[0-9a-f]{24}", meta.lineage) else \
             _lineage(meta.origin, meta.odb)  # a snapshot from before lineages
-        path = self.home / "seeds" / "caches" / f"{lineage}.git"
-        if not (path / "objects").is_dir():
-            with _locked(self.home / "seeds" / "cache.lock"):
-                g.ensure_bare(path)
-        return path
+        return self._bare(self.home / "seeds" / "caches" / f"{lineage}.git")
 
     # -- seed -------------------------------------------------------------------------------
 
@@ -198,7 +202,7 @@ class Seeds:
             tree = g.write_tree(top, odb=odb, index=own.index)
             subdir = str(workspace.resolve().relative_to(top.resolve()))
         else:
-            top, odb, subdir = workspace, self.cache, "."
+            top, odb, subdir = workspace, self.folder_cache(workspace), "."
             key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
             tree = g.write_tree(top, odb=odb, index=self.home / "seeds" / "index" / key)
         # A root's or a job's folder: its previous snapshot (named under SWARM_HOME, never
@@ -474,6 +478,12 @@ class Seeds:
         self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
                                          sid, lineage=lineage), swarm_id)
         return sid
+
+
+def folder_cache(home: Path, folder: Path) -> Path:
+    """Where the snapshots of the plain folder ``folder`` are kept under ``home``
+    (:meth:`Seeds.folder_cache`), and the changes its children sent home."""
+    return home / "seeds" / "caches" / f"{_lineage('folder', str(folder.resolve()))}.git"
 
 
 def _lineage(*parts: str) -> str:
