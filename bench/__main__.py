@@ -14,6 +14,9 @@ Parts (``--only NAME[,NAME]``):
                 embedded default and on a running deployment, phase by phase (bench.cold)
 - ``seed``      children seeded with a ~50 MB repository over two "hosts", against empty
                 children: added wall, bytes fetched per host, Redis peak memory
+- ``reseed``    two fan-outs from that repository, the second after a one-file edit:
+                bytes stored and fetched each time, each child's first model request
+                (bench.reseed; sized by the ``seed`` options)
 - ``land``      N children's edits of that repository landed in a dirty working tree:
                 seconds in all and per child (bench.land)
 - ``page``      the page of ``swarm serve`` in headless Chromium watching an N-agent swarm
@@ -41,7 +44,7 @@ from typing import Any
 from bench.common import RESULTS, configure, log, results_dir, write_result
 
 PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold", "seed",
-         "land", "page", "join")
+         "reseed", "land", "page", "join")
 MODULES = {"workers": "across", "redis": "redis_cost"}
 
 
@@ -123,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--cold-ab", type=Path, default=None, metavar="SRC",
                    help="alternate every cold job with one of the swarm in source tree SRC "
                         "(e.g. `git worktree add /tmp/base HEAD~1`): an A/B in one run")
-    g = p.add_argument_group("seed")
+    g = p.add_argument_group("seed (and reseed)")
     g.add_argument("--seed-n", type=int, default=200,
                    help="children of the seeding jobs (default 200)")
     g.add_argument("--seed-files", type=int, default=5000,

@@ -6,7 +6,8 @@
 ``point``, and wait there until ``file`` is removed (at most :data:`PAUSE_MAX` seconds):
 the test does something meanwhile (restarts Redis, say). Unset, a fault point costs one
 dictionary lookup. Points: ``coordinator-after-first-dispatch``,
-``worker-after-first-command``, ``worker-before-resume-claim``,
+``worker-after-first-command``, ``worker-before-resume-claim``, ``worker-seeding`` (a new
+child's workspace about to be fetched and checked out, its agent started),
 ``spawner-before-park`` (a parent saved parked, before its request is written), and a root's
 ``root-children-settled`` (woken, before it loads its session), ``root-before-finish``
 (its answer saved, before its swarm is finished) and ``lock-renewal`` (its session lock's

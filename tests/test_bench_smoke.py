@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed", "land",
-         "page", "join")
+PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "cold", "seed", "reseed",
+         "land", "page", "join")
 
 pytestmark = [
     pytest.mark.slow,

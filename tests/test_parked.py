@@ -129,7 +129,7 @@ def test_a_parked_parent_comes_back_on_another_host_with_its_files_over_its_seed
     # A repository of its own on swarm/p1 at its seed: its own commit stayed behind.
     assert git(back.path, "rev-parse", "--abbrev-ref", "HEAD").strip() == "swarm/p1"
     assert git(back.path, "log", "--format=%s").splitlines() == ["swarm seed"]
-    assert back.odb == c.cache and back.index == c.index_of(SWARM, "p1")
+    assert back.odb == c.cache_for(back.seed) and back.index == c.index_of(SWARM, "p1")
     # A child still out (seeded from new_seed) lands in the restored parent.
     host_g = seeds(redis, tmp_path / "home-g", "hostg", view)
     grandchild = host_g.child(SWARM, "g1", new_seed)

@@ -6,6 +6,7 @@ restored elsewhere or fails loudly."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from dataclasses import replace
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
+from swarm.agent.folder import AgentFolder
+from swarm.agent.probe import workspace_listing
 from swarm.domain.records import AgentRecord
 from swarm.domain.session import Session
 from swarm.errors import SnapshotTooLarge, WorkspaceLost
@@ -79,13 +82,14 @@ def test_a_child_elsewhere_starts_with_uncommitted_and_untracked_files(
     assert got["staged.txt"] == "staged change\n"
     assert got["unstaged.txt"] == "unstaged change\n"
     assert got["untracked.txt"] == "untracked\n"
-    # A repository of its own on swarm/a1 at the seed, borrowing the host cache's objects.
+    # A repository of its own on swarm/a1 at the seed, borrowing the objects of the host's
+    # cache of this folder's snapshots.
     assert child.root is not None and (child.root / ".git").is_dir()
     assert sh(child.path, "symbolic-ref", "HEAD").strip() == "refs/heads/swarm/a1"
     assert sh(child.path, "rev-parse", "HEAD").strip() == sid
-    assert child.odb == far.cache
+    assert child.odb == far.cache_for(sid) != far.cache
     alternates = child.root / ".git" / "objects" / "info" / "alternates"
-    assert Path(alternates.read_text().strip()) == (far.cache / "objects").resolve()
+    assert Path(alternates.read_text().strip()) == (far.cache_for(sid) / "objects").resolve()
     assert sh(child.path, "status", "--porcelain") == ""  # its files are its HEAD's
 
 
@@ -327,3 +331,99 @@ def test_a_checkout_as_it_was_seeded_has_nothing_to_send_home(
         ([], False)
     (child.path / "committed.txt").write_text("edited\n")
     assert ChildRunner._changed(child, far, before, record) == (["committed.txt"], True)
+
+
+def big_repo(path: Path, files: int = 200, size: int = 10_000) -> Path:
+    """A committed repository of ``files`` files of random text, ``size`` bytes each."""
+    path.mkdir(parents=True)
+    for i in range(files):
+        (path / f"f{i:03d}.txt").write_text(os.urandom(size // 2).hex())
+    sh(path, "init", "-q")
+    sh(path, "add", "-A")
+    sh(path, "commit", "-qm", "base")
+    return path
+
+
+def test_a_second_snapshot_after_a_one_file_edit_moves_only_that_change(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = big_repo(tmp_path / "repo")  # 2 MB
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    store = SnapshotStore(redis)
+    first = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    far.child(SWARM, "a1", first)
+    assert store.hosts(first)["hostb"] > 1_000_000
+    (repo / "f007.txt").write_text((repo / "f007.txt").read_text() + "one more line\n")
+    (repo / "f008.txt").unlink()
+    second = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    meta = store.meta(second)
+    assert meta is not None and meta.base == first
+    assert meta.size < 20_000  # stored as the change, not 2 MB again
+    child = far.child(SWARM, "a2", second)
+    assert store.hosts(second)["hostb"] == meta.size < 20_000  # and moved as it
+    assert files_of(child.path) == files_of(repo)
+    # A host that never held the first fetches both, and sees the second's files.
+    fresh = seeds(redis, tmp_path / "home-c", "hostc").child(SWARM, "a3", second)
+    assert files_of(fresh.path) == files_of(repo) and "f008.txt" not in files_of(fresh.path)
+
+
+def test_a_hosts_cache_of_other_repositories_never_reaches_a_childs_workspace(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    mine, theirs = big_repo(tmp_path / "mine", 20, 100), big_repo(tmp_path / "theirs", 20, 100)
+    (theirs / "their-secret-plan.txt").write_text("THEIR SECRET PLAN\n")
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    other = seeds(redis, tmp_path / "home-t", "their-laptop")
+    far.child("swarm-t", "t1", other.take(theirs, "swarm-t", tree_of=g.discover(theirs)))
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    first = laptop.take(mine, SWARM, tree_of=g.discover(mine))
+    assert files_of(far.child(SWARM, "a1", first).path) == files_of(mine)
+    (mine / "f001.txt").write_text("edited\n")
+    second = laptop.take(mine, SWARM, tree_of=g.discover(mine))
+    child = far.child(SWARM, "a2", second)
+    assert files_of(child.path) == files_of(mine)
+    # Nor through its git: its repository borrows the objects of its own folder's
+    # snapshots only, not of every snapshot this host fetched.
+    secret = sh(theirs, "hash-object", "their-secret-plan.txt").strip()
+    found = subprocess.run(["git", "cat-file", "-e", secret], cwd=child.path, check=False)
+    assert found.returncode != 0
+    everything = sh(child.path, "cat-file", "--batch-all-objects", "--batch-check")
+    assert secret not in everything and len(everything.splitlines()) > 20
+
+
+def test_a_seeds_preface_is_what_the_prompt_reads_of_its_files_once_there(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    (repo / "AGENTS.md").write_text("Be brief.\n")
+    (repo / ".swarm").mkdir()
+    (repo / ".swarm" / "instructions.md").write_text("Test first.\n")
+    (repo / "lib").mkdir()
+    (repo / "lib" / "a.py").write_text("x = 1\n")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    planned = seeds(redis, tmp_path / "home-b", "hostb").plan(SWARM, "a1", sid)
+    assert planned.preface is not None and not planned.workspace.path.exists()
+    child = seeds(redis, tmp_path / "home-b", "hostb").make(planned)
+    assert planned.preface == (workspace_listing(child.path),
+                               AgentFolder(child.path).instructions())
+    assert "Be brief." in planned.preface[1] and "lib/" in planned.preface[0]
+    # Skills or typed tools are more than a preface holds: its children wait for files.
+    (repo / ".swarm" / "skills").mkdir()
+    (repo / ".swarm" / "skills" / "s.md").write_text("a skill\n")
+    again = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    assert seeds(redis, tmp_path / "home-b", "hostb").plan(SWARM, "a2", again).preface is None
+
+
+def test_a_plain_folders_children_on_its_host_reach_no_other_folders_files(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    theirs, mine = tmp_path / "theirs", tmp_path / "mine"
+    for folder, text in ((theirs, "THEIR SECRET PLAN\n"), (mine, "mine\n")):
+        folder.mkdir()
+        (folder / "notes.txt").write_text(text)
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    laptop.take(theirs, "swarm-t")
+    child = laptop.child(SWARM, "a1", laptop.take(mine, SWARM))
+    assert files_of(child.path) == {"notes.txt": "mine\n"}
+    secret = subprocess.run(["git", "hash-object", "--stdin"], input="THEIR SECRET PLAN\n",
+                            capture_output=True, text=True, check=True).stdout.strip()
+    found = subprocess.run(["git", "cat-file", "-e", secret], cwd=child.path, check=False)
+    assert found.returncode != 0  # its repository borrows its own folder's objects only

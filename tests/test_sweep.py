@@ -60,8 +60,8 @@ def test_a_forgotten_swarm_leaves_nothing_behind(redis: redis_lib.Redis,
     assert kept in refs(repo)
     home = tmp_path / "home-b"
     (home / "returned" / SWARM / "a1").mkdir(parents=True)
-    tree, _ = views.shared_checkout(far.cache, sid, home / "seeds" / "trees")
-    cache = home / "seeds" / "cache.git"
+    tree, _ = views.shared_checkout(far.cache_for(sid), sid, home / "seeds" / "trees")
+    cache = far.cache_for(sid)
     index = far.index_of(SWARM, "a1")
     assert index.is_file() and child.root is not None and (child.root / ".git").is_dir()
     before = refs(cache)

@@ -96,7 +96,8 @@ def test_children_share_one_checkout_and_never_see_each_others_writes(
                                       "untracked.txt"]
     assert host.capture(two, SWARM) == ""
     delta = host.capture(one, SWARM)
-    changed = git(repo, "--git-dir", str(host.cache), "diff", "--name-only", sid, delta)
+    changed = git(repo, "--git-dir", str(host.cache_for(sid)), "diff", "--name-only", sid,
+                  delta)
     assert changed.split() == ["d0/f0.txt", "d1/f1.txt", "new.txt", "untracked.txt"]
 
 
@@ -115,7 +116,7 @@ def test_an_unmounted_view_is_mounted_again_with_its_changes(
     assert git(again.path, "status", "--porcelain") == "?? mine.txt\n"
     assert git(again.path, "symbolic-ref", "HEAD") == "refs/heads/swarm/a1\n"
     # The worker reads it through the same repository and its own index as before.
-    assert again.odb == child.odb == host.cache and again.index == child.index
+    assert again.odb == child.odb == host.cache_for(sid) and again.index == child.index
 
 
 def test_a_child_on_the_parents_host_gets_a_view_borrowing_the_users_objects(

@@ -190,16 +190,11 @@ class AgentFolder:
             if not path.is_file():
                 continue
             try:
-                text = path.read_text(encoding="utf-8", errors="replace").strip()
+                text = path.read_text(encoding="utf-8", errors="replace")
             except OSError as exc:
                 parts.append(f"## {rel}\n\n[cannot read {rel}: {exc.strerror or exc}]")
                 continue
-            if not text:
-                continue
-            if len(text) > INSTRUCTIONS_CAP:
-                left = len(text) - INSTRUCTIONS_CAP
-                text = f"{text[:INSTRUCTIONS_CAP]}\n[... {left} more characters of {rel} cut]"
-            parts.append(f"## {rel}\n\n{text}")
+            parts += _section(rel, text)
         return "\n\n".join(parts)
 
     def skills(self) -> list[Skill]:
@@ -253,6 +248,24 @@ class AgentFolder:
             except _Skip as exc:
                 errors.append(f"{TOOLS_DIR}/{path.name} skipped: {exc}")
         return tools, errors
+
+
+def instructions_of(texts: dict[str, str]) -> str:
+    """What :meth:`AgentFolder.instructions` says of a folder whose instruction files hold
+    ``texts`` (by path; a workspace's files read from its snapshot)."""
+    return "\n\n".join(part for rel in INSTRUCTION_FILES if rel in texts
+                        for part in _section(rel, texts[rel]))
+
+
+def _section(rel: str, text: str) -> list[str]:
+    """The instruction file ``rel`` under its heading, capped; nothing when empty."""
+    text = text.strip()
+    if not text:
+        return []
+    if len(text) > INSTRUCTIONS_CAP:
+        left = len(text) - INSTRUCTIONS_CAP
+        text = f"{text[:INSTRUCTIONS_CAP]}\n[... {left} more characters of {rel} cut]"
+    return [f"## {rel}\n\n{text}"]
 
 
 class _Skip(Exception):

@@ -170,13 +170,18 @@ def workspace_listing(workspace: Path) -> str:
     """Top-level entries of ``workspace``, sorted, directories ending in ``/``, capped."""
     try:
         with os.scandir(workspace) as it:
-            entries = sorted(
-                (e.name + "/" if _is_dir(e) else e.name) for e in it
-            )
+            entries = [(e.name + "/" if _is_dir(e) else e.name) for e in it]
     except FileNotFoundError:
         return "(the workspace does not exist yet)"
     except OSError as exc:
         return f"(cannot list the workspace: {exc.strerror or exc})"
+    return listing_text(entries)
+
+
+def listing_text(entries: list[str]) -> str:
+    """The listing of a workspace whose top-level entries are ``entries`` (directories
+    ending in ``/``): sorted, capped."""
+    entries = sorted(entries)
     if not entries:
         return "(empty)"
     shown: list[str] = []
@@ -200,9 +205,11 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def probe_environment(workspace: Path, cache_file: Path | None = None) -> str:
+def probe_environment(workspace: Path, cache_file: Path | None = None,
+                      listing: str | None = None) -> str:
     """The environment block of the system prompt: date, OS, shell, user, tools, workspace
-    (``cache_file``: see :func:`tool_versions`)."""
+    (``cache_file``: see :func:`tool_versions`; ``listing``: its top level, when its files
+    are still arriving)."""
     versions = tool_versions(cache_file)
     now = datetime.now().astimezone()
     lines = [
@@ -217,5 +224,5 @@ def probe_environment(workspace: Path, cache_file: Path | None = None) -> str:
         lines.append("tools:")
         lines.extend(tools)
     lines.append("workspace contents (top level):")
-    lines.append(workspace_listing(workspace))
+    lines.append(workspace_listing(workspace) if listing is None else listing)
     return "\n".join(lines)

@@ -11,15 +11,20 @@ from swarm.cli.options import Abort, handle_errors, settings_from
 from swarm.errors import WorkspaceError
 from swarm.workspace import gitstate as g
 from swarm.workspace import homecoming
+from swarm.workspace.seed import folder_cache
 
 
 def _where(folder: Path) -> tuple[Path, g.WorkTree | None]:
     """The repository the kept changes of ``folder`` are in: its own git repository, or
-    for a plain folder the host's cache (``SWARM_HOME/seeds/cache.git``)."""
+    for a plain folder its cache on this machine (``SWARM_HOME/seeds/caches/``; one
+    kept before plain folders had their own: ``SWARM_HOME/seeds/cache.git``)."""
     tree = g.discover(folder)
     if tree is not None:
         return tree.repo, tree
-    cache = settings_from().home / "seeds" / "cache.git"
+    home = settings_from().home
+    cache = folder_cache(home, folder)
+    if not (cache / "objects").is_dir():
+        cache = home / "seeds" / "cache.git"
     if not (cache / "objects").is_dir():
         raise Abort(f"{folder} is not in a git repository and no swarm kept changes on this "
                     "machine")

@@ -59,17 +59,20 @@ def tools_cache(settings: Settings) -> Path:
 
 
 def prompt_builder(workspace: Path, folder: AgentFolder, extra: str = "",
-                   tools_file: Path | None = None,
-                   kind: AgentType | None = None) -> Callable[[str], str]:
+                   tools_file: Path | None = None, kind: AgentType | None = None,
+                   preface: tuple[str, str] | None = None) -> Callable[[str], str]:
     """A function of the memory hints that gives the whole system prompt.
 
     The environment probe and the agent folder are read once per agent, not per turn. An
     agent of a declared type ``kind`` has its instructions in place of swarm's and of the
     folder's (unless it inherits those), and its skills only when it has ``load_skill``.
+    ``preface`` (listing, instructions) stands in for the workspace's top level and
+    instruction files while they are still arriving (a seeded child's).
     """
     parts = PromptParts(
-        environment=probe_environment(workspace, tools_file),
-        instructions=folder.instructions()
+        environment=probe_environment(workspace, tools_file,
+                                      preface[0] if preface is not None else None),
+        instructions=(folder.instructions() if preface is None else preface[1])
         if kind is None or "instructions" in kind.inherit else "",
         skills=[(s.name, s.summary) for s in folder.skills()]
         if kind is None or kind.allows("load_skill") else [],
@@ -113,6 +116,7 @@ def build_agent(
     kind: str = "root",
     types: AgentTypes | None = None,
     agent_type: AgentType | None = None,
+    preface: tuple[str, str] | None = None,
 ) -> Agent:
     """An agent for ``workspace`` with every collaborator it needs.
 
@@ -132,7 +136,9 @@ def build_agent(
     a terminal, job, child) picks its turn limit (:meth:`Settings.turn_limit`). ``types``
     are the declared types its ``agent`` tool may start; ``agent_type`` is its own: its
     instructions, and its tools only (its MCP servers too: those its tools name). Its
-    model, approvals and turn limit are the caller's to put in ``settings`` and ``model``."""
+    model, approvals and turn limit are the caller's to put in ``settings`` and ``model``.
+    ``preface``: see :func:`prompt_builder` (its caller's ``guard`` then holds its tool
+    calls until the files are there)."""
     if agent_type is not None and mcp is not None and \
             (servers := agent_type.mcp_servers()) is not None:
         mcp = dataclasses.replace(mcp, servers=tuple(s for s in mcp.servers
@@ -155,7 +161,7 @@ def build_agent(
         gate=ApprovalGate(settings.policy_for, approver, LLMReviewer(model), yes=settings.yes),
         session=session,
         system_prompt=prompt_builder(workspace, folder, extra_prompt, tools_cache(settings),
-                                     agent_type),
+                                     agent_type, preface),
         store=store,
         hints=hints,
         folder=folder,

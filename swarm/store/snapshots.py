@@ -7,6 +7,12 @@ stored once. Chunks and the record live :data:`~swarm.store.keys.SNAPSHOT_TTL`, 
 on at every read, longer than the runs that start from them. Which hosts hold a
 snapshot (and how many bytes each fetched) is counted here too, so a benchmark or a
 test can tell that a host fetched it once, or never.
+
+A snapshot may be stored as a delta over another (its ``base``): a child's work over its
+seed, and a seed over the previous seed of the same folder, so a second fan-out from a
+repository stores and moves only what changed. A host that lacks the base fetches it
+first; chains are at most :data:`MAX_CHAIN` deep, and a delta's base lives as long as
+the delta (both pushed on together).
 """
 
 from __future__ import annotations
@@ -22,16 +28,19 @@ from swarm.errors import SnapshotTooLarge, WorkspaceLost
 from swarm.store import keys
 from swarm.text import human_bytes
 
+#: Deltas over deltas at most: a longer chain stores the whole snapshot again.
+MAX_CHAIN = 8
+
 _PUT = """
 -- KEYS: record, swarm counters, hosts, chunk 0..n-1
--- ARGV: ttl, swarm cap (0: none), origin host, 10 x (field, value) of the record, chunks
+-- ARGV: ttl, swarm cap (0: none), origin host, 12 x (field, value) of the record, chunks
 -- 1 stored, 0 stored already, -(stored bytes + 1) when the swarm's cap would be passed.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local ttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local size = tonumber(ARGV[5])
 local stored = tonumber(redis.call('HGET', KEYS[2], 'snapshot_bytes') or '0')
 if cap > 0 and stored + size > cap then return -(stored + 1) end
-local first = 24
+local first = 28
 for i = 4, #KEYS do redis.call('SET', KEYS[i], ARGV[first + i - 4], 'EX', ttl) end
 redis.call('HSET', KEYS[1], unpack(ARGV, 4, first - 1))
 redis.call('EXPIRE', KEYS[1], ttl)
@@ -58,6 +67,13 @@ class SnapshotMeta:
     odb: str = ""
     local: str = ""
     subdir: str = ""
+    preface: str = ""
+    """What a child's system prompt reads of its files, as JSON (``listing``,
+    ``instructions``): a seed's, so its children ask the model while their files arrive
+    ("": they wait for them)."""
+    lineage: str = ""
+    """The folder it is a snapshot of (a hash; a delta's is its base's): a host keeps the
+    snapshots it fetched in one repository per lineage ("": one from before lineages)."""
 
     @classmethod
     def from_hash(cls, snapshot_id: str, row: dict[str, str]) -> SnapshotMeta | None:
@@ -66,7 +82,7 @@ class SnapshotMeta:
         return cls(snapshot_id, int(row.get("size") or 0), int(row["chunks"]),
                    row.get("sha256", ""), row.get("base", ""), int(row.get("files") or 0),
                    row.get("origin", ""), row.get("odb", ""), row.get("local", ""),
-                   row.get("subdir", ""))
+                   row.get("subdir", ""), row.get("preface", ""), row.get("lineage", ""))
 
 
 def binary_client(redis_: redis.Redis) -> redis.Redis:
@@ -102,6 +118,18 @@ class SnapshotStore:
         self._touch(meta)
         return True
 
+    def depth(self, snapshot_id: str) -> int | None:
+        """How many snapshots the one stored as ``snapshot_id`` needs, itself included (1:
+        a whole one), every one of them pushed on; None when one of them is gone."""
+        meta, found = self.meta(snapshot_id), 0
+        while meta is not None:
+            found += 1
+            self._touch(meta, chain=False)
+            if not meta.base or found > MAX_CHAIN:
+                return found
+            meta = self.meta(meta.base)
+        return None
+
     def put(self, meta: SnapshotMeta, data: bytes, swarm_id: str, swarm_cap: int) -> bool:
         """Store ``data`` under ``meta.id`` and count its bytes against the swarm, in one
         script; False when it was stored already (nothing counted). Raises
@@ -115,7 +143,8 @@ class SnapshotStore:
                   "size", len(data), "chunks", len(parts),
                   "sha256", hashlib.sha256(data).hexdigest(), "base", meta.base,
                   "files", meta.files, "origin", meta.origin, "odb", meta.odb,
-                  "local", meta.local, "subdir", meta.subdir, "created", f"{time.time():.3f}",
+                  "local", meta.local, "subdir", meta.subdir, "preface", meta.preface,
+                  "lineage", meta.lineage, "created", f"{time.time():.3f}",
                   *parts]))
         if stored < 0:
             raise SnapshotTooLarge(
@@ -158,10 +187,14 @@ class SnapshotStore:
         row = cast("dict[str, str]", self.redis.hgetall(keys.snapshot_hosts(snapshot_id)))
         return {host: int(n) for host, n in row.items()}
 
-    def _touch(self, meta: SnapshotMeta) -> None:
+    def _touch(self, meta: SnapshotMeta, chain: bool = True) -> None:
+        """Push on the TTL of ``meta``'s snapshot and (``chain``) of those it is a delta
+        over: a base never expires before its delta."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.expire(keys.snapshot(meta.id), self.ttl)
             pipe.expire(keys.snapshot_hosts(meta.id), self.ttl)
             for i in range(meta.chunks):
                 pipe.expire(keys.snapshot_chunk(meta.id, i), self.ttl)
             pipe.execute()
+        if chain and meta.base:
+            self.depth(meta.base)

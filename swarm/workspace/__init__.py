@@ -8,7 +8,9 @@ A workspace's life, in order:
   (:mod:`~swarm.workspace.parked`).
 - **Seeded** from its parent's *snapshot*: the parent's files as it sees them, committed
   and stored once in Redis as a git bundle (:mod:`swarm.store.snapshots`, the store layer
-  under this package), fetched once per host (:mod:`~swarm.workspace.seed`).
+  under this package; a folder's next snapshot as a delta over its previous one), fetched
+  once per host (:mod:`~swarm.workspace.seed`), while the child's agent already asks the
+  model (:mod:`swarm.workers.arrival`).
 - **Viewed**: where the worker may mount, a copy-on-write overlay of one shared checkout
   per host (:mod:`~swarm.workspace.views`).
 - **Captured**: what its agent changed, as a commit over its seed

@@ -308,17 +308,86 @@ def tree_stats(repo: Path, tree: str) -> tuple[int, int]:
     return files, size
 
 
+#: Bytes of a preface's files at most (larger: no preface, the child waits for its files).
+PREFACE_MAX = 64 * 1024
+
+
+def preface(repo: Path, tree: str) -> tuple[list[str], dict[str, str]] | None:
+    """What an agent's system prompt reads of a workspace whose files are the tree
+    ``tree``: its top-level names (a folder's ending in ``/``) and the text of its
+    ``AGENTS.md`` and ``.swarm/instructions.md`` (by path), so a child's first model
+    request need not wait for its files. None where the prompt would read more (skills or
+    typed tools under ``.swarm/``), a name is a symbolic link (a folder or not, the
+    listing follows it), or the files pass :data:`PREFACE_MAX`."""
+    def entries(of: str) -> list[tuple[str, str, str]]:
+        out = git("ls-tree", "-z", of, repo=repo, raw=True)
+        found = []
+        for item in filter(None, out.split("\0")):
+            head, _, name = item.partition("\t")
+            mode, _kind, sha = head.split()
+            found.append((mode, sha, name))
+        return found
+
+    top = entries(tree)
+    files: dict[str, str] = {}
+    wanted = {"AGENTS.md": "", ".swarm/instructions.md": ""}
+    for mode, sha, name in top:
+        if mode == "120000":
+            return None
+        if name == ".swarm":
+            if mode != "040000":
+                return None
+            for sub_mode, sub_sha, sub in entries(sha):
+                if sub in ("skills", "tools"):
+                    return None
+                if sub == "instructions.md":
+                    if sub_mode not in ("100644", "100755"):
+                        return None
+                    wanted[".swarm/instructions.md"] = sub_sha
+        elif name == "AGENTS.md":
+            if mode not in ("100644", "100755"):
+                return None
+            wanted[name] = sha
+    size = 0
+    for rel, sha in wanted.items():
+        if sha:
+            size += int(git("cat-file", "-s", sha, repo=repo))
+            if size > PREFACE_MAX:
+                return None
+            files[rel] = git("cat-file", "blob", sha, repo=repo, raw=True).encode(
+                "utf-8", "surrogateescape").decode("utf-8", "replace")
+    return [name + "/" if mode in ("040000", "160000") else name
+            for mode, _sha, name in top], files
+
+
 def bundle(repo: Path, sha: str, base: str = "") -> bytes:
     """A bundle of commit ``sha`` (ref ``refs/swarm/snap/<sha>``) with only the objects
-    ``base`` lacks."""
+    ``base`` lacks (those of its tree too, whether or not ``base`` is an ancestor: a
+    snapshot is a commit without parents, and two snapshots of one repository share most
+    of their files), a changed file as a delta over its version in ``base``."""
     ref = f"refs/swarm/snap/{sha}"
     git("update-ref", ref, sha, repo=repo)
-    with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
-        path = Path(tmp) / "b.bundle"
-        git("-c", "pack.compression=1", "-c", "pack.window=0", "bundle", "create", "-q",
-            str(path), ref,
-            *([f"^{base}"] if base else []), repo=repo)
-        return path.read_bytes()
+    if not base:
+        with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
+            path = Path(tmp) / "b.bundle"
+            git("-c", "pack.compression=1", "-c", "pack.window=0", "bundle", "create", "-q",
+                str(path), ref, repo=repo)
+            return path.read_bytes()
+    # `git bundle create ref ^base` leaves out what is reachable from base only through
+    # history; --shallow marks every tree of base as there (git's "aggressive edges"),
+    # --thin lets a changed file travel as a delta (the fetch's index-pack completes it).
+    try:
+        pack = subprocess.run(
+            ["git", "-c", "pack.compression=1", "pack-objects", "--revs", "--thin",
+             "--shallow", "--stdout", "-q"],
+            input=f"{sha}\n^{base}\n".encode(), capture_output=True, timeout=300,
+            env=_environ({"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo)}), cwd=repo)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WorkspaceError(f"git pack-objects failed: {exc}") from None
+    if pack.returncode != 0:
+        raise WorkspaceError("git pack-objects failed: "
+                             f"{pack.stderr.decode(errors='replace').strip()[-500:]}")
+    return f"# v2 git bundle\n-{base} swarm base\n{sha} {ref}\n\n".encode() + pack.stdout
 
 
 def unbundle(repo: Path, sha: str, data: bytes) -> None:

@@ -82,12 +82,12 @@ class Parent:
 def parent_of(seeds: Seeds, workspace: Path, tree_of: g.WorkTree | None,
               own: Workspace | None) -> Parent:
     """The :class:`Parent` for a workspace: a git work tree (``tree_of``), a seeded
-    child's (``own``), else a plain folder read into the host's cache."""
+    child's (``own``), else a plain folder read into its cache on this host."""
     if tree_of is not None:
         return Parent(tree_of.top, tree_of.repo, tree_of=tree_of)
     if own is not None and own.odb is not None and own.index is not None:
         return Parent(own.top, own.odb, index=own.index)
-    return parent_of_folder(workspace, seeds.cache, None, seeds.home)
+    return parent_of_folder(workspace, seeds.folder_cache(workspace), None, seeds.home)
 
 
 def parent_of_folder(top: Path, odb: Path, tree_of: g.WorkTree | None, home: Path) -> Parent:

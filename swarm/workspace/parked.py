@@ -36,7 +36,7 @@ def restore(seeds: Seeds, swarm_id: str, agent_id: str, seed: str, sealed: str) 
             path.unlink()
         elif path.exists():
             shutil.rmtree(path)
-        repo = seeds.cache
+        repo = seeds.cache_for(seed) if seed else seeds.cache  # its seed's lineage
         seeds.fetch(sealed, repo)
         if not seed:
             g.checkout_files(repo, sealed, path)

@@ -6,8 +6,15 @@ restore a workspace on another host.
   the snapshot's id, and stored once in Redis as a git bundle
   (:class:`~swarm.store.snapshots.SnapshotStore`). A child on the parent's host starts
   from a ``git worktree`` of the object store that already has it (no transfer); a child
-  elsewhere fetches the bundle into its host's cache (``SWARM_HOME/seeds/cache.git``)
-  once per host, then makes a worktree from there.
+  elsewhere fetches the bundle once per host into its host's cache of the snapshots of
+  that folder (``SWARM_HOME/seeds/caches/<lineage>.git``: a child's repository borrows
+  no other folder's objects), then makes a worktree from there. The host's own cache
+  (``SWARM_HOME/seeds/cache.git``) holds the snapshots of its plain folders. A folder's
+  next snapshot is stored as a delta over its previous one (named in
+  ``SWARM_HOME/seeds/last/``), so a host that holds that one fetches only what changed.
+  A seed's record carries its *preface* (what a child's system prompt reads of its
+  files), so a child's agent may ask the model while :meth:`Seeds.make` fetches and
+  checks them out (:meth:`Seeds.plan` says where).
 - **Views.** Where the worker may mount, a child's worktree is a copy-on-write view of
   one shared checkout of its seed per host (:mod:`swarm.workspace.views`).
 - **Bring home.** A settling child's workspace is a commit over its seed, stored as a
@@ -19,18 +26,23 @@ restore a workspace on another host.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarm.agent.folder import instructions_of
+from swarm.agent.probe import listing_text
 from swarm.errors import SnapshotTooLarge, WorkspaceError, WorkspaceLost
-from swarm.store.snapshots import SnapshotMeta, SnapshotStore
+from swarm.store.snapshots import MAX_CHAIN, SnapshotMeta, SnapshotStore
 from swarm.text import human_bytes
 from swarm.workspace import gitstate as g
 from swarm.workspace import views
@@ -72,6 +84,31 @@ class Workspace:
         """A child's work tree is read as a folder (see the class), never as a git work
         tree: None."""
         return None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A new child's workspace as it will be (:meth:`Seeds.plan`), before it is made."""
+
+    workspace: Workspace
+    start: str
+    """The commit checked out (the parent's own when its repository is borrowed)."""
+    meta: SnapshotMeta | None
+    """Its seed's record (None: an empty folder)."""
+    borrowed: bool = False
+    """Its seed's objects are borrowed where they are (its parent's host), not fetched."""
+
+    @property
+    def preface(self) -> tuple[str, str] | None:
+        """What the system prompt reads of its files (listing, instructions), from its
+        seed's record, so its agent may start before they are there; None: it waits."""
+        if self.meta is None or not self.meta.preface:
+            return None
+        try:
+            found = json.loads(self.meta.preface)
+            return str(found["listing"]), str(found["instructions"])
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 @contextlib.contextmanager
@@ -117,12 +154,32 @@ class Seeds:
 
     @property
     def cache(self) -> Path:
-        """This host's bare repository of fetched snapshots (made on first use)."""
-        path = self.home / "seeds" / "cache.git"
+        """This host's bare repository of what no child borrows: the files of children
+        that started empty, sent home (made on first use). Seeds fetched:
+        :meth:`cache_for`; a plain folder's snapshots: :meth:`folder_cache`."""
+        return self._bare(self.home / "seeds" / "cache.git")
+
+    def folder_cache(self, folder: Path) -> Path:
+        """The bare repository of the snapshots of the plain folder ``folder`` (made on
+        first use): its children on this host borrow its objects, no other folder's."""
+        return self._bare(folder_cache(self.home, folder))
+
+    def _bare(self, path: Path) -> Path:
         if not (path / "objects").is_dir():
             with _locked(self.home / "seeds" / "cache.lock"):
                 g.ensure_bare(path)
         return path
+
+    def cache_for(self, seed: str, meta: SnapshotMeta | None = None) -> Path:
+        """This host's bare repository of the snapshots fetched of one folder (``seed``'s
+        lineage), made on first use: a child's repository borrows the objects of its
+        seed's alone, never another folder's (another swarm's, another user's)."""
+        meta = meta if meta is not None else self.store.meta(seed)
+        if meta is None:
+            return self.cache  # gone: fetching it fails anyway, saying so
+        lineage = meta.lineage if re.fullmatch(r"[0-9a-f]{24}", meta.lineage) else \
+            _lineage(meta.origin, meta.odb)  # a snapshot from before lineages
+        return self._bare(self.home / "seeds" / "caches" / f"{lineage}.git")
 
     # -- seed -------------------------------------------------------------------------------
 
@@ -145,9 +202,18 @@ class Seeds:
             tree = g.write_tree(top, odb=odb, index=own.index)
             subdir = str(workspace.resolve().relative_to(top.resolve()))
         else:
-            top, odb, subdir = workspace, self.cache, "."
+            top, odb, subdir = workspace, self.folder_cache(workspace), "."
             key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
             tree = g.write_tree(top, odb=odb, index=self.home / "seeds" / "index" / key)
+        # A root's or a job's folder: its previous snapshot (named under SWARM_HOME, never
+        # by a ref in the user's repository) is the new one's base, so it is stored and
+        # moves as what changed since, to every host that holds that one.
+        last = self.home / "seeds" / "last" / hashlib.sha256(
+            f"{odb}\0{workspace.resolve()}".encode()).hexdigest()[:32] if own is None else None
+        if last is not None and base in ("", EMPTY):
+            with contextlib.suppress(OSError):
+                base = last.read_text().strip()
+                base = base if re.fullmatch(r"[0-9a-f]{40,64}", base) else ""
         if tree == g.EMPTY_TREE:
             return EMPTY  # nothing to ship: the children start in empty folders
         files, size = g.tree_stats(odb, tree)
@@ -164,9 +230,19 @@ class Seeds:
         g.keep(odb, sid)
         if local != sid:
             g.git("update-ref", f"refs/swarm/local/{sid}", local, repo=odb)
-        base = base if base not in ("", EMPTY, sid) and g.has(odb, base) else ""
+        base = base if base not in ("", EMPTY, sid) and g.has(odb, base) and \
+            (self.store.depth(base) or MAX_CHAIN) < MAX_CHAIN else ""
+        based = self.store.meta(base) if base else None
+        lineage = based.lineage if based is not None and based.lineage else \
+            _lineage(self.host, str(odb), str(workspace.resolve()))
         self.publish(odb, SnapshotMeta(sid, 0, 0, "", base, files, self.host, str(odb), local,
-                                        "" if subdir == "." else subdir), swarm_id)
+                                        "" if subdir == "." else subdir,
+                                        _preface(odb, tree, subdir), lineage), swarm_id)
+        if last is not None:
+            last.parent.mkdir(parents=True, exist_ok=True)
+            tmp = last.with_name(f".{last.name}.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(sid)
+            os.replace(tmp, last)
         return sid
 
     def publish(self, odb: Path, meta: SnapshotMeta, swarm_id: str) -> None:
@@ -193,6 +269,8 @@ class Seeds:
                 return 0
             meta, data = self.store.get(sid)
             fetched = self.fetch(meta.base, into) if meta.base else 0
+            if meta.base:  # the delta's bundle needs its base reachable from a ref
+                g.keep(into, meta.base)
             g.unbundle(into, sid, data)
             self.store.fetched(sid, self.host, len(data))
             return fetched + len(data)
@@ -200,28 +278,47 @@ class Seeds:
     def child(self, swarm_id: str, agent_id: str, seed: str) -> Workspace:
         """A new child's workspace: its parent's snapshot ``seed`` checked out with a
         repository of its own (an empty folder when ``seed`` is "")."""
+        return self.make(self.plan(swarm_id, agent_id, seed))
+
+    def plan(self, swarm_id: str, agent_id: str, seed: str) -> Planned:
+        """What :meth:`make` will make of a new child's workspace (quick: it reads the
+        snapshot's record; the files are not there yet)."""
         path = self.home / "workspaces" / swarm_id / agent_id
         if seed in ("", EMPTY):
-            path.mkdir(parents=True, exist_ok=True)
-            return Workspace(path, root=path)
+            return Planned(Workspace(path, root=path), "", None)
         meta = self.store.meta(seed)
         if meta is None:
             raise WorkspaceLost(f"the snapshot of the parent's workspace ({seed[:12]}) is not "
                                 "in the store any more")
         odb = Path(meta.odb)
         start = meta.local or seed
-        if meta.origin == self.host and odb.is_dir() and g.has(odb, start):
+        borrowed = meta.origin == self.host and odb.is_dir() and g.has(odb, start)
+        if not borrowed:
+            odb, start = self.cache_for(seed, meta), seed  # fetched into this host's cache
+        view = path.parent / ".views" / path.name \
+            if self.view == "auto" and not views.unavailable(self.home) else None
+        return Planned(Workspace(path / meta.subdir if meta.subdir else path, root=path,
+                                 seed=seed, odb=odb, index=self.index_of(swarm_id, agent_id),
+                                 view=view), start, meta, borrowed)
+
+    def make(self, planned: Planned) -> Workspace:
+        """The workspace ``planned``: its snapshot fetched (once per host) and checked out
+        (its ``view`` None if a copy-on-write view could not be made)."""
+        ws, meta = planned.workspace, planned.meta
+        path = ws.top
+        if meta is None or ws.odb is None or ws.index is None:
+            path.mkdir(parents=True, exist_ok=True)
+            return ws
+        if planned.borrowed:
             # The parent's host: its objects are borrowed where they are, no transfer.
-            self.store.fetched(seed, self.host, 0)
+            self.store.fetched(ws.seed, self.host, 0)
         else:
-            odb, start = self.cache, seed
-            self.fetch(seed, odb)
-        index = self.index_of(swarm_id, agent_id)
-        view = self.checkout(odb, path, f"swarm/{agent_id}", start, seed, index)
+            self.fetch(ws.seed, ws.odb)
+        view = self.checkout(ws.odb, path, f"swarm/{path.name}", planned.start, ws.seed,
+                             ws.index)
         if meta.subdir:
             (path / meta.subdir).mkdir(parents=True, exist_ok=True)
-        return Workspace(path / meta.subdir if meta.subdir else path, root=path, seed=seed,
-                         odb=odb, index=index, view=view)
+        return dataclasses.replace(ws, view=view)
 
     def index_of(self, swarm_id: str, agent_id: str) -> Path:
         """Where the worker keeps its own index of an agent's workspace."""
@@ -316,9 +413,9 @@ class Seeds:
         # Its seed's objects are where this host took them from: its parent's repository
         # (chosen by the worker, never read from the workspace) or the host's cache.
         meta = self.store.meta(seed)
-        odb = Path(meta.odb) if meta is not None and meta.origin == self.host else self.cache
-        if odb == self.cache or not g.has(odb, seed):
-            odb = self.cache
+        odb = Path(meta.odb) if meta is not None and meta.origin == self.host else None
+        if odb is None or not g.has(odb, seed):
+            odb = self.cache_for(seed, meta)
             self.fetch(seed, odb)
         return Workspace(path, root=top, seed=seed, odb=odb,
                          index=self.index_of(swarm_id, agent_id), view=view)
@@ -375,9 +472,39 @@ class Seeds:
             if g.git("rev-parse", f"{ws.seed}^{{tree}}", repo=repo) == tree:
                 return ""
         sid = g.commit(repo, tree, parents, "swarm: a child's work")
+        seeded = self.store.meta(ws.seed) if ws.seed else None
+        lineage = seeded.lineage if seeded is not None and seeded.lineage else \
+            _lineage(self.host, str(repo), str(ws.top.resolve()))
         self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
-                                         sid), swarm_id)
+                                         sid, lineage=lineage), swarm_id)
         return sid
+
+
+def folder_cache(home: Path, folder: Path) -> Path:
+    """Where the snapshots of the plain folder ``folder`` are kept under ``home``
+    (:meth:`Seeds.folder_cache`), and the changes its children sent home."""
+    return home / "seeds" / "caches" / f"{_lineage('folder', str(folder.resolve()))}.git"
+
+
+def _lineage(*parts: str) -> str:
+    """A lineage (:attr:`SnapshotMeta.lineage`): the folder a snapshot is of, hashed."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def _preface(odb: Path, tree: str, subdir: str) -> str:
+    """:attr:`SnapshotMeta.preface` of a snapshot of ``tree`` whose workspace is at
+    ``subdir`` of it ("" when the prompt needs more than it holds)."""
+    try:
+        found = g.preface(odb, tree if subdir == "." else
+                          g.git("rev-parse", "--verify", "-q", f"{tree}:{subdir}", repo=odb))
+    except WorkspaceError:
+        return ""
+    if found is None:
+        return ""
+    names, files = found
+    if subdir == ".":
+        names.append(".git/")  # a seeded child's own repository
+    return json.dumps({"listing": listing_text(names), "instructions": instructions_of(files)})
 
 
 def _copy_index(source: Path, dest: Path) -> None:

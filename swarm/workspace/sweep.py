@@ -92,7 +92,8 @@ def sweep(home: Path, client: redis.Redis, folders: tuple[Path, ...] = ()) -> Sw
                 with contextlib.suppress(OSError):
                     (trees / f"{sid}.index").unlink()
                 out.trees.append(sid)
-    repos = [(home / "seeds" / "cache.git", True)]
+    repos = [(home / "seeds" / "cache.git", True),
+             *((c, True) for c in sorted((home / "seeds" / "caches").glob("*.git")))]
     for folder in folders:
         found = g.discover(folder)
         repos += [(found.repo, False)] if found is not None else []
