@@ -183,6 +183,10 @@ KNOBS: dict[str, Knob] = {
     "price_output": Knob(("SWARM_PRICE_OUTPUT",),
                          "US dollars per million completion tokens, for cost estimates",
                          read_by="swarm run/status/top/report (swarm.report.display.Prices)"),
+    "prices": Knob(("SWARM_PRICES",),
+                   "prices of models by name, MODEL=IN/OUT comma-separated (US dollars per "
+                   "million prompt/completion tokens)",
+                   read_by="swarm run/status/top/report (swarm.report.display.Prices)"),
     "serve_host": Knob(("SWARM_SERVE_HOST",), "address the HTTP API listens on",
                        read_by="swarm serve --host"),
     "serve_port": Knob(("SWARM_SERVE_PORT",), "port of the HTTP API", read_by="swarm serve --port"),

@@ -126,7 +126,8 @@ def swarm(cluster: tuple[str, Path], model: ScriptedModelServer, *args: str) -> 
     env = {k: "" for k in os.environ if k.startswith(("SWARM_", "OPENAI_", "EVA_"))}
     env.update(SWARM_BASE_URL=model.base_url, SWARM_MODEL="scripted-model",
                SWARM_REDIS_URL=url, SWARM_HOME=str(home), SWARM_RETRIES="1",
-               SWARM_PRICE_INPUT="1", SWARM_PRICE_OUTPUT="2")
+               SWARM_PRICE_INPUT="1", SWARM_PRICE_OUTPUT="2",
+               SWARM_PRICES="cheap-model=0.5/0.25")
     return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 
 
@@ -286,7 +287,11 @@ def test_status_shows_tokens_and_cost_per_agent_type(
     assert leaf["agents"] == 2
     assert leaf["usage"] == {"prompt_tokens": 2000, "completion_tokens": 1000,
                              "total_tokens": 3000}
-    assert leaf["cost"] == pytest.approx((2000 * 1 + 1000 * 2) / 1e6)
+    # The leaf type's model has a price of its own (SWARM_PRICES); the rest, the default.
+    assert leaf["cost"] == pytest.approx((2000 * 0.5 + 1000 * 0.25) / 1e6)
+    leaves = [a for a in data["agents"] if a["type"] == "leaf"]
+    assert {a["model"] for a in leaves} == {"cheap-model"}
+    assert leaves[0]["cost"] == pytest.approx((1000 * 0.5 + 500 * 0.25) / 1e6)
     untyped = data["totals"]["types"]["(no type)"]
     assert untyped["agents"] == 2  # the root and the copy
     assert untyped["usage"]["total_tokens"] > 110
@@ -296,11 +301,11 @@ def test_status_shows_tokens_and_cost_per_agent_type(
 
     text = swarm(cluster, model, "status", swarm_id)
     assert text.exit_code == 0, text.output
-    assert "  leaf: 2 agents, 3.0k tokens, ~$0.0040" in text.stdout.splitlines()
+    assert "  leaf: 2 agents, 3.0k tokens, ~$0.0013" in text.stdout.splitlines()
 
     page = swarm(cluster, model, "report", "-o", "-", swarm_id)
     assert page.exit_code == 0, page.output
-    assert "<li>leaf: 2 agents, 3.0k tokens, ~$0.0040</li>" in page.stdout
+    assert "<li>leaf: 2 agents, 3.0k tokens, ~$0.0013</li>" in page.stdout
     # The live tree names each child's type before its task.
     out = io.StringIO()
     Console(file=out, width=160, color_system=None).print(

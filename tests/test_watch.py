@@ -170,6 +170,20 @@ def test_snapshot_reads_usage_errors_and_cost(redis: redis_py.Redis) -> None:
         Prices.from_env({"SWARM_PRICE_OUTPUT": "cheap"})
 
 
+def test_a_model_priced_by_name_costs_its_own_price_and_others_the_default() -> None:
+    prices = Prices.from_env({"SWARM_PRICE_INPUT": "2", "SWARM_PRICE_OUTPUT": "10",
+                              "SWARM_PRICES": "small=0.1/0.4, org/big:v2=5/20"})
+    usage = {"prompt_tokens": 1000, "completion_tokens": 100}
+    assert prices.cost(usage, "small") == pytest.approx((1000 * 0.1 + 100 * 0.4) / 1e6)
+    assert prices.cost(usage, "org/big:v2") == pytest.approx((1000 * 5 + 100 * 20) / 1e6)
+    assert prices.cost(usage, "other") == pytest.approx((1000 * 2 + 100 * 10) / 1e6)
+    only_named = Prices.from_env({"SWARM_PRICES": "small=0.1/0.4"})
+    assert only_named.configured and only_named.cost(usage, "other") is None
+    for bad in ("small", "small=0.1", "=1/2", "small=x/1"):
+        with pytest.raises(ValueError, match="SWARM_PRICES"):
+            Prices.from_env({"SWARM_PRICES": bad})
+
+
 def test_reader_reads_a_settled_run_once(redis: redis_py.Redis) -> None:
     swarm_id = small_swarm(redis)
     reader = SwarmReader(redis)

@@ -127,7 +127,7 @@ def render_html(view: SwarmView, prices: Prices) -> str:
     step = _tick_step(span)
     usage = view.usage()
     counts = view.counts()
-    cost = prices.cost(usage)
+    cost = view.cost(prices)
     title = f"swarm {view.swarm_id} — {view.state}"
     out: list[str] = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",

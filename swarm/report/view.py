@@ -22,7 +22,14 @@ import redis
 
 from swarm.domain.records import ACTIVE, SETTLED, AgentRecord, usage_since
 from swarm.errors import StoreError
-from swarm.report.display import Prices, first_line, fmt_cost, fmt_duration, fmt_tokens
+from swarm.report.display import (
+    Prices,
+    first_line,
+    fmt_cost,
+    fmt_duration,
+    fmt_tokens,
+    total_cost,
+)
 from swarm.store.reads import Reads
 from swarm.store.sessions import RedisSessionStore
 from swarm.text import plural
@@ -280,6 +287,15 @@ class SwarmView:
     def failures(self) -> list[AgentView]:
         return [a for a in self.agents if a.is_failure]
 
+    def model_of(self, agent: AgentView) -> str:
+        """The model ``agent`` used (:func:`model_of`)."""
+        return model_of(self.info, agent.type)
+
+    def cost(self, prices: Prices, agents: list[AgentView] | None = None) -> float | None:
+        """Estimated dollars of ``agents`` (all by default), each at its model's price."""
+        return total_cost([prices.cost(a.usage, self.model_of(a))
+                           for a in (self.agents if agents is None else agents)])
+
     def usage(self) -> dict[str, int]:
         total: dict[str, int] = {}
         for agent in self.agents:
@@ -301,11 +317,15 @@ class SwarmView:
         return dict(sorted(found.items(),
                            key=lambda kv: (-kv[1][1].get("total_tokens", 0), kv[0])))
 
+    def of_type(self, name: str) -> list[AgentView]:
+        """The agents of type ``name`` (:data:`NO_TYPE`: those of none)."""
+        return [a for a in self.agents if (a.type or NO_TYPE) == name]
+
     def type_lines(self, prices: Prices) -> list[str]:
         """``  leaf: 12 agents, 48.1k tokens, ~$0.0072``: one line per type, when any."""
         lines = []
         for name, (count, usage) in self.by_type().items():
-            cost = prices.cost(usage)
+            cost = self.cost(prices, self.of_type(name))
             lines.append(f"  {name}: {plural(count, 'agent')}, "
                          f"{fmt_tokens(usage.get('total_tokens', 0))} tokens"
                          + (f", ~{fmt_cost(cost)}" if cost is not None else ""))
@@ -331,7 +351,7 @@ class SwarmView:
         if self.refused:
             parts.append(f"{plural(self.refused, 'agent call')} refused")
         parts.append(f"{fmt_tokens(usage.get('total_tokens', 0))} tokens")
-        cost = prices.cost(usage)
+        cost = self.cost(prices)
         if cost is not None:
             parts.append(f"~{fmt_cost(cost)}")
         parts.append(f"{fmt_duration(self.wall())} wall")
@@ -357,13 +377,29 @@ class SwarmView:
             "swarm": info,
             "totals": {"agents": len(self.agents), "states": self.counts(),
                        "refused": self.refused, "usage": usage,
-                       "wall": round(self.wall(), 3), "cost": prices.cost(usage),
+                       "wall": round(self.wall(), 3), "cost": self.cost(prices),
                        "types": {name: {"agents": count, "usage": used,
-                                        "cost": prices.cost(used)}
+                                        "cost": self.cost(prices, self.of_type(name))}
                                  for name, (count, used) in self.by_type().items()}},
-            "agents": [{**a.to_json(self.taken), "cost": prices.cost(a.usage)}
+            "agents": [{**a.to_json(self.taken), "model": self.model_of(a),
+                        "cost": prices.cost(a.usage, self.model_of(a))}
                        for a in self.agents],
         }
+
+
+def model_of(info: dict[str, str], agent_type: str) -> str:
+    """The model an agent of ``agent_type`` ("": none) used in the swarm whose record is
+    ``info``: its type's, else the swarm's ("" when neither was recorded)."""
+    found = []
+    for name in ("types", "settings"):
+        try:
+            value = json.loads(info.get(name) or "{}")
+        except ValueError:
+            value = {}
+        found.append(value if isinstance(value, dict) else {})
+    kind = found[0].get(agent_type) if agent_type else None
+    model = kind.get("model") if isinstance(kind, dict) else None
+    return str(model or found[1].get("model") or "")
 
 
 class SwarmReader:

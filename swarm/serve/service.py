@@ -31,7 +31,7 @@ from swarm.domain.records import AgentRecord
 from swarm.errors import ConfigError, RequestError, WorkspaceError
 from swarm.report import conversation
 from swarm.report.display import Prices
-from swarm.report.view import AgentView, SwarmReader
+from swarm.report.view import AgentView, SwarmReader, model_of
 from swarm.runtime.jobs import job_run_id, job_state, job_state_name, submit_job
 from swarm.serve.auth import Authenticator, Caller
 from swarm.serve.jobs import (
@@ -318,7 +318,9 @@ class Service:
             if result is not None and isinstance(result.get(name), str):
                 result[name] = conversation.cap(result[name], TEXT_CAP * 4)
         return AgentDetail(agent={**view.to_json(time.time()),
-                                  "cost": self.prices.cost(view.usage)},
+                                  "cost": self.prices.cost(
+                                      view.usage, model_of(self.ledger.swarm(job_id),
+                                                           view.type))},
                            conversation=[ConversationEntry(**e) for e in shown],
                            earlier=earlier, result=result)
 
