@@ -1,4 +1,4 @@
-"""The ledger's transitions on a real server: park, spawn (limits and holds), refuse,
+"""The ledger's transitions on a real server: park (limits, refusals), dispatch (holds),
 release, start, stay parked, settle, reap, join, cancel. Each is atomic and idempotent."""
 
 from __future__ import annotations
@@ -12,38 +12,26 @@ import redis as redis_py
 from swarm.domain.records import RootEnd, RootStart
 from swarm.domain.session import Session
 from swarm.domain.spawn import Admission
-from swarm.errors import LeaseLost
+from swarm.errors import LeaseLost, StoreError
 from swarm.store import keys
-from swarm.store.ledger import (
-    TAKEOVER_GRACE,
-    AgentRecord,
-    Ledger,
-    NewRun,
-    RunRecord,
-    derive_id,
-    result_text,
-)
+from swarm.store.ledger import TAKEOVER_GRACE, Claim, Ledger, RunRecord, derive_id, result_text
 from swarm.store.sessions import RedisSessionStore
+from tests.helpers import child_run, spawn_children
 
-PARENT = AgentRecord(id="aparent", swarm="s1", workspace="/work/parent", host="host-a",
-                     kind="root")
-
-
-def child(n: int, request: str = "q1") -> NewRun:
-    run = RunRecord(id=f"r{n}", agent=f"a{n}", request=request, call_id=f"c{n}",
-                    message=f"do {n}", state="queued")
-    return NewRun(run, depth=1, label=f"do {n}")
+R1, R2, R3, R4 = (child_run("aparent", f"a{n}") for n in (1, 2, 3, 4))
 
 
-def swarm_with(ledger: Ledger, *new: NewRun, max_children: int = 200,
-               max_parallel: int = 64) -> None:
-    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
-    ledger.spawn("s1", PARENT, list(new), max_children, max_parallel)
+def swarm_with(ledger: Ledger, *agents: str, **settings: int) -> Claim:
+    """Swarm s1 (root aparent, recording ``settings``) whose root spawned ``agents``."""
+    ledger.create_swarm("s1", "aparent", "/work/parent", "task", settings, "host-a",
+                        "aparent")
+    return spawn_children(ledger, "s1", "aparent", *agents)
 
 
-def add_child(ledger: Ledger, run_id: str = "r1") -> RunRecord:
-    swarm_with(ledger, child(int(run_id[1:])))
-    got = ledger.run(run_id)
+def add_child(ledger: Ledger) -> RunRecord:
+    """Child a1 of swarm s1, its run R1 in flight."""
+    swarm_with(ledger, "a1")
+    got = ledger.run(R1)
     assert got is not None
     return got
 
@@ -62,9 +50,9 @@ def test_start_claims_and_reads_the_record(redis: redis_py.Redis) -> None:
     assert record.state == "running" and record.host == "host-b"
     assert (start.session_meta, start.session_messages, start.cancelled, start.spent) == \
         (None, None, False, 0)
-    row = redis.hgetall(keys.run("r1"))
+    row = redis.hgetall(keys.run(R1))
     assert (row["state"], row["lease"], row["attempts"]) == ("running", "tok", "1")
-    assert redis.zscore(keys.leases(), "r1") is not None
+    assert redis.zscore(keys.leases(), R1) is not None
 
 
 def test_start_of_a_run_another_worker_holds(redis: redis_py.Redis) -> None:
@@ -74,17 +62,17 @@ def test_start_of_a_run_another_worker_holds(redis: redis_py.Redis) -> None:
     second = ledger.start(run, "s1", "tok2", 30.0, "host-b")
     assert first is not None and first.claimed
     assert second is not None and not second.claimed and second.agent == {}
-    assert redis.hget(keys.run("r1"), "lease") == "tok1"
+    assert redis.hget(keys.run(R1), "lease") == "tok1"
 
 
 def test_start_takes_over_an_expired_lease(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
     assert ledger.start(run, "s1", "tok1", 30.0, "host-a").claimed  # type: ignore[union-attr]
-    redis.hset(keys.run("r1"), "lease_until", time.time() - 1)  # the worker stopped renewing
+    redis.hset(keys.run(R1), "lease_until", time.time() - 1)  # the worker stopped renewing
     again = ledger.start(run, "s1", "tok2", 30.0, "host-b")
     assert again is not None and again.claimed
-    assert redis.hget(keys.run("r1"), "attempts") == "2"
+    assert redis.hget(keys.run(R1), "attempts") == "2"
 
 
 def test_start_reads_session_cancel_and_spent_tokens(redis: redis_py.Redis) -> None:
@@ -124,13 +112,13 @@ def test_leases_and_grace_periods_are_on_the_servers_clock(
     monkeypatch.setattr(time, "time", lambda: real() + skew)
     ledger = Ledger(redis)
     run = add_child(ledger)  # put in flight: a grace lease
-    assert abs(redis.zscore(keys.leases(), "r1") - (server_now(redis) + TAKEOVER_GRACE)) < 5
+    assert abs(redis.zscore(keys.leases(), R1) - (server_now(redis) + TAKEOVER_GRACE)) < 5
     start = ledger.start(run, "s1", "tok", 30.0, "host-a")
     assert start is not None and start.claimed
-    assert ledger.renew("r1", "tok", 30.0)
-    until = float(redis.hget(keys.run("r1"), "lease_until"))
+    assert ledger.renew(R1, "tok", 30.0)
+    until = float(redis.hget(keys.run(R1), "lease_until"))
     assert abs(until - (server_now(redis) + 30)) < 5
-    assert abs(redis.zscore(keys.leases(), "r1") - until) < 1e-3
+    assert abs(redis.zscore(keys.leases(), R1) - until) < 1e-3
     assert ledger.reap(60.0) == []  # a fast coordinator reaps nothing early
     other = ledger.start(run, "s1", "intruder", 30.0, "host-b")  # nor can a fast worker
     assert other is not None and not other.claimed
@@ -143,15 +131,15 @@ def test_a_runs_wall_time_counts_across_parks_and_takeovers(redis: redis_py.Redi
     run = add_child(ledger)
     first = ledger.start(run, "s1", "tok1", 30.0, "host-a")
     assert first is not None and first.claimed and first.used == 0
-    redis.hset(keys.run("r1"), "running_since", server_now(redis) - 100)  # ran 100 s
-    assert ledger.park("q9", "a1", "s1", 2, [], {}, parent_run="r1", token="tok1")
-    assert 99 < float(redis.hget(keys.run("r1"), "used")) < 105
-    redis.hset(keys.run("r1"), "used", 100)
+    redis.hset(keys.run(R1), "running_since", server_now(redis) - 100)  # ran 100 s
+    assert ledger.park("q9", "a1", "s1", 2, [], {}, parent_run=R1, token="tok1")
+    assert 99 < float(redis.hget(keys.run(R1), "used")) < 105
+    redis.hset(keys.run(R1), "used", 100)
     resumed = ledger.start(run, "s1", "tok2", 30.0, "host-b", from_state="parked")
     assert resumed is not None and resumed.claimed and resumed.used == 100
     # the resumed worker ran 50 s, then died 40 s before its lease ran out
     now = server_now(redis)
-    redis.hset(keys.run("r1"), mapping={"running_since": now - 90, "lease_until": now - 40})
+    redis.hset(keys.run(R1), mapping={"running_since": now - 90, "lease_until": now - 40})
     taken = ledger.start(run, "s1", "tok3", 30.0, "host-c")
     assert taken is not None and taken.claimed
     assert 149 < taken.used < 155
@@ -163,10 +151,10 @@ def test_park_is_fenced_by_the_lease(redis: redis_py.Redis) -> None:
     run = add_child(ledger)
     assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     with pytest.raises(LeaseLost):
-        ledger.park("q9", "a1", "s1", 2, [], {}, parent_run="r1", token="stale")
+        ledger.park("q9", "a1", "s1", 2, [], {}, parent_run=R1, token="stale")
     assert not redis.exists(keys.request("q9"))
-    assert redis.hget(keys.run("r1"), "lease") == "tok"
-    assert redis.xlen(keys.spawn_stream()) == 0
+    assert redis.hget(keys.run(R1), "lease") == "tok"
+    assert redis.xlen(keys.spawn_stream()) == 1  # the root's request q1 alone
 
 
 # -- park, spawn, refuse, release ---------------------------------------------------------
@@ -178,14 +166,14 @@ def test_park_records_the_request_once_and_frees_the_parents_slot(
     run = add_child(ledger)
     assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     calls = [Admission({"call_id": "c9", "message": "sub"}, "a9")]
-    assert ledger.park("q9", "a1", "s1", 2, calls, {"c8": "other"}, parent_run="r1")
-    assert not ledger.park("q9", "a1", "s1", 2, calls, {}, parent_run="r1")  # a replay
-    assert redis.xlen(keys.spawn_stream()) == 1
-    row = redis.hgetall(keys.run("r1"))
+    assert ledger.park("q9", "a1", "s1", 2, calls, {"c8": "other"}, parent_run=R1)
+    assert not ledger.park("q9", "a1", "s1", 2, calls, {}, parent_run=R1)  # a replay
+    assert redis.xlen(keys.spawn_stream()) == 2  # q1 (the root's), q9 once
+    row = redis.hgetall(keys.run(R1))
     assert (row["state"], row["lease"]) == ("parked", "")
     assert ledger.agent("a1").state == "parked"  # type: ignore[union-attr]
-    assert not redis.sismember(keys.swarm_inflight("s1"), "r1")
-    assert redis.zscore(keys.leases(), "r1") is None
+    assert not redis.sismember(keys.swarm_inflight("s1"), R1)
+    assert redis.zscore(keys.leases(), R1) is None
     request = ledger.request("q9")
     assert request is not None and request.calls == [c.call for c in calls]
     assert request.runs == {"c9": derive_id("r", "a1", 2, "c9")} and request.count == 1
@@ -207,28 +195,26 @@ def test_landed_for_a_request_is_written_once(redis: redis_py.Redis) -> None:
     assert len([f for _, f in ledger.events_since("s1", "0-0") if f["kind"] == "landed"]) == 3
 
 
-def test_spawn_writes_children_once_and_holds_those_over_the_parallel_limit(
+def test_a_dispatch_sends_up_to_the_parallel_limit_and_holds_the_rest(
         redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
-    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
-    spawned = ledger.spawn("s1", PARENT, [child(1), child(2), child(3)], 200, 2)
-    assert [n.run.id for n in spawned.send] == ["r1", "r2"]
-    assert [n.run.id for n in spawned.held] == ["r3"] and not spawned.over
-    assert redis.smembers(keys.swarm_inflight("s1")) == {"r1", "r2"}
-    assert redis.lrange(keys.swarm_waiting("s1"), 0, -1) == ["r3"]
+    claim = swarm_with(ledger, "a1", "a2", "a3", max_parallel=2)
+    assert [n.run.id for n in claim.send] == [R1, R2]
+    assert redis.smembers(keys.swarm_inflight("s1")) == {R1, R2}
+    assert redis.lrange(keys.swarm_waiting("s1"), 0, -1) == [R3]
     assert [a.state for a in ledger.agents_by_id(["a1", "a3"])] == ["queued", "waiting"]  # type: ignore[union-attr]
     record = ledger.agent("a1")
     assert record is not None and (record.parent, record.parent_host) == ("aparent", "host-a")
     assert ledger.children_spawned("s1") == 3
 
 
-def test_spawn_replayed_writes_nothing_twice(redis: redis_py.Redis) -> None:
+def test_a_dispatch_replayed_sends_nothing_twice(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
     assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
-    again = ledger.spawn("s1", PARENT, [child(1)], 200, 64)  # a second coordinator's replay
-    assert (again.send, again.held, again.over) == ([], [], [])
-    assert redis.hget(keys.run("r1"), "state") == "running"
+    again = ledger.dispatch("q1")  # a second coordinator's replay
+    assert again is not None and again.state == "dispatching" and again.send == []
+    assert redis.hget(keys.run(R1), "state") == "running"
     assert ledger.children_spawned("s1") == 1
 
 
@@ -238,14 +224,13 @@ def test_a_run_put_in_flight_is_covered_until_a_worker_claims_it(
     its claim is sent again once its grace lease runs out; a claimed run's lease is its
     worker's."""
     ledger = Ledger(redis)
-    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
-    ledger.spawn("s1", PARENT, [child(1), child(2)], 200, 64)
-    assert redis.zscore(keys.leases(), "r1") is not None  # a grace lease while sending
-    r1 = ledger.run("r1")
+    swarm_with(ledger, "a1", "a2")
+    assert redis.zscore(keys.leases(), R1) is not None  # a grace lease while sending
+    r1 = ledger.run(R1)
     assert r1 is not None and ledger.start(r1, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     # r2's task is lost before any worker claimed it: once the grace is over, reap re-sends
-    redis.zadd(keys.leases(), {"r2": time.time() - 1})
-    assert [n.run.id for n in ledger.reap(60.0)] == ["r2"]
+    redis.zadd(keys.leases(), {R2: time.time() - 1})
+    assert [n.run.id for n in ledger.reap(60.0)] == [R2]
     assert ledger.reap(60.0) == []  # once per grace period
 
 
@@ -263,14 +248,16 @@ def test_a_request_only_moves_forward(redis: redis_py.Redis) -> None:
     assert claim is not None and claim.state == "joined" and claim.send == []
 
 
-def test_spawn_stops_at_the_children_limit_across_requests(redis: redis_py.Redis) -> None:
+def test_the_children_limit_holds_across_requests(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
-    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
-    first = ledger.spawn("s1", PARENT, [child(1), child(2)], 3, 64)
-    second = ledger.spawn("s1", PARENT, [child(3, "q2"), child(4, "q2")], 3, 64)
-    assert len(first.send) == 2 and [n.run.id for n in second.send] == ["r3"]
-    assert [n.run.id for n in second.over] == ["r4"] and second.children == 3
-    assert not redis.exists(keys.run("r4")) and not redis.exists(keys.agent("a4"))
+    first = swarm_with(ledger, "a1", "a2", max_children=3)
+    second = spawn_children(ledger, "s1", "aparent", "a3", "a4", request="q2", turn=2)
+    assert len(first.send) == 2
+    assert [n.run.id for n in second.send] == [child_run("aparent", "a3", 2)]
+    over = ledger.run(child_run("aparent", "a4", 2))
+    assert over is not None and over.state == "refused"
+    assert "children limit reached" in over.result["error"]
+    assert not redis.exists(keys.agent("a4")) and ledger.children_spawned("s1") == 3
 
 
 def test_a_refused_call_is_settled_in_the_parks_own_script(redis: redis_py.Redis) -> None:
@@ -313,16 +300,15 @@ def test_a_childs_result_is_capped_head_and_tail_with_where_the_whole_is() -> No
 
 def test_release_fills_free_slots_in_order(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
-    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
-    ledger.spawn("s1", PARENT, [child(1), child(2), child(3), child(4)], 200, 1)
+    swarm_with(ledger, "a1", "a2", "a3", "a4", max_parallel=1)
     assert ledger.release("s1", 1) == []  # no free slot yet
-    run = ledger.run("r1")
+    run = ledger.run(R1)
     assert run is not None and ledger.settle(run, "s1", "done", {}, {})
     released = ledger.release("s1", 2)
-    assert [n.run.id for n in released] == ["r2", "r3"]
-    assert released[0].label == "do 2" and released[0].depth == 1
+    assert [n.run.id for n in released] == [R2, R3]
+    assert released[0].label == "do a2" and released[0].depth == 1
     assert ledger.agent("a2").state == "queued"  # type: ignore[union-attr]
-    assert redis.lrange(keys.swarm_waiting("s1"), 0, -1) == ["r4"]
+    assert redis.lrange(keys.swarm_waiting("s1"), 0, -1) == [R4]
 
 
 # -- settle, stay parked, reap ---------------------------------------------------------------
@@ -335,26 +321,26 @@ def test_settle_once_and_fenced_by_the_lease(redis: redis_py.Redis) -> None:
     assert not ledger.settle(run, "s1", "done", {"answer": "x"}, {}, token="stale")
     assert ledger.settle(run, "s1", "done", {"answer": "x"}, {"total_tokens": 3}, token="tok1")
     assert not ledger.settle(run, "s1", "failed", {}, {})
-    got = ledger.run("r1")
+    got = ledger.run(R1)
     assert got is not None and got.state == "done" and got.result == {"answer": "x"}
     assert ledger.agent("a1").usage == {"total_tokens": 3}  # type: ignore[union-attr]
-    assert not redis.sismember(keys.swarm_inflight("s1"), "r1")
-    assert redis.zscore(keys.leases(), "r1") is None
+    assert not redis.sismember(keys.swarm_inflight("s1"), R1)
+    assert redis.zscore(keys.leases(), R1) is None
 
 
 def test_stay_parked_gives_back_the_lease_and_the_slot(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    ledger.park("q9", "a1", "s1", 2, [], {}, parent_run="r1")
+    ledger.park("q9", "a1", "s1", 2, [], {}, parent_run=R1)
     resumed = ledger.start(run, "s1", "tok", 30.0, "host-a", from_state="parked")
     assert resumed is not None and resumed.claimed
-    assert redis.sismember(keys.swarm_inflight("s1"), "r1")
+    assert redis.sismember(keys.swarm_inflight("s1"), R1)
     assert not ledger.stay_parked(run, "s1", "stale-token")  # fenced by the lease
-    assert redis.hget(keys.run("r1"), "state") == "running"
+    assert redis.hget(keys.run(R1), "state") == "running"
     assert ledger.stay_parked(run, "s1", "tok")
-    assert redis.hget(keys.run("r1"), "state") == "parked"
-    assert not redis.sismember(keys.swarm_inflight("s1"), "r1")
-    assert redis.zscore(keys.leases(), "r1") is None
+    assert redis.hget(keys.run(R1), "state") == "parked"
+    assert not redis.sismember(keys.swarm_inflight("s1"), R1)
+    assert redis.zscore(keys.leases(), R1) is None
     freed = [f for _, f in redis.xrange(keys.settle_stream()) if "freed" in f]
     assert freed == [{"freed": "s1"}]  # so a coordinator releases a held run
 
@@ -364,9 +350,9 @@ def test_reap_returns_runs_whose_lease_ran_out_once_per_grace(redis: redis_py.Re
     run = add_child(ledger)
     ledger.start(run, "s1", "tok", 30.0, "host-a")
     assert ledger.reap(60.0) == []
-    redis.zadd(keys.leases(), {"r1": time.time() - 1, "rgone": time.time() - 1})
+    redis.zadd(keys.leases(), {R1: time.time() - 1, "rgone": time.time() - 1})
     reaped = ledger.reap(60.0)
-    assert [n.run.id for n in reaped] == ["r1"] and reaped[0].label == "do 1"
+    assert [n.run.id for n in reaped] == [R1] and reaped[0].label == "do a1"
     assert ledger.reap(60.0) == []  # pushed on by the grace period
     assert redis.zscore(keys.leases(), "rgone") is None
     kinds = [f["kind"] for _, f in redis.xrange(keys.events("s1"))]
@@ -376,11 +362,11 @@ def test_reap_returns_runs_whose_lease_ran_out_once_per_grace(redis: redis_py.Re
 # -- join -------------------------------------------------------------------------------------
 
 
-R1 = derive_id("r", "aparent", 1, "c1")
+RC1 = derive_id("r", "aparent", 1, "c1")
 
 
 def parked_parent(ledger: Ledger, redis: redis_py.Redis, kind: str) -> None:
-    """A parent (``kind`` root or child) parked on q1 = calls c1 (agent, run R1) and c2
+    """A parent (``kind`` root or child) parked on q1 = calls c1 (agent, run RC1) and c2
     (other)."""
     ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent", kind=kind)
     assistant = {"role": "assistant", "content": "", "tool_calls": [
@@ -392,15 +378,15 @@ def parked_parent(ledger: Ledger, redis: redis_py.Redis, kind: str) -> None:
     ledger.park("q1", "aparent", "s1", 1, [Admission({"call_id": "c1", "message": "do 1"},
                                                      "a1")], {"c2": "ran: ls"})
     claim = ledger.dispatch("q1")
-    assert claim is not None and [n.run.id for n in claim.send] == [R1]
-    assert not ledger.dispatched("q1")  # R1 is out
+    assert claim is not None and [n.run.id for n in claim.send] == [RC1]
+    assert not ledger.dispatched("q1")  # RC1 is out
 
 
 def test_join_answers_the_calls_in_order_and_wakes_a_root(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     parked_parent(ledger, redis, "root")
     assert ledger.join("q1") is None  # r1 is still out
-    run = ledger.run(R1)
+    run = ledger.run(RC1)
     assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
     joined = ledger.join("q1")
     assert joined is not None and not joined.resume
@@ -419,7 +405,7 @@ def test_join_answers_the_calls_in_order_and_wakes_a_root(redis: redis_py.Redis)
 def test_join_of_a_worker_parent_waits_for_its_resume(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     parked_parent(ledger, redis, "child")
-    run = ledger.run(R1)
+    run = ledger.run(RC1)
     assert run is not None and ledger.settle(run, "s1", "failed", {"error": "x"}, {})
     joined = ledger.join("q1")
     assert joined is not None and joined.resume and joined.parent.run == ""
@@ -443,7 +429,7 @@ def test_a_joined_parent_whose_resume_task_is_lost_is_reaped_to_resume_again(
     redis.hset(keys.agent("aparent"), "run", "rparent")
     redis.hset(keys.run("rparent"), mapping={"id": "rparent", "agent": "aparent",
                                              "swarm": "s1", "state": "parked"})
-    run = ledger.run(R1)
+    run = ledger.run(RC1)
     assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
     joined = ledger.join("q1")
     assert joined is not None and joined.resume
@@ -467,12 +453,11 @@ def test_a_joined_parent_whose_resume_task_is_lost_is_reaped_to_resume_again(
 
 def test_cancel_flags_the_subtree_and_settles_held_runs(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
-    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
-    ledger.spawn("s1", PARENT, [child(1), child(2)], 200, 1)
+    swarm_with(ledger, "a1", "a2", max_parallel=1)
     active = ledger.cancel("aparent", "stop")
     assert set(active) == {"aparent", "a1", "a2"}
     assert ledger.cancelled(["aparent", "a1", "a2", "other"]) == [True, True, True, False]
-    held = ledger.run("r2")
+    held = ledger.run(R2)
     assert held is not None and held.state == "cancelled"
     assert redis.llen(keys.swarm_waiting("s1")) == 0
 
@@ -500,7 +485,7 @@ def test_a_join_that_read_the_request_before_another_joined_it_does_nothing(
     again (its check of the state inside the transaction is what stops it)."""
     first, second = Ledger(redis), Ledger(redis)
     parked_parent(first, redis, "root")
-    run = first.run(R1)
+    run = first.run(RC1)
     assert run is not None and first.settle(run, "s1", "done", {"answer": "one"}, {})
     read_runs = second.runs
     won: list[object] = []
@@ -518,3 +503,54 @@ def test_a_join_that_read_the_request_before_another_joined_it_does_nothing(
     session = RedisSessionStore(redis).load("aparent")
     assert session is not None and [m["tool_call_id"] for m in session.messages
                                     if m["role"] == "tool"] == ["c1", "c2"]  # answered once
+
+
+# -- requests written by an older swarm ---------------------------------------------------------
+
+
+def old_request(redis: redis_py.Redis, state: str, **more: str) -> None:
+    """Request q1 as swarms wrote it before the parent admitted its calls: no admitted
+    runs, no in-flight limit; the coordinator wrote the runs and ``runs``/``count``."""
+    redis.hset(keys.request("q1"), mapping={
+        "id": "q1", "parent": "aparent", "swarm": "s1", "turn": 1, "created": time.time(),
+        "calls": json.dumps([{"call_id": "c1", "message": "do 1"}]), "results": "{}",
+        "state": state, **more})
+
+
+@pytest.mark.parametrize("state", ["new", "dispatching"])
+def test_an_old_request_not_yet_dispatched_is_refused_saying_what_to_do(
+        redis: redis_py.Redis, state: str) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent")
+    old_request(redis, state)
+    kept = redis.hgetall(keys.request("q1"))
+    with pytest.raises(StoreError, match=r"request q1 of swarm s1 was written by an older "
+                                         r"swarm.*swarm cancel s1"):
+        ledger.dispatch("q1")
+    assert redis.hgetall(keys.request("q1")) == kept
+    assert redis.scard(keys.swarm_inflight("s1")) == 0
+
+
+def test_an_old_request_dispatched_before_the_upgrade_is_read_and_joined(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent")
+    call = {"id": "c1", "type": "function", "function": {"name": "agent", "arguments": "{}"}}
+    RedisSessionStore(redis).save(Session(
+        id="aparent", workspace="/w", usage={}, created=1.0, updated=1.0, parked="q1",
+        messages=[{"role": "user", "content": "go"},
+                  {"role": "assistant", "content": "", "tool_calls": [call]}]))
+    old_request(redis, "dispatched", runs=json.dumps({"c1": "rold"}), count="1")
+    redis.hset(keys.run("rold"), mapping={"id": "rold", "agent": "a1", "swarm": "s1",
+                                          "request": "q1", "call_id": "c1", "state": "running"})
+    request = ledger.request("q1")
+    assert request is not None and (request.state, request.runs, request.count) == \
+        ("dispatched", {"c1": "rold"}, 1)
+    claim = ledger.dispatch("q1")  # a replay of its spawn entry moves nothing
+    assert claim is not None and claim.state == "dispatched" and claim.send == []
+    run = ledger.run("rold")
+    assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
+    assert ledger.join("q1") is not None
+    session = RedisSessionStore(redis).load("aparent")
+    assert session is not None and [json.loads(m["content"])["answer"]
+                                    for m in session.messages if m["role"] == "tool"] == ["one"]
