@@ -48,6 +48,7 @@ def test_start_claims_and_reads_the_record(redis: redis_py.Redis) -> None:
     record = start.record
     assert record.swarm == "s1" and record.parent_workspace == "/work/parent"
     assert record.state == "running" and record.host == "host-b"
+    assert abs(record.started - server_now(redis)) < 5  # its first run began now
     assert (start.session_meta, start.session_messages, start.cancelled, start.spent) == \
         (None, None, False, 0)
     row = redis.hgetall(keys.run(R1))
@@ -240,6 +241,7 @@ def test_a_request_only_moves_forward(redis: redis_py.Redis) -> None:
     ledger.park("q1", "aparent", "s1", 1, [], {})
     claim = ledger.dispatch("q1")
     assert claim is not None and claim.state == "dispatching" and claim.complete
+    assert (claim.request_id, claim.swarm_id) == ("q1", "s1")
     assert ledger.dispatched("q1")
     redis.hset(keys.request("q1"), "state", "joined")
     assert not ledger.dispatched("q1")  # a slow coordinator, late
@@ -339,6 +341,7 @@ def test_stay_parked_gives_back_the_lease_and_the_slot(redis: redis_py.Redis) ->
     assert redis.hget(keys.run(R1), "state") == "running"
     assert ledger.stay_parked(run, "s1", "tok")
     assert redis.hget(keys.run(R1), "state") == "parked"
+    assert ledger.agent("a1").state == "parked"  # type: ignore[union-attr]
     assert not redis.sismember(keys.swarm_inflight("s1"), R1)
     assert redis.zscore(keys.leases(), R1) is None
     freed = [f for _, f in redis.xrange(keys.settle_stream()) if "freed" in f]
@@ -452,14 +455,27 @@ def test_a_joined_parent_whose_resume_task_is_lost_is_reaped_to_resume_again(
 
 
 def test_cancel_flags_the_subtree_and_settles_held_runs(redis: redis_py.Redis) -> None:
+    """a1 in flight, a2 done, a3 held: a cancel of a1 alone leaves a3 alone; one of the
+    root flags them all and settles the held run, in flight ones being the workers' to
+    stop; it returns those not settled before."""
     ledger = Ledger(redis)
-    swarm_with(ledger, "a1", "a2", max_parallel=1)
+    swarm_with(ledger, "a1", "a2", "a3", max_parallel=2)
+    done = ledger.run(R2)
+    assert done is not None and ledger.settle(done, "s1", "done", {}, {})
+    assert ledger.cancel("a1", "stop a1") == ["a1"]
+    assert ledger.run(R3).state == "queued"  # type: ignore[union-attr]
+    assert redis.lrange(keys.swarm_waiting("s1"), 0, -1) == [R3]
     active = ledger.cancel("aparent", "stop")
-    assert set(active) == {"aparent", "a1", "a2"}
-    assert ledger.cancelled(["aparent", "a1", "a2", "other"]) == [True, True, True, False]
-    held = ledger.run(R2)
-    assert held is not None and held.state == "cancelled"
+    assert set(active) == {"aparent", "a1", "a3"}
+    assert ledger.cancelled(["aparent", "a1", "a3", "other"]) == [True, True, True, False]
+    assert 0 < redis.ttl(keys.cancel("a3")) <= ledger.ttl
+    held = ledger.run(R3)
+    assert held is not None and held.state == "cancelled" and held.result == {"error": "stop"}
+    assert ledger.run(R1).state == "queued"  # type: ignore[union-attr]
     assert redis.llen(keys.swarm_waiting("s1")) == 0
+    said = [(f["agent"], f["text"]) for _, f in redis.xrange(keys.events("s1"))
+            if f["kind"] == "cancel"]
+    assert said == [("a1", "stop a1"), ("aparent", "stop")]
 
 
 def test_a_settled_swarms_record_is_never_written_again(redis: redis_py.Redis) -> None:
@@ -554,3 +570,150 @@ def test_an_old_request_dispatched_before_the_upgrade_is_read_and_joined(
     session = RedisSessionStore(redis).load("aparent")
     assert session is not None and [json.loads(m["content"])["answer"]
                                     for m in session.messages if m["role"] == "tool"] == ["one"]
+
+
+# -- what a park writes, and the join's other paths ---------------------------------------------
+
+
+def test_park_writes_each_child_as_its_worker_reads_it(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    swarm_with(ledger, "a9")  # a9's first run: q1, turn 1
+    schema = {"type": "object"}
+    trace = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    calls = [Admission({"call_id": "c1", "message": "écris 1", "output_schema": schema,
+                        "traceparent": trace, "seed": "seed1", "type": "reviewer"}, "a1"),
+             Admission({"call_id": "c2", "message": "go on", "agent_id": "a9",
+                        "seed": "seed2"}, "a9")]
+    assert ledger.park("q2", "aparent", "s1", 2, calls, {}, ledger.facts("aparent", "s1", []))
+    r1, r2 = (derive_id("r", "aparent", 2, c) for c in ("c1", "c2"))
+    new = ledger.run(r1)
+    assert new is not None and (new.agent, new.request, new.call_id, new.message, new.state,
+                                new.output_schema, new.traceparent, new.swarm, new.rebase) \
+        == ("a1", "q2", "c1", "écris 1", "queued", schema, trace, "s1", "")
+    agent = ledger.agent("a1")
+    assert agent is not None and (
+        agent.parent, agent.depth, agent.kind, agent.workspace, agent.host, agent.label,
+        agent.parent_workspace, agent.parent_host, agent.seed, agent.type, agent.state,
+        agent.run) == ("aparent", 1, "child", "", "", "écris 1", "/work/parent", "host-a",
+                       "seed1", "reviewer", "queued", r1)
+    assert abs(agent.created - time.time()) < 60
+    again = ledger.run(r2)  # a continuation: its agent's record is kept, its run rebases
+    assert again is not None and (again.agent, again.rebase, again.message) == \
+        ("a9", "seed2", "go on")
+    kept = ledger.agent("a9")
+    assert kept is not None and (kept.run, kept.state, kept.seed, kept.label) == \
+        (r2, "queued", "", "do a9")
+    assert ledger.request("q2").turn == 2  # type: ignore[union-attr]
+    queued = [(f["agent"], f["depth"]) for _, f in redis.xrange(keys.events("s1"))
+              if f["kind"] == "queued"]
+    assert queued == [("a9", "1"), ("a1", "1"), ("a9", "1")]
+    # A root's park touches no run of its own, and records no snapshot it was not given.
+    assert set(redis.keys(keys.run("*"))) == {keys.run(r) for r in (
+        child_run("aparent", "a9"), r1, r2)}
+    assert redis.hget(keys.agent("aparent"), "ws_state") is None
+
+
+def test_park_records_the_snapshot_and_refuses_the_calls_of_a_cancelled_parent(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent")
+    assert ledger.park("q1", "aparent", "s1", 1, [], {}, workspace_state="snap1",
+                       host="host-b")
+    assert redis.hmget(keys.agent("aparent"), ["ws_state", "ws_host"]) == ["snap1", "host-b"]
+    ledger.cancel("aparent")
+    assert ledger.park("q2", "aparent", "s1", 2, [Admission({"call_id": "c1", "message": "m"},
+                                                            "a1")], {})
+    run = ledger.run(derive_id("r", "aparent", 2, "c1"))
+    assert run is not None and run.state == "refused"
+    assert run.result == {"error": "the parent was cancelled"}
+
+
+def test_join_believes_a_head_that_says_runs_are_out(redis: redis_py.Redis) -> None:
+    """What a settlement knows of the request (its head) spares reading the request until
+    the last run settled; an unknown request, or one whose count and runs disagree, is not
+    joined."""
+    ledger = Ledger(redis)
+    assert ledger.join("qnope") is None
+    parked_parent(ledger, redis, "root")
+    redis.hset(keys.request("q1"), "settled", 1)  # counted, yet RC1 is still running
+    assert ledger.join("q1") is None
+    redis.hset(keys.request("q1"), "settled", 0)
+    run = ledger.run(RC1)
+    assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
+    for stale in ({"state": "dispatched", "settled": "0", "count": "1"},
+                  {"state": "dispatched", "count": "1"},
+                  {"state": "dispatching", "settled": "1", "count": "1"}):
+        assert ledger.join("q1", head=stale) is None, stale
+    joined = ledger.join("q1", head={"state": "dispatched", "settled": "1", "count": "1"})
+    assert joined is not None and (joined.request_id, joined.swarm_id) == ("q1", "s1")
+
+
+@pytest.mark.parametrize("kind", ["root", "child"])
+def test_a_request_answered_whose_wake_or_resume_may_be_lost_is_joined_again(
+        redis: redis_py.Redis, kind: str) -> None:
+    """The session was answered (not parked) but the request still says dispatched: the
+    join wakes a root again, or covers a worker parent's run for its resume (keeping a
+    lease it has), and answers nothing twice."""
+    ledger = Ledger(redis)
+    parked_parent(ledger, redis, kind)
+    redis.hset(keys.agent("aparent"), "run", "rparent")
+    redis.zadd(keys.leases(), {"rparent": 12345.0})
+    run = ledger.run(RC1)
+    assert run is not None and ledger.settle(run, "s1", "done", {"answer": "ANSWER-ONE"}, {})
+    sessions = RedisSessionStore(redis)
+    session = sessions.load("aparent")
+    assert session is not None
+    session.parked = ""
+    sessions.save(session)
+    joined = ledger.join("q1")
+    assert joined is not None and joined.resume == (kind == "child")
+    assert ledger.request("q1").state == ("answered" if kind == "child" else "joined")  # type: ignore[union-attr]
+    assert ledger.wait_woken("aparent", 0.1) == (None if kind == "child" else "q1")
+    assert redis.zscore(keys.leases(), "rparent") == 12345.0
+    stored = redis.hget(keys.session("aparent"), "messages")
+    assert stored is not None and "ANSWER-ONE" not in stored  # nothing answered twice
+
+
+def test_join_caps_answers_counts_refusals_and_indexes_a_roots_session(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent")
+    agent = {"type": "function", "function": {"name": "agent", "arguments": "{}"}}
+    RedisSessionStore(redis, index=False).save(Session(
+        id="aparent", workspace="/w", usage={}, created=1.0, updated=1.0, parked="q1",
+        messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": "",
+                  "tool_calls": [{"id": "c1", **agent}, {"id": "c3", **agent}]}]))
+    assert redis.zscore(keys.sessions_index(), "aparent") is None
+    ledger.park("q1", "aparent", "s1", 1, [
+        Admission({"call_id": "c1", "message": "do 1"}, "a1"),
+        Admission({"call_id": "c3", "message": "x"}, refusal="depth limit reached")], {})
+    ledger.dispatch("q1")
+    ledger.dispatched("q1")
+    run = ledger.run(RC1)
+    assert run is not None and ledger.settle(run, "s1", "done", {"answer": "y" * 5000}, {})
+    assert ledger.join("q1", cap=300) is not None
+    session = RedisSessionStore(redis).load("aparent")
+    assert session is not None
+    first, second = (json.loads(m["content"]) for m in session.messages if m["role"] == "tool")
+    assert "characters cut" in first["answer"] and len(first["answer"]) < 500
+    assert second["state"] == "refused" and second["error"] == "depth limit reached"
+    (event,) = [f for _, f in redis.xrange(keys.events("s1")) if f["kind"] == "joined"]
+    assert (event["agent"], event["children"], event["refused"]) == ("aparent", "1", "1")
+    assert 0 < redis.ttl(keys.wake("aparent")) <= ledger.ttl
+    assert redis.zscore(keys.sessions_index(), "aparent") is not None
+
+
+def test_join_leaves_a_parent_not_parked_on_the_request_alone(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    parked_parent(ledger, redis, "root")
+    run = ledger.run(RC1)
+    assert run is not None and ledger.settle(run, "s1", "done", {"answer": "one"}, {})
+    sessions = RedisSessionStore(redis)
+    session = sessions.load("aparent")
+    assert session is not None
+    session.parked = "q2"  # parked on another request
+    sessions.save(session)
+    assert ledger.join("q1") is None
+    redis.delete(keys.session("aparent"))  # no session at all
+    assert ledger.join("q1") is None
+    assert ledger.request("q1").state == "dispatched"  # type: ignore[union-attr]

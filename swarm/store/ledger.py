@@ -257,7 +257,7 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1], 'lease_until',
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
 if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
-  redis.call('HSET', KEYS[2], 'started', ARGV[2])
+  redis.call('HSET', KEYS[2], 'started', string.format('%.3f', now))
 end
 redis.call('ZADD', KEYS[3], until_, ARGV[6])
 if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
@@ -1054,7 +1054,7 @@ class Ledger:
             keys=[keys.run(run.id), keys.agent(run.agent), keys.leases(),
                   keys.swarm_inflight(swarm_id), keys.session(run.agent),
                   keys.cancel(run.agent), keys.swarm_counters(swarm_id)],
-            args=[token, "", lease, from_state, host, run.id])
+            args=[token, "", lease, from_state, host, run.id])  # ARGV[2]: unused
         if reply[0] == -1:
             return None
         if reply[0] == 0:
