@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from swarm.domain.approval import ApprovalRequest
+from swarm.domain.approval import Answer, ApprovalRequest
 from swarm.store import keys
 from swarm.store.approvals import (
     CANCELLED,
@@ -20,6 +20,7 @@ from swarm.store.approvals import (
     TIMED_OUT,
     ApprovalQueue,
     Pending,
+    QueueApprover,
     closed_because,
     outcome,
     swarm_of,
@@ -160,9 +161,11 @@ def test_an_unknown_request_cannot_be_answered(redis: redis_py.Redis) -> None:
 
 def test_a_queue_without_a_lease_token_never_expires_its_requests(
         redis: redis_py.Redis) -> None:
-    """A root's queue names no attempt: its requests wait for a person whatever the
-    ledger holds."""
-    queue = ApprovalQueue(redis, "s1", run="rroot")  # a run, but no lease to check
+    """A queue that names no attempt (no lease token) has its requests wait for a person
+    whatever the ledger holds: here its run is held under another token."""
+    redis.hset(keys.run("r1"), mapping={"id": "r1", "state": "running", "lease": "tok"})
+    redis.zadd(keys.leases(), {"r1": time.time() + 3600})
+    queue = ApprovalQueue(redis, "s1", run="r1")  # a run, but no lease to check
     thread, got = asking(queue, request())
     (pending,) = listed(queue)
     assert queue.pending() == [pending]
@@ -176,6 +179,23 @@ def test_an_answer_waits_for_its_child_an_hour_at_most(redis: redis_py.Redis) ->
     redis.hset(keys.approvals("s1"), "p1", json.dumps(
         {"id": "p1", "swarm": "s1", "agent": "a1", "tool": "run_cli", "summary": "ls",
          "reason": "", "created": time.time()}))
-    assert ApprovalQueue(redis, "s1").answer("p1", "approve")
+    queue = ApprovalQueue(redis, "s1")
+    assert queue.answer("p1", "approve")
+    assert queue.pending() == []  # answered: not listed while its child has yet to read it
+    assert not queue.answer("p1", "deny")  # closed once
+    assert outcome(redis, "p1") == "approve"
     assert redis.lrange(keys.approval_answer("p1"), 0, -1) == ["approve"]
     assert 0 < redis.ttl(keys.approval_answer("p1")) <= 3600
+
+
+def test_silence_is_waited_out_to_the_end_of_the_timeout(redis: redis_py.Redis) -> None:
+    started = time.monotonic()
+    assert ApprovalQueue(redis, "s1").ask(request(), 1.5)[0] == "deny"
+    assert time.monotonic() - started >= 1.5
+
+
+def test_a_childs_approver_denies_once_its_agent_is_cancelled(redis: redis_py.Redis) -> None:
+    cancelled = threading.Event()
+    cancelled.set()
+    approver = QueueApprover(ApprovalQueue(redis, "s1"), 30, cancelled.is_set)
+    assert approver(request()) == Answer("deny", "the agent was cancelled")

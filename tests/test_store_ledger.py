@@ -415,6 +415,7 @@ def test_join_of_a_worker_parent_waits_for_its_resume(redis: redis_py.Redis) -> 
     assert ledger.request("q1").state == "answered"  # type: ignore[union-attr]
     again = ledger.join("q1")  # a coordinator that died before the resume went out
     assert again is not None and again.resume
+    assert ledger.join("q1", head={"state": "answered", "settled": "1", "count": "1"})
     session = RedisSessionStore(redis).load("aparent")
     assert session is not None and len([m for m in session.messages
                                         if m["role"] == "tool"]) == 2  # answered once
@@ -471,6 +472,7 @@ def test_cancel_flags_the_subtree_and_settles_held_runs(redis: redis_py.Redis) -
     assert 0 < redis.ttl(keys.cancel("a3")) <= ledger.ttl
     held = ledger.run(R3)
     assert held is not None and held.state == "cancelled" and held.result == {"error": "stop"}
+    assert redis.hget(keys.agent("a3"), "usage") == "{}"  # it never ran
     assert ledger.run(R1).state == "queued"  # type: ignore[union-attr]
     assert redis.llen(keys.swarm_waiting("s1")) == 0
     said = [(f["agent"], f["text"]) for _, f in redis.xrange(keys.events("s1"))
@@ -577,15 +579,16 @@ def test_an_old_request_dispatched_before_the_upgrade_is_read_and_joined(
 
 def test_park_writes_each_child_as_its_worker_reads_it(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
-    swarm_with(ledger, "a9")  # a9's first run: q1, turn 1
+    swarm_with(ledger, "a9", "a8")  # their first runs: q1, turn 1
     schema = {"type": "object"}
     trace = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
     calls = [Admission({"call_id": "c1", "message": "écris 1", "output_schema": schema,
                         "traceparent": trace, "seed": "seed1", "type": "reviewer"}, "a1"),
              Admission({"call_id": "c2", "message": "go on", "agent_id": "a9",
-                        "seed": "seed2"}, "a9")]
+                        "seed": "seed2"}, "a9"),
+             Admission({"call_id": "c3", "message": "again", "agent_id": "a8"}, "a8")]
     assert ledger.park("q2", "aparent", "s1", 2, calls, {}, ledger.facts("aparent", "s1", []))
-    r1, r2 = (derive_id("r", "aparent", 2, c) for c in ("c1", "c2"))
+    r1, r2, r3 = (derive_id("r", "aparent", 2, c) for c in ("c1", "c2", "c3"))
     new = ledger.run(r1)
     assert new is not None and (new.agent, new.request, new.call_id, new.message, new.state,
                                 new.output_schema, new.traceparent, new.swarm, new.rebase) \
@@ -600,16 +603,18 @@ def test_park_writes_each_child_as_its_worker_reads_it(redis: redis_py.Redis) ->
     again = ledger.run(r2)  # a continuation: its agent's record is kept, its run rebases
     assert again is not None and (again.agent, again.rebase, again.message) == \
         ("a9", "seed2", "go on")
+    plain = ledger.run(r3)  # no snapshot to rebase on, no trace to carry
+    assert plain is not None and (plain.agent, plain.rebase, plain.traceparent) == ("a8", "", "")
     kept = ledger.agent("a9")
     assert kept is not None and (kept.run, kept.state, kept.seed, kept.label) == \
         (r2, "queued", "", "do a9")
     assert ledger.request("q2").turn == 2  # type: ignore[union-attr]
     queued = [(f["agent"], f["depth"]) for _, f in redis.xrange(keys.events("s1"))
               if f["kind"] == "queued"]
-    assert queued == [("a9", "1"), ("a1", "1"), ("a9", "1")]
+    assert queued == [("a9", "1"), ("a8", "1"), ("a1", "1"), ("a9", "1"), ("a8", "1")]
     # A root's park touches no run of its own, and records no snapshot it was not given.
     assert set(redis.keys(keys.run("*"))) == {keys.run(r) for r in (
-        child_run("aparent", "a9"), r1, r2)}
+        child_run("aparent", "a9"), child_run("aparent", "a8"), r1, r2, r3)}
     assert redis.hget(keys.agent("aparent"), "ws_state") is None
 
 
@@ -648,16 +653,18 @@ def test_join_believes_a_head_that_says_runs_are_out(redis: redis_py.Redis) -> N
     assert joined is not None and (joined.request_id, joined.swarm_id) == ("q1", "s1")
 
 
-@pytest.mark.parametrize("kind", ["root", "child"])
+@pytest.mark.parametrize(("kind", "lease"), [("root", None), ("child", None),
+                                             ("child", 12345.0)])
 def test_a_request_answered_whose_wake_or_resume_may_be_lost_is_joined_again(
-        redis: redis_py.Redis, kind: str) -> None:
+        redis: redis_py.Redis, kind: str, lease: float | None) -> None:
     """The session was answered (not parked) but the request still says dispatched: the
     join wakes a root again, or covers a worker parent's run for its resume (keeping a
     lease it has), and answers nothing twice."""
     ledger = Ledger(redis)
     parked_parent(ledger, redis, kind)
     redis.hset(keys.agent("aparent"), "run", "rparent")
-    redis.zadd(keys.leases(), {"rparent": 12345.0})
+    if lease is not None:
+        redis.zadd(keys.leases(), {"rparent": lease})
     run = ledger.run(RC1)
     assert run is not None and ledger.settle(run, "s1", "done", {"answer": "ANSWER-ONE"}, {})
     sessions = RedisSessionStore(redis)
@@ -669,7 +676,13 @@ def test_a_request_answered_whose_wake_or_resume_may_be_lost_is_joined_again(
     assert joined is not None and joined.resume == (kind == "child")
     assert ledger.request("q1").state == ("answered" if kind == "child" else "joined")  # type: ignore[union-attr]
     assert ledger.wait_woken("aparent", 0.1) == (None if kind == "child" else "q1")
-    assert redis.zscore(keys.leases(), "rparent") == 12345.0
+    covered = redis.zscore(keys.leases(), "rparent")
+    if kind == "root":
+        assert covered is None
+    elif lease is not None:
+        assert covered == lease  # kept
+    else:
+        assert covered is not None and covered > server_now(redis)  # covered for its resume
     stored = redis.hget(keys.session("aparent"), "messages")
     assert stored is not None and "ANSWER-ONE" not in stored  # nothing answered twice
 
@@ -682,23 +695,27 @@ def test_join_caps_answers_counts_refusals_and_indexes_a_roots_session(
     RedisSessionStore(redis, index=False).save(Session(
         id="aparent", workspace="/w", usage={}, created=1.0, updated=1.0, parked="q1",
         messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": "",
-                  "tool_calls": [{"id": "c1", **agent}, {"id": "c3", **agent}]}]))
+                  "tool_calls": [{"id": "c1", **agent}, {"id": "c2", **agent},
+                                 {"id": "c3", **agent}]}]))
     assert redis.zscore(keys.sessions_index(), "aparent") is None
     ledger.park("q1", "aparent", "s1", 1, [
         Admission({"call_id": "c1", "message": "do 1"}, "a1"),
+        Admission({"call_id": "c2", "message": "do 2"}, "a2"),
         Admission({"call_id": "c3", "message": "x"}, refusal="depth limit reached")], {})
     ledger.dispatch("q1")
     ledger.dispatched("q1")
-    run = ledger.run(RC1)
+    run, other = ledger.runs([RC1, derive_id("r", "aparent", 1, "c2")])
     assert run is not None and ledger.settle(run, "s1", "done", {"answer": "y" * 5000}, {})
+    assert other is not None and ledger.settle(other, "s1", "done", {"answer": "two"}, {})
     assert ledger.join("q1", cap=300) is not None
     session = RedisSessionStore(redis).load("aparent")
     assert session is not None
-    first, second = (json.loads(m["content"]) for m in session.messages if m["role"] == "tool")
+    first, _, second = (json.loads(m["content"]) for m in session.messages
+                        if m["role"] == "tool")
     assert "characters cut" in first["answer"] and len(first["answer"]) < 500
     assert second["state"] == "refused" and second["error"] == "depth limit reached"
     (event,) = [f for _, f in redis.xrange(keys.events("s1")) if f["kind"] == "joined"]
-    assert (event["agent"], event["children"], event["refused"]) == ("aparent", "1", "1")
+    assert (event["agent"], event["children"], event["refused"]) == ("aparent", "2", "1")
     assert 0 < redis.ttl(keys.wake("aparent")) <= ledger.ttl
     assert redis.zscore(keys.sessions_index(), "aparent") is not None
 
