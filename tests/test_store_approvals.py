@@ -163,7 +163,8 @@ def test_a_queue_without_a_lease_token_never_expires_its_requests(
         redis: redis_py.Redis) -> None:
     """A queue that names no attempt (no lease token) has its requests wait for a person
     whatever the ledger holds: here its run is held under another token."""
-    redis.hset(keys.run("r1"), mapping={"id": "r1", "state": "running", "lease": "tok"})
+    redis.hset(keys.run("r1"), mapping={"id": "r1", "state": "running", "lease": "tok",
+                                        "lease_until": time.time() + 3600})
     redis.zadd(keys.leases(), {"r1": time.time() + 3600})
     queue = ApprovalQueue(redis, "s1", run="r1")  # a run, but no lease to check
     thread, got = asking(queue, request())
