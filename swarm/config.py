@@ -3,6 +3,10 @@
 Most knobs are fields of :class:`Settings`; precedence for each: CLI flag > ``SWARM_*`` >
 ``OPENAI_*`` > ``EVA_*`` > default. The others are read by one command or module itself
 (their knob says which), and a few are swarm's own plumbing between its processes.
+
+Over 400 lines because :data:`KNOBS` (the one list of every variable, with its help and
+precedence) and :class:`Settings` (whose fields most knobs are, parsed and checked by it)
+change together; split, each would need the other.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Builders shared by the agent tests, and :func:`wait_until` for every test that waits."""
+"""Builders shared by the agent tests, children made through the ledger as the agent tool
+makes them, and :func:`wait_until` for every test that waits."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from swarm.agent.loop import Agent, AgentConfig, Observer
 from swarm.agent.protocols import Approver, SessionStore
 from swarm.agent.shell import LocalEnvironment
 from swarm.config import Settings
+from swarm.domain.spawn import Admission
 from swarm.llm.client import LLMClient
 from swarm.runtime.build import new_session, prompt_builder
+from swarm.store.ledger import Claim, Ledger, derive_id
 from swarm.testing.server import ScriptedModelServer
 
 T = TypeVar("T")
@@ -87,3 +90,23 @@ def scripts_run(redis_: Any) -> int:
     answered NOSCRIPT, then sent again by redis-py, counts once)."""
     stats = redis_.info("commandstats").get("cmdstat_evalsha", {})
     return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
+
+
+def spawn_children(ledger: Ledger, swarm_id: str, parent_id: str, *agents: str,
+                   request: str = "q1", turn: int = 1) -> Claim:
+    """New children ``agents`` of ``parent_id``, made the way the ``agent`` tool makes them:
+    the parent parks on ``request`` with one call each (``c-AGENT``, message ``do AGENT``)
+    under the swarm's recorded limits, and a coordinator claims it (:meth:`Ledger.dispatch`:
+    runs past the swarm's ``max_parallel`` are held). Their runs are :func:`child_run`'s."""
+    calls = [Admission({"call_id": f"c-{agent}", "message": f"do {agent}"}, agent)
+             for agent in agents]
+    assert ledger.park(request, parent_id, swarm_id, turn, calls, {},
+                       ledger.facts(parent_id, swarm_id, []))
+    claim = ledger.dispatch(request)
+    assert claim is not None
+    return claim
+
+
+def child_run(parent_id: str, agent: str, turn: int = 1) -> str:
+    """The run id of child ``agent`` made by :func:`spawn_children`."""
+    return derive_id("r", parent_id, turn, f"c-{agent}")

@@ -16,8 +16,10 @@ from swarm.config import Settings, parse_policies
 from swarm.domain.approval import Answer, ApprovalRequest, Decision
 from swarm.store import keys
 from swarm.store.approvals import EXPIRED, ApprovalQueue, QueueApprover, outcome
-from swarm.store.ledger import AgentRecord, Ledger, NewRun, RunRecord
-from tests.helpers import wait_until
+from swarm.store.ledger import Ledger
+from tests.helpers import child_run, spawn_children, wait_until
+
+R1 = child_run("aroot", "a1")
 
 
 class Recorder:
@@ -96,19 +98,19 @@ GONE = pytest.mark.parametrize("gone", [{"lease_until": "0"}, {"lease": "tok-nex
 
 
 def asking(redis: redis_lib.Redis) -> tuple[threading.Thread, threading.Event, list[Any]]:
-    """A child's attempt (run r1, lease token "tok") asking for approval in a thread: the
-    thread, the event that stops it, and the list its verdict is appended to."""
+    """A child's attempt (run :data:`R1` of agent a1, lease token "tok") asking for
+    approval in a thread: the thread, the event that stops it, and the list its verdict is
+    appended to."""
     ledger = Ledger(redis)
     ledger.create_swarm("s1", "aroot", "/w", "task", {}, "host", "aroot")
-    run = RunRecord(id="r1", agent="a1", request="q1", call_id="c1", message="m",
-                    state="queued")
-    root = AgentRecord(id="aroot", swarm="s1", workspace="/w", host="host", kind="root")
-    ledger.spawn("s1", root, [NewRun(run, depth=1, label="m")], 10, 10)
+    spawn_children(ledger, "s1", "aroot", "a1")
+    run = ledger.run(R1)
+    assert run is not None
     claim = ledger.start(run, "s1", "tok", 30.0, "host")
     assert claim is not None and claim.claimed
     stop = threading.Event()
     got: list[Any] = []
-    asker = ApprovalQueue(redis, "s1", run="r1", lease="tok")
+    asker = ApprovalQueue(redis, "s1", run=R1, lease="tok")
     thread = threading.Thread(target=lambda: got.append(asker.ask(req(), 30, stop.is_set)),
                               daemon=True)
     thread.start()
@@ -121,7 +123,7 @@ def test_a_request_of_an_attempt_that_is_gone_expires(redis: redis_lib.Redis,
     thread, stop, got = asking(redis)
     listed = wait_until(lambda: ApprovalQueue(redis, "s1").pending(), "the request")
     assert ApprovalQueue(redis, "s1").pending() == listed  # listed while its lease holds
-    redis.hset(keys.run("r1"), mapping=gone)  # the worker died, or the run was taken over
+    redis.hset(keys.run(R1), mapping=gone)  # the worker died, or the run was taken over
     assert ApprovalQueue(redis, "s1").pending() == []
     assert outcome(redis, listed[0].id) == EXPIRED
     assert not redis.hexists(keys.approvals("s1"), listed[0].id)
@@ -138,7 +140,7 @@ def test_an_answer_to_a_request_of_an_attempt_that_is_gone_is_refused(
     itself refuses a request whose attempt is gone, and closes it as expired."""
     thread, stop, got = asking(redis)
     approval_id = wait_until(lambda: redis.hkeys(keys.approvals("s1")), "the request")[0]
-    redis.hset(keys.run("r1"), mapping=gone)
+    redis.hset(keys.run(R1), mapping=gone)
     assert not ApprovalQueue(redis, "s1").answer(approval_id, "approve")
     assert outcome(redis, approval_id) == EXPIRED
     assert not redis.hexists(keys.approvals("s1"), approval_id)

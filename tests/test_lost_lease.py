@@ -14,27 +14,24 @@ import redis as redis_py
 from swarm.config import Settings
 from swarm.domain.session import Session
 from swarm.store import keys
-from swarm.store.ledger import AgentRecord, Ledger, NewRun, RunRecord
+from swarm.store.ledger import Ledger, RunRecord
 from swarm.store.sessions import RedisSessionStore
 from swarm.testing.replies import Item, Reply, Slow
 from swarm.testing.server import ScriptedModelServer
 from swarm.workers.child import ChildRunner
+from tests.helpers import child_run, spawn_children
 
 HOST = socket.gethostname()
 
 
 def a_child(redis: redis_py.Redis, workspace: Path) -> RunRecord:
-    """Swarm s1 with one queued child run r1 (agent a1) whose workspace is here."""
+    """Swarm s1 with one queued child run (agent a1) whose workspace is here."""
     workspace.mkdir()
     ledger = Ledger(redis)
     ledger.create_swarm("s1", "aroot", str(workspace), "task", {}, HOST, "aroot")
-    root = AgentRecord(id="aroot", swarm="s1", workspace=str(workspace), host=HOST,
-                       kind="root")
-    run = RunRecord(id="r1", agent="a1", request="q1", call_id="c1", message="say done",
-                    state="queued")
-    ledger.spawn("s1", root, [NewRun(run, depth=1, label="say done")], 10, 10)
+    spawn_children(ledger, "s1", "aroot", "a1")
     ledger.place("a1", str(workspace), HOST)
-    got = ledger.run("r1")
+    got = ledger.run(child_run("aroot", "a1"))
     assert got is not None
     return got
 

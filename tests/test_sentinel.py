@@ -27,11 +27,11 @@ from swarm.errors import ConfigError
 from swarm.runtime.local import wait_for
 from swarm.store import keys
 from swarm.store.connection import connect, mask_url
-from swarm.store.ledger import AgentRecord, Ledger, NewRun, RunRecord
+from swarm.store.ledger import Ledger
 from swarm.store.sentinel import Sentinels
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
-from tests.helpers import wait_until
+from tests.helpers import child_run, spawn_children, wait_until
 from tests.sentinels import MASTER, SentinelGroup
 
 
@@ -97,10 +97,6 @@ def test_schedules_go_through_the_sentinels(group: SentinelGroup) -> None:
 
 # -- the ledger when the last acknowledged write is lost ------------------------------------
 
-PARENT = AgentRecord(id="aparent", swarm="s1", workspace="/work/parent", host="host-a",
-                     kind="root")
-
-
 def test_a_settlement_lost_at_failover_is_redone_and_never_doubled(
         group: SentinelGroup) -> None:
     """The primary acknowledges a settlement and dies before its replica got it: the
@@ -110,10 +106,9 @@ def test_a_settlement_lost_at_failover_is_redone_and_never_doubled(
     client = connect(group.url, master=MASTER)
     ledger = Ledger(client)
     ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
-    new = RunRecord(id="r1", agent="a1", request="q1", call_id="c1", message="do 1",
-                    state="queued")
-    ledger.spawn("s1", PARENT, [NewRun(new, depth=1, label="do 1")], 200, 64)
-    run = ledger.run("r1")
+    r1 = child_run("aparent", "a1")
+    spawn_children(ledger, "s1", "aparent", "a1")
+    run = ledger.run(r1)
     assert run is not None
     first = ledger.start(run, "s1", "tok-a", 1.0, "host-a")
     assert first is not None and first.claimed
@@ -126,12 +121,12 @@ def test_a_settlement_lost_at_failover_is_redone_and_never_doubled(
     group.link.close()  # what it held is lost with the primary
     # The ledger rolled back to before the settlement, consistently: the run runs under the
     # dead attempt's lease, and nothing announced its settlement.
-    lost = retried(lambda: ledger.run("r1"), "the new master")
+    lost = retried(lambda: ledger.run(r1), "the new master")
     assert lost.state == "running" and lost.attempts == 1
     assert client.xlen(keys.settle_stream()) == 0
     # Its lease runs out (on the server's clock): the coordinator's reap sends it again.
     reaped = wait_until(lambda: ledger.reap(60.0), "the run to be reaped", timeout=15)
-    assert [r.run.id for r in reaped] == ["r1"]
+    assert [r.run.id for r in reaped] == [r1]
     again = ledger.start(run, "s1", "tok-b", 30.0, "host-b")
     assert again is not None and again.claimed
     # The lost settlement, replayed by the attempt that made it, is fenced; the new attempt
@@ -139,11 +134,11 @@ def test_a_settlement_lost_at_failover_is_redone_and_never_doubled(
     assert not ledger.settle(run, "s1", "done", {"answer": "first"}, {}, token="tok-a")
     assert ledger.settle(run, "s1", "done", {"answer": "redone"}, {}, token="tok-b")
     assert not ledger.settle(run, "s1", "done", {"answer": "twice"}, {}, token="tok-b")
-    final = ledger.run("r1")
+    final = ledger.run(r1)
     assert final is not None and final.state == "done" and final.attempts == 2
     assert final.result["answer"] == "redone"
     announced = [fields["run"] for _, fields in client.xrange(keys.settle_stream())]
-    assert announced == ["r1"]
+    assert announced == [r1]
     assert client.hget(keys.request("q1"), "settled") == "1"
 
 

@@ -19,7 +19,8 @@ from swarm.coordinator.service import Coordinator
 from swarm.domain.spawn import SpawnCall
 from swarm.runtime.spawner import RedisSpawner
 from swarm.store import keys
-from swarm.store.ledger import AgentRecord, Ledger, NewRun, RunRecord, derive_id
+from swarm.store.ledger import Ledger, derive_id
+from tests.helpers import child_run, spawn_children
 
 
 class Between(redis_py.Redis):
@@ -88,11 +89,11 @@ def test_a_replay_never_puts_back_in_flight_a_run_that_settled_meanwhile(
 def test_cancel_takes_a_held_run_out_and_settles_it_in_one_step(
         redis_server: str, redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
-    ledger.create_swarm("s1", "aparent", "/w", "task", {}, "host-a", "aparent")
-    parent = AgentRecord(id="aparent", swarm="s1", kind="root")
-    held = [NewRun(RunRecord(id=f"r{n}", agent=f"a{n}", request="q1", call_id=f"c{n}",
-                             message="m", state="queued"), depth=1) for n in (1, 2)]
-    assert [n.run.id for n in ledger.spawn("s1", parent, held, 200, 1).held] == ["r2"]
+    ledger.create_swarm("s1", "aparent", "/w", "task", {"max_parallel": 1}, "host-a",
+                        "aparent")
+    r2 = child_run("aparent", "a2")
+    spawn_children(ledger, "s1", "aparent", "a1", "a2")
+    assert redis.lrange(keys.swarm_waiting("s1"), 0, -1) == [r2]  # held
 
     def crash() -> None:
         raise redis_py.ConnectionError("the process died here")
@@ -101,13 +102,13 @@ def test_cancel_takes_a_held_run_out_and_settles_it_in_one_step(
     dying = Ledger(between(redis_server, lambda sent, got: sent[0] == "LREM", crash))
     with contextlib.suppress(redis_py.ConnectionError):
         dying.cancel("a2")
-    run = ledger.run("r2")
+    run = ledger.run(r2)
     assert run is not None
     waiting = redis.lrange(keys.swarm_waiting("s1"), 0, -1)
-    assert (run.state, waiting) in (("cancelled", []), ("queued", ["r2"])), \
+    assert (run.state, waiting) in (("cancelled", []), ("queued", [r2])), \
         "the run left the waiting list without settling: nothing would ever run or end it"
     ledger.cancel("a2")
-    assert ledger.run("r2").state == "cancelled"  # type: ignore[union-attr]
+    assert ledger.run(r2).state == "cancelled"  # type: ignore[union-attr]
 
 
 def test_a_call_the_parent_refuses_is_settled_as_it_parks(redis: redis_py.Redis) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import select
 import signal
@@ -12,15 +14,18 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis as redis_py
 
 import swarm
-from swarm.errors import LockError
+from swarm.errors import LockError, StoreUnavailableError
 from swarm.store import keys
+from swarm.store.connection import Outage, connect
 from swarm.store.locks import RedisLock
 from tests.helpers import wait_until
+from tests.netproxy import TcpProxy
 
 ROOT = Path(swarm.__file__).resolve().parent.parent
 
@@ -136,7 +141,7 @@ def test_contention_between_two_objects(redis: redis_py.Redis) -> None:
     assert f"pid {os.getpid()} on host {socket.gethostname()}, since " in message
     assert "is working in this folder" in message and "expires within 30 s" in message
     info = a.holder()
-    assert info is not None and "token" not in info
+    assert info is not None and set(info) == {"host", "pid", "started", "workspace"}  # no token
     assert info["workspace"] == "/w" and info["pid"] == os.getpid()
     started = time.monotonic()
     with pytest.raises(LockError):
@@ -154,8 +159,10 @@ def test_blocking_acquire_gets_the_lock_when_released(redis: redis_py.Redis) -> 
     a.acquire()
     threading.Timer(0.2, a.release).start()
     b = RedisLock(redis, "w", blocking_timeout=5)
+    started = time.monotonic()
     b.acquire()
     assert b.held
+    assert time.monotonic() - started < 1.0  # it asks again often, not once a second
     b.release()
 
 
@@ -202,8 +209,144 @@ def test_release_never_deletes_another_holders_lock(redis: redis_py.Redis) -> No
     b = RedisLock(redis, "w")
     b.acquire()
     wait_until(lambda: a.lost, "a's renewal to find its lock taken", timeout=2)
-    assert a.lost and not a.held
+    assert a.lost and not a.held and not a.check()
     assert redis.pttl(keys.lock("w")) > 20_000  # a's renewal did not touch b's lock
     assert a.release() is False
     assert b.holder() is not None and b.held
     assert b.release() is True
+
+
+# -- what a holder believes after a pause, and without Redis --------------------------------------
+
+
+class Clock:
+    """This process's clocks, moved forward as a stop (SIGSTOP, a debugger) moves both, or
+    a machine's sleep moves the wall clock alone; Redis's own clock is untouched."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.mono = self.wall = 0.0
+        monotonic, wall = time.monotonic, time.time
+        monkeypatch.setattr(time, "monotonic", lambda: monotonic() + self.mono)
+        monkeypatch.setattr(time, "time", lambda: wall() + self.wall)
+
+    def stop(self, seconds: float) -> None:
+        self.mono += seconds
+        self.wall += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.wall += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    return Clock(monkeypatch)
+
+
+@pytest.fixture
+def cut_redis(redis_server: str) -> Iterator[tuple[TcpProxy, redis_py.Redis]]:
+    """A client of the test server through a link that can be cut."""
+    parts = urlsplit(redis_server)
+    port = str(parts.port)
+    with TcpProxy(str(parts.hostname), int(port)) as link:
+        client = connect(redis_server.replace(f":{port}", f":{link.port}", 1), retries=0,
+                         socket_timeout=0.5, connect_timeout=0.5)
+        try:
+            yield link, client
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("pause", ["stop", "sleep"])
+def test_a_holder_paused_past_a_third_of_its_ttl_asks_redis_before_saying_it_holds(
+        redis: redis_py.Redis, clock: Clock, pause: str) -> None:
+    """Its renewal thread has not run yet after the pause: the check itself renews, and
+    finds the lock another process took meanwhile."""
+    lock = RedisLock(redis, "w", ttl=30)  # renewed every 10 s: not during the test
+    lock.acquire()
+    redis.delete(keys.lock("w"))  # it expired during the pause...
+    other = RedisLock(redis, "w")
+    other.acquire()  # ...and was taken
+    getattr(clock, pause)(11)
+    assert not lock.check() and lock.lost and not lock.held
+    assert other.check() and other.holder() is not None
+    assert other.release() and not lock.release()
+
+
+def test_a_paused_holder_takes_back_its_lock_if_nobody_took_it(
+        redis: redis_py.Redis, clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    """Another lock, taken meanwhile, has a fence of its own."""
+    lock = RedisLock(redis, "w", ttl=30)
+    lock.acquire()
+    with caplog.at_level(logging.WARNING, logger="swarm.store.locks"):
+        clock.stop(11)
+        assert lock.check()  # a plain renewal: nothing to say
+        assert caplog.records == []
+        neighbour = RedisLock(redis, "v")
+        neighbour.acquire()
+        redis.delete(keys.lock("w"))  # it expired during a pause; nobody took it
+        clock.stop(11)
+        assert lock.check() and not lock.lost
+    assert 0 < redis.pttl(keys.lock("w")) <= 30_000
+    assert [r.getMessage() for r in caplog.records] == [
+        "lock w: it expired while this process was stopped or Redis was away, and nobody "
+        "took it since: taken back"]
+    assert neighbour.release() and lock.release()
+
+
+def test_a_holder_cut_off_from_redis_trusts_its_lock_until_its_ttl_could_have_run_out(
+        redis: redis_py.Redis, cut_redis: tuple[TcpProxy, redis_py.Redis], clock: Clock) -> None:
+    link, client = cut_redis
+    lock = RedisLock(client, "w", ttl=30)
+    lock.acquire()
+    link.cut()
+    clock.stop(11)
+    assert lock.check()  # it cannot have expired yet: what writes next meets the outage
+    clock.stop(20)
+    with pytest.raises(StoreUnavailableError, match="while renewing the lock w"):
+        lock.check()
+    link.heal()
+
+
+def test_a_holder_riding_out_an_outage_waits_for_redis_to_check_and_release(
+        redis: redis_py.Redis, cut_redis: tuple[TcpProxy, redis_py.Redis], clock: Clock) -> None:
+    link, client = cut_redis
+    said: list[str] = []
+    lock = RedisLock(client, "w", ttl=30, outage=Outage("the test's Redis", 30, said.append))
+    lock.acquire()
+    clock.stop(31)
+    link.cut()
+    threading.Timer(1.5, link.heal).start()  # past the client's 0.5 s timeout
+    assert lock.check()  # once Redis answered again: still its own
+    assert said and "stopped answering" in said[0]
+    link.cut()
+    threading.Timer(1.5, link.heal).start()
+    lock.release()  # False if the first try's bytes, held by the cut, deleted it already
+    assert not redis.exists(keys.lock("w"))
+
+
+def test_release_of_a_lock_never_taken_is_false(redis: redis_py.Redis) -> None:
+    assert RedisLock(redis, "w").release() is False
+
+
+def test_a_lock_written_by_something_else_is_shown_as_it_is(redis: redis_py.Redis) -> None:
+    for raw in ("not json", "[1]"):
+        redis.set(keys.lock("w"), raw)
+        assert RedisLock(redis, "w").holder() == {"raw": raw}
+    redis.set(keys.lock("w"), json.dumps({"pid": 7}))  # no token, no host, no expiry
+    assert RedisLock(redis, "w").holder() == {"pid": 7}
+    with pytest.raises(LockError, match=r"^another process is working in this folder; .* "
+                                        r"expires within 30 s$"):
+        RedisLock(redis, "w").acquire()
+
+
+@pytest.mark.parametrize(("days", "shown"), [(0, "%H:%M"), (3, "%Y-%m-%d %H:%M")])
+def test_the_holders_message_says_since_when(redis: redis_py.Redis, days: int,
+                                             shown: str) -> None:
+    started = time.time() - days * 86400
+    redis.set(keys.lock("w"), json.dumps({"token": "t", "pid": 7, "host": "h",
+                                          "started": started}), px=5000)
+    with pytest.raises(LockError) as err:
+        RedisLock(redis, "w").acquire()
+    since = time.strftime(shown, time.localtime(started))
+    assert f"(pid 7 on host h, since {since}) is working" in str(err.value)
+    assert "expires within 5 s" in str(err.value)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import redis as redis_py
 
 from swarm.store import keys
-from swarm.store.ledger import AgentRecord, Ledger, NewRun, RunRecord
+from swarm.store.ledger import Ledger
 from swarm.workers.supervisor import Supervisor, Watched
-from tests.helpers import scripts_run, wait_until
+from tests.helpers import child_run, scripts_run, spawn_children, wait_until
 
 
 def test_tokens_wait_for_their_interval_but_not_for_a_settling_childs_flush(
@@ -35,17 +35,14 @@ def test_tokens_wait_for_their_interval_but_not_for_a_settling_childs_flush(
 def test_a_workers_children_leases_are_renewed_in_one_script(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
-    parent = AgentRecord(id="aparent", swarm="s1", workspace="/work/parent", host="host-a",
-                         kind="root")
-    ledger.spawn("s1", parent, [NewRun(RunRecord(id=f"r{n}", agent=f"a{n}", request="q1",
-                                                 call_id=f"c{n}", message="m", state="queued"),
-                                       depth=1, label="m") for n in range(5)], 200, 64)
+    spawn_children(ledger, "s1", "aparent", *(f"a{n}" for n in range(5)))
+    ids = [child_run("aparent", f"a{n}") for n in range(5)]
     children = []
-    for n in range(5):
-        run = ledger.run(f"r{n}")
+    for n, rid in enumerate(ids):
+        run = ledger.run(rid)
         assert run is not None and ledger.start(run, "s1", f"tok{n}", 5.0, "host-a")
-        children.append(Watched(f"r{n}", f"a{n}", f"tok{n}", limit=3600.0))
-    redis.hset(keys.run("r4"), "lease", "another-workers")  # taken over meanwhile
+        children.append(Watched(rid, f"a{n}", f"tok{n}", limit=3600.0))
+    redis.hset(keys.run(ids[4]), "lease", "another-workers")  # taken over meanwhile
     supervisor = Supervisor(redis, 30.0)
     scripts = scripts_run(redis)
     supervisor.renew(children)

@@ -2,6 +2,10 @@
 
 Never ``os.chdir``: a worker runs many agents in threads of one process, so every
 command gets ``cwd=`` instead.
+
+Over 400 lines because capping the output, decoding it binary-safe, timing out and killing
+the process group are the parts of one command's run (:meth:`LocalEnvironment.execute`), each
+needed by the others.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ coordinator and workers are there (on the embedded default, local ones, which ``
 run`` starts in the background as it starts: :meth:`RootSwarm.prestart`), parks while the
 children work — showing their progress — and carries on when the coordinator wakes it
 with their results.
+
+Over 400 lines because it is one object's life (:class:`RootSwarm`: create the swarm, start
+its runtime, park, wait showing progress, bring the children's work home, finish), whose
+steps share its state.
 """
 
 from __future__ import annotations

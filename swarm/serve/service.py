@@ -7,6 +7,10 @@ token's calls see the jobs it submitted only (and their approvals); any other jo
 404, worded as for a job that does not exist. A request that cannot be done raises
 :class:`~swarm.errors.RequestError` with the HTTP status that fits. Everything here but
 :meth:`Service.follow` is blocking (Redis): async callers run it in a thread.
+
+Over 400 lines because it is one idea, the operations the two front ends share; split by
+operation, each part would repeat the caller's scoping (what a user token may see) that
+every call here applies.
 """
 
 from __future__ import annotations

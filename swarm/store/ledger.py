@@ -59,7 +59,7 @@ and settles in one script).
 
 Where each workspace is (:mod:`swarm.workspace.seed`): a new child's record names the
 snapshot it starts from (``seed``, from its parent's ``agent`` call, written by
-``spawn``); ``park`` records the parent's workspace snapshot and host (``ws_state``,
+``park``), and ``park`` records the parent's workspace snapshot and host (``ws_state``,
 ``ws_host``) in the same transaction as the request, so a resume elsewhere restores it;
 ``place`` records where a workspace was made or restored, and the snapshot a settling
 child left.
@@ -101,7 +101,7 @@ from swarm.domain.records import (
 )
 from swarm.domain.session import Session
 from swarm.domain.spawn import BACKGROUND_SETTLED, Admission, Facts, Limits
-from swarm.errors import LeaseLost
+from swarm.errors import LeaseLost, StoreError
 from swarm.store import keys
 from swarm.store.sessions import RedisSessionStore, write_session
 from swarm.text import cap_middle
@@ -109,8 +109,7 @@ from swarm.text import cap_middle
 log = logging.getLogger(__name__)
 
 __all__ = ["ACTIVE", "SETTLED", "AgentRecord", "Claim", "Joined", "Ledger", "NewRun", "RunRecord",
-           "Spawned", "Start", "derive_id", "joined_text", "label_of", "new_swarm_id",
-           "result_text"]
+           "Start", "derive_id", "joined_text", "label_of", "new_swarm_id", "result_text"]
 
 #: Seconds a run sent (or re-sent) has to be claimed before a coordinator sends it again
 #: (``SWARM_TAKEOVER_GRACE``): a run in flight is covered by a lease from the moment it is
@@ -274,7 +273,7 @@ redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1], 'lease_until',
 redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
 if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
-  redis.call('HSET', KEYS[2], 'started', ARGV[2])
+  redis.call('HSET', KEYS[2], 'started', string.format('%.3f', now))
 end
 redis.call('ZADD', KEYS[3], until_, ARGV[6])
 if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
@@ -534,13 +533,17 @@ return 1
 # back), the rest held (waiting). A replay (dispatching: a coordinator died before its
 # tasks all went out) returns its runs still queued in flight, without moving any run: a
 # run that settled, or is held, stays so. Returns the state, whether every run settled,
-# and the runs to send (:data:`_DESCRIBE_FN`).
+# and the runs to send (:data:`_DESCRIBE_FN`); state 'old' for a request an older swarm
+# wrote (no runs admitted by its parent), which it leaves alone.
 _DISPATCH = _NOW + _RELEASE_FN + _DESCRIBE_FN + """
 local A = cjson.decode(ARGV[1])
 local row = redis.call('HMGET', KEYS[1], 'state', 'admitted', 'max_parallel', 'parent',
                        'count', 'refused', 'swarm')
 local state = row[1]
 if not state then return {'', 0, '', {}} end
+if not row[2] and (state == 'new' or state == 'dispatching') then  -- no 'admitted'
+  return {'old', 0, row[7], {}}
+end
 local function of_swarm(name) return (string.gsub(name, '\\1', row[7], 1)) end
 local K = {request = KEYS[1], leases = KEYS[2], inflight = of_swarm(A.inflight),
            waiting = of_swarm(A.waiting), events = of_swarm(A.events)}
@@ -744,17 +747,6 @@ class NewRun:
             return cls(run, new_agent=False, traceparent=run.traceparent)
         return cls(run, new_agent=False, depth=record.depth, label=record.label,
                    traceparent=run.traceparent)
-
-
-@dataclass
-class Spawned:
-    """What :meth:`Ledger.spawn` did: runs to send now, runs held for a free slot, and
-    runs not written because the swarm reached ``max_children`` (``children`` so far)."""
-
-    send: list[NewRun]
-    held: list[NewRun]
-    over: list[NewRun]
-    children: int
 
 
 @dataclass
@@ -1201,7 +1193,9 @@ class Ledger:
         swarm has free slots, held (waiting) past them; held runs of the swarm that fit
         (the parent gave its slot back) go first. A replay (a coordinator died before its
         tasks all went out) returns the runs still queued in flight, moving none: a run
-        settled or held meanwhile stays so. None for an unknown request."""
+        settled or held meanwhile stays so. None for an unknown request;
+        :class:`~swarm.errors.StoreError` for one written new (or left dispatching) by an
+        older swarm, whose calls no parent admitted: it is refused, untouched."""
         # The swarm's keys are made in the script from the request's swarm (_SWARM in each
         # name stands for it): the claim reads nothing first.
         names = {name: fn(_SWARM) for name, fn in (
@@ -1212,87 +1206,19 @@ class Ledger:
             args=[json.dumps({**names, **self._names()})])
         if not state:
             return None
+        if state == "old":
+            raise StoreError(
+                f"spawn request {request_id} of swarm {swarm_id} was written by an older "
+                "swarm (its coordinator admitted the calls; now the parent does) and is "
+                "left as it is: its parent waits for children that will not be sent. "
+                f"Cancel that swarm (swarm cancel {swarm_id}) and run its task again; "
+                "upgrade while no swarm is running to avoid this")
         return Claim(request_id, swarm_id, state, bool(complete), self._described(rows))
 
     def dispatched(self, request_id: str) -> bool:
         """The request's tasks went out: dispatching -> dispatched. True when every run
         of it has settled already (the caller joins it: no settlement will)."""
         return bool(self._dispatched(keys=[keys.request(request_id)]) == 1)
-
-    def spawn(self, swarm_id: str, parent: AgentRecord, new: list[NewRun],
-              max_children: int, max_parallel: int) -> Spawned:
-        """Write the agents (new children, or continued ones) and runs of one request in
-        one transaction, with a ``queued`` event each: up to ``max_children`` new agents
-        in the swarm, and up to ``max_parallel`` runs in flight (the rest held, oldest
-        first). Records are created only when absent, so a replay writes nothing twice;
-        the caller checks the runs do not exist yet (:meth:`existing_runs`)."""
-        counters, inflight = keys.swarm_counters(swarm_id), keys.swarm_inflight(swarm_id)
-        run_keys = [keys.run(n.run.id) for n in new]
-
-        def spawn(pipe: Pipeline) -> Spawned:
-            children = int(pipe.hget(counters, "children") or 0)
-            busy = int(pipe.scard(inflight))
-            # Read after WATCH (on another connection, in one round trip): a run another
-            # coordinator writes from now on makes this transaction start over.
-            with self.redis.pipeline(transaction=False) as read:
-                for key in run_keys:
-                    read.exists(key)
-                exists = read.execute()
-            admitted, over = [], []
-            for item, there in zip(new, exists, strict=True):
-                if there:
-                    continue  # written by another coordinator replaying this request
-                if item.new_agent and children >= max_children:
-                    over.append(item)
-                    continue
-                children += item.new_agent
-                admitted.append(item)
-            free = max(0, max_parallel - busy)
-            send, held = admitted[:free], admitted[free:]
-            pipe.multi()
-            self._write_children(pipe, swarm_id, parent, admitted)
-            created = sum(item.new_agent for item in admitted)
-            if created:
-                pipe.hincrby(counters, "children", created)
-                pipe.expire(counters, self.ttl)
-            if send:
-                pipe.sadd(inflight, *(n.run.id for n in send))
-                pipe.expire(inflight, self.ttl)
-                self._grace(keys=[keys.leases()],
-                            args=[self.grace, "", *(n.run.id for n in send)], client=pipe)
-            if held:
-                pipe.rpush(keys.swarm_waiting(swarm_id), *(n.run.id for n in held))
-                pipe.expire(keys.swarm_waiting(swarm_id), self.ttl)
-                for n in held:
-                    pipe.hset(keys.agent(n.run.agent), "state", "waiting")
-            return Spawned(send, held, over, children)
-
-        return cast(Spawned, self._transaction(spawn, counters, inflight, *run_keys))
-
-    def _write_children(self, pipe: Pipeline, swarm_id: str, parent: AgentRecord,
-                        new: list[NewRun]) -> None:
-        now = time.time()
-        for item in new:
-            run, akey = item.run, keys.agent(item.run.agent)
-            if item.new_agent:
-                pipe.hsetnx(akey, "id", run.agent)
-                pipe.hset(akey, mapping={
-                    "swarm": swarm_id, "parent": parent.id, "depth": item.depth,
-                    "kind": "child", "workspace": "", "label": item.label,
-                    "created": now, "host": "", "parent_workspace": parent.workspace,
-                    "parent_host": parent.host, "seed": item.seed,
-                    **({"type": item.type} if item.type else {})})
-                pipe.expire(akey, self.ttl)
-                pipe.zadd(keys.swarm_agents(swarm_id), {run.agent: now}, nx=True)
-            pipe.hset(akey, mapping={"run": run.id, "state": "queued"})
-            run.swarm = swarm_id
-            rkey = keys.run(run.id)
-            pipe.hsetnx(rkey, "id", run.id)
-            pipe.hset(rkey, mapping=_fields(run, now, **(
-                {"traceparent": item.traceparent} if item.traceparent else {})))
-            pipe.expire(rkey, self.ttl)
-            self._event(pipe, swarm_id, "queued", run.agent, parent=parent.id,
-                        depth=item.depth)
 
     def release(self, swarm_id: str, max_parallel: int) -> list[NewRun]:
         """Held runs into flight while the swarm has fewer than ``max_parallel``; returns
@@ -1348,7 +1274,7 @@ class Ledger:
             keys=[keys.run(run.id), keys.agent(run.agent), keys.leases(),
                   keys.swarm_inflight(swarm_id), keys.session(run.agent),
                   keys.cancel(run.agent), keys.swarm_counters(swarm_id)],
-            args=[token, "", lease, from_state, host, run.id])
+            args=[token, "", lease, from_state, host, run.id])  # ARGV[2]: unused
         if reply[0] == -1:
             return None
         if reply[0] == 0:

@@ -21,6 +21,9 @@ This module holds the server's state and the bodies it answers with; the items i
 scripted with are :mod:`swarm.testing.replies` (imported here too, so tests import them
 from one place), the default answers :mod:`swarm.testing.responders`, and the HTTP
 parsing and writing :mod:`swarm.testing.handler`.
+
+Over 400 lines because the server's state and :func:`main` (its command line, run by hand)
+describe the same modes; what stands alone is already in the modules named above.
 """
 
 from __future__ import annotations

@@ -20,6 +20,11 @@ call order, as a three-way merge with the seed as base.
 The merges are made in git's object store (``git merge-tree``), one after the other over
 the tree the previous landing left; the work tree is written once, at the end (before each
 check, when there is one).
+
+Over 400 lines because landing is one sequence over one merge state (:class:`_Tree`): each
+child merged over the tree the previous landing left, checked, undone on a failed check,
+written once; and a continued child's :func:`rebase` is the same three-way merge seen from
+the child's side.
 """
 
 from __future__ import annotations
