@@ -268,6 +268,31 @@ def test_a_child_started_empty_has_its_files_kept_at_a_path(
     assert files_of(folder) == {"keep.txt": "keep\n"}  # nothing landed in the folder
 
 
+def test_children_started_empty_on_the_parents_host_land_with_nothing_fetched(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("keep\n")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    bodies, deltas = [], []
+    for i in range(3):
+        child = laptop.child(SWARM, f"a{i}", "")  # seed=false, on the parent's host
+        (child.path / "made.txt").write_text(f"made {i}\n")
+        deltas.append(laptop.capture(child, SWARM))
+        bodies.append({"agent_id": f"a{i}", "delta": deltas[-1], "seed": "",
+                       "host": "laptop", "workspace": str(child.path)})
+    parent = homecoming.parent_of(laptop, folder, None, None)
+    landing = homecoming.land(laptop, parent, bodies, SWARM)
+    assert landing.children == [(f"a{i}", "kept") for i in range(3)]
+    for i, body in enumerate(bodies):
+        assert Path(body["files_at"]) == tmp_path / "home-a" / "workspaces" / SWARM / f"a{i}"
+        assert files_of(Path(body["files_at"])) == {"made.txt": f"made {i}\n"}
+    # Their work was not unbundled from the store into the folder's cache: nothing fetched.
+    assert all(SnapshotStore(redis).hosts(d) == {"laptop": 0} for d in deltas)
+    assert not any(g.has(parent.odb, d) for d in deltas)
+    assert files_of(folder) == {"keep.txt": "keep\n"}
+
+
 def test_a_workspace_is_restored_on_another_host(redis: redis_lib.Redis,
                                                  tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo")

@@ -228,21 +228,31 @@ def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]], swar
     done = Landing()
     odb = parent.odb
 
-    def fetch(body: dict[str, Any]) -> None:
+    def fetch(item: tuple[Path, dict[str, Any]]) -> None:
+        repo, body = item
         try:
             assert seeds is not None
-            seeds.fetch(str(body["delta"]), odb)
+            seeds.fetch(str(body["delta"]), repo)
         except WorkspaceError as exc:
             body["home_error"] = f"its work could not be brought home: {exc}"
 
-    present = _present(odb, [str(b["delta"]) for b in bodies if b.get("delta")])
-    missing = [b for b in bodies if b.get("delta") and str(b["delta"]) not in present]
+    # Each delta is fetched only where its landing reads it: a child that started empty
+    # and worked on this host has its files where it left them, nothing to fetch.
+    wanted: dict[Path, list[dict[str, Any]]] = {}
+    for body in bodies:
+        repo = _read_from(seeds, odb, body)
+        if body.get("delta") and repo is not None:
+            wanted.setdefault(repo, []).append(body)
+    missing: list[tuple[Path, dict[str, Any]]] = []
+    for repo, group in wanted.items():
+        present = _present(repo, [str(b["delta"]) for b in group])
+        missing += [(repo, b) for b in group if str(b["delta"]) not in present]
     if missing and seeds is not None:
         with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
             list(pool.map(fetch, missing))
     tree = _Tree(parent)
-    tree.changes = _changes(odb, [str(b["delta"]) for b in bodies
-                                  if b.get("delta") and "home_error" not in b])
+    tree.changes = _changes(odb, [str(b["delta"]) for b in wanted.get(odb, [])
+                                  if "home_error" not in b])
     for body in bodies:
         agent = str(body.get("agent_id", ""))
         try:
@@ -271,6 +281,20 @@ def land(seeds: Seeds | None, parent: Parent, bodies: list[dict[str, Any]], swar
                     f"its work could not be written into your workspace ({exc}); it is "
                     f"kept: `swarm land {body.get('agent_id', '')}` lands it later"))
     return done
+
+
+def _read_from(seeds: Seeds | None, odb: Path, body: dict[str, Any]) -> Path | None:
+    """The repository a result's delta is read from when it lands: the parent's
+    (``odb``), the host's cache for a child that started empty (its files are kept
+    aside), or None for one that did so on this host (its files are where it left them)."""
+    if seeds is None or str(body.get("seed") or "") not in ("", EMPTY):
+        return odb
+    return None if _left_here(seeds, body) else seeds.cache
+
+
+def _left_here(seeds: Seeds, body: dict[str, Any]) -> bool:
+    """Whether a child that started empty left its files on this host, in its own folder."""
+    return body.get("host") == seeds.host and Path(str(body.get("workspace", ""))).is_dir()
 
 
 def _present(repo: Path, commits: list[str]) -> set[str]:
@@ -494,14 +518,15 @@ def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, 
     delta, seed = str(body.pop("delta", "") or ""), str(body.pop("seed", "") or "")
     mode = body.pop("land", "merge")
     check = str(body.pop("check", "") or default_check)
-    host = body.pop("host", None)
+    here = seeds is not None and _left_here(seeds, body)
+    body.pop("host", None)
     seed = "" if seed == EMPTY else seed
     if "home_error" in body:
         return FAILED
     if not delta:
         return NONE
     if not seed and seeds is not None:  # started empty: its files are kept aside
-        if host == seeds.host and Path(str(body.get("workspace", ""))).is_dir():
+        if here:
             body["files_at"] = str(body["workspace"])  # its own folder, here: nothing moves
         else:
             _files_aside(seeds, body, delta, swarm_id, agent)

@@ -8,8 +8,9 @@ restore a workspace on another host.
   from a ``git worktree`` of the object store that already has it (no transfer); a child
   elsewhere fetches the bundle once per host into its host's cache of the snapshots of
   that folder (``SWARM_HOME/seeds/caches/<lineage>.git``: a child's repository borrows
-  no other folder's objects), then makes a worktree from there. The host's own cache
-  (``SWARM_HOME/seeds/cache.git``) holds the snapshots of its plain folders. A folder's
+  no other folder's objects), then makes a worktree from there. A plain folder's
+  snapshots are kept in a cache of its own on its host (:func:`folder_cache`); the host's
+  cache (``SWARM_HOME/seeds/cache.git``), the work of children that started empty. A folder's
   next snapshot is stored as a delta over its previous one (named in
   ``SWARM_HOME/seeds/last/``), so a host that holds that one fetches only what changed.
   A seed's record carries its *preface* (what a child's system prompt reads of its
