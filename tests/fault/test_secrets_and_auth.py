@@ -139,12 +139,16 @@ def test_a_child_cannot_read_the_key_from_its_worker(swarm: Swarm, model: Script
         "PPIDROOT": [Reply(tool_calls=[agent_call("PPIDKID child", "k1")]),
                      answer_with_results],
         "PPIDKID": [Reply(tool_calls=[ToolCall("run_cli", {
-            "command": "cat /proc/$PPID/environ | tr '\\0' '\\n'"})]), echo_result],
+            "command": "for p in $PPID 1; do cat /proc/$p/environ; echo; done | tr '\\0' '\\n'"})]),
+            echo_result],
     })
     result = swarm_run(swarm, model, tmp_path, "PPIDROOT root")
     assert result.exit_code == 0, result.output
     told = json.dumps(requests_of(model, "PPIDKID"))
-    assert f"{MARKER_NAME}={MARKER_VALUE}" in told  # it did read the worker's environment
+    # The box's runner (its parent) refuses to be read; the box's init shows the
+    # environment the worker gave the box: the marker, never the key.
+    assert "/proc/2/environ: Permission denied" in told
+    assert f"{MARKER_NAME}={MARKER_VALUE}" in told  # it did read what the worker passed
     assert SECRET not in told
 
 
