@@ -26,7 +26,7 @@ from swarm.workers.child import ChildRunner
 from swarm.workspace import gitstate as g
 from swarm.workspace import homecoming, parked
 from swarm.workspace.listing import listing
-from swarm.workspace.seed import Seeds
+from swarm.workspace.seed import EMPTY, Seeds
 
 SWARM = "sseedtest"
 
@@ -452,3 +452,14 @@ def test_a_plain_folders_children_on_its_host_reach_no_other_folders_files(
                             capture_output=True, text=True, check=True).stdout.strip()
     found = subprocess.run(["git", "cat-file", "-e", secret], cwd=child.path, check=False)
     assert found.returncode != 0  # its repository borrows its own folder's objects only
+
+
+def test_an_empty_folder_is_taken_as_empty_without_a_repository_made_for_it(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    """A root in a new, empty folder fans out with no git process: its children start
+    empty (a cache made for nothing cost a `git init` at every such fan-out)."""
+    folder = tmp_path / "new"
+    folder.mkdir()
+    home = tmp_path / "home"
+    assert seeds(redis, home, "laptop").take(folder, SWARM) == EMPTY
+    assert not (home / "seeds" / "caches").exists()

@@ -203,6 +203,8 @@ class Seeds:
             tree = g.write_tree(top, odb=odb, index=own.index)
             subdir = str(workspace.resolve().relative_to(top.resolve()))
         else:
+            if not any(workspace.iterdir()):
+                return EMPTY  # before a cache is made for it: a git init costs ~10 ms
             top, odb, subdir = workspace, self.folder_cache(workspace), "."
             key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
             tree = g.write_tree(top, odb=odb, index=self.home / "seeds" / "index" / key)
