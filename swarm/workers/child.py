@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -262,7 +263,10 @@ class ChildRunner:
         finally:
             self.models.close(model)
             if agent is not None:
-                agent.env.close()  # its box lasts as long as its turn here
+                # Its box lasts as long as its turn here; it ends beside the settlement (its
+                # commands' processes are gone already: the runner kills them after each).
+                threading.Thread(target=agent.env.close, name="box-close",
+                                 daemon=True).start()
         workspace = arrival.arrive()  # an agent that called no tool did not wait for it
         start_usage = run.result.get("usage_at_start") or {}
         changed_files, exact = changed(workspace, seeds, here.before, record)
