@@ -26,7 +26,7 @@ from swarm.workers.child import ChildRunner
 from swarm.workspace import gitstate as g
 from swarm.workspace import homecoming, parked
 from swarm.workspace.listing import listing
-from swarm.workspace.seed import EMPTY, Seeds
+from swarm.workspace.seed import EMPTY, Seeds, folder_cache
 
 SWARM = "sseedtest"
 
@@ -463,3 +463,30 @@ def test_an_empty_folder_is_taken_as_empty_without_a_repository_made_for_it(
     home = tmp_path / "home"
     assert seeds(redis, home, "laptop").take(folder, SWARM) == EMPTY
     assert not (home / "seeds" / "caches").exists()
+
+
+def test_children_with_nothing_to_land_make_no_cache_for_a_new_plain_folder(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    """Results with no changes, or files left in the child's own folder on this host,
+    read nothing of the parent's folder: landing them makes it no cache repository."""
+    folder = tmp_path / "new"
+    folder.mkdir()
+    home = tmp_path / "home"
+    laptop = seeds(redis, home, "laptop")
+    child = laptop.child(SWARM, "a1", "")  # seed=false, on the parent's host
+    (child.path / "made.txt").write_text("made\n")
+    delta = laptop.capture(child, SWARM)
+    body = {"agent_id": "a1", "state": "done", "delta": delta, "seed": "", "host": "laptop",
+            "workspace": str(child.path)}
+    none = {"agent_id": "a2", "state": "done", "changes": "none: it changed no file"}
+    session = Session(id="s", workspace=str(folder), messages=[
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": c, "type": "function", "function": {"name": "agent", "arguments": "{}"}}
+            for c in ("c1", "c2")]},
+        {"role": "tool", "tool_call_id": "c1", "content": json.dumps(body)},
+        {"role": "tool", "tool_call_id": "c2", "content": json.dumps(none)}],
+        usage={}, created=0, updated=0)
+    landing = homecoming.bring_home(laptop, session, folder, SWARM)
+    assert landing is not None and landing.children == [("a1", "kept"), ("a2", "no changes")]
+    assert json.loads(session.messages[1]["content"])["files_at"] == str(child.path)
+    assert not folder_cache(home, folder).exists()

@@ -47,7 +47,7 @@ from swarm.domain.session import Session
 from swarm.domain.spawn import BACKGROUND_SETTLED, joined_body
 from swarm.errors import WorkspaceError
 from swarm.workspace import gitstate as g
-from swarm.workspace.seed import EMPTY, Seeds, Workspace
+from swarm.workspace.seed import EMPTY, Seeds, Workspace, folder_cache
 
 #: Characters of a conflicting child's hunks its result carries.
 HUNKS_CAP = 4000
@@ -85,14 +85,16 @@ class Parent:
 
 
 def parent_of(seeds: Seeds, workspace: Path, tree_of: g.WorkTree | None,
-              own: Workspace | None) -> Parent:
+              own: Workspace | None, make: bool = True) -> Parent:
     """The :class:`Parent` for a workspace: a git work tree (``tree_of``), a seeded
-    child's (``own``), else a plain folder read into its cache on this host."""
+    child's (``own``), else a plain folder read into its cache on this host (made on first
+    use unless ``make`` is False: no landing will read it)."""
     if tree_of is not None:
         return Parent(tree_of.top, tree_of.repo, tree_of=tree_of)
     if own is not None and own.odb is not None and own.index is not None:
         return Parent(own.top, own.odb, index=own.index)
-    return parent_of_folder(workspace, seeds.folder_cache(workspace), None, seeds.home)
+    cache = seeds.folder_cache(workspace) if make else folder_cache(seeds.home, workspace)
+    return parent_of_folder(workspace, cache, None, seeds.home)
 
 
 def parent_of_folder(top: Path, odb: Path, tree_of: g.WorkTree | None, home: Path) -> Parent:
@@ -177,7 +179,10 @@ def bring_home(seeds: Seeds, session: Session, workspace: Path, swarm_id: str,
         body["land"] = str(args.get("land") or "merge")
         if isinstance(args.get("check"), str):
             body["check"] = args["check"]
-    parent = parent_of(seeds, workspace, tree_of, own)
+    # Results that need nothing of the parent's tree (no changes, or files left in the
+    # child's own folder here) make no cache for a plain folder: a git init at each new one.
+    parent = parent_of(seeds, workspace, tree_of, own,
+                       make=not all(_lands_alone(seeds, b) for _, b in todo))
     done = land(seeds, parent, [body for _, body in todo], swarm_id, run_check, check)
     for message, body in joins:
         text = json.dumps(body, ensure_ascii=False, indent=1)
@@ -290,6 +295,14 @@ def _read_from(seeds: Seeds | None, odb: Path, body: dict[str, Any]) -> Path | N
     if seeds is None or str(body.get("seed") or "") not in ("", EMPTY):
         return odb
     return None if _left_here(seeds, body) else seeds.cache
+
+
+def _lands_alone(seeds: Seeds, body: dict[str, Any]) -> bool:
+    """A result whose landing reads nothing of the parent's workspace (see
+    :func:`_land_one`): an error, no changes, or the files of a child that started empty,
+    left in its own folder on this host."""
+    return "home_error" in body or not body.get("delta") or (
+        str(body.get("seed", "") or "") in ("", EMPTY) and _left_here(seeds, body))
 
 
 def _left_here(seeds: Seeds, body: dict[str, Any]) -> bool:
