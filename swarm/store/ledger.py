@@ -1489,15 +1489,7 @@ class Ledger:
             refused = sum(1 for r in runs.values() if r is not None and r.state == "refused")
             self._event(pipe, joined.swarm_id, "joined", parent.id,
                         children=len(runs) - refused, refused=refused)
-            if joined.resume:
-                pipe.hset(rkey, "state", "answered")  # joined once the resume is sent
-                if parent.run:  # covered until a worker claims its resume
-                    self._grace(keys=[keys.leases()], args=[self.grace, "", parent.run],
-                                client=pipe)
-            else:
-                pipe.rpush(keys.wake(parent.id), request_id)
-                pipe.expire(keys.wake(parent.id), self.ttl)
-                pipe.hset(rkey, "state", "joined")
+            self._wake(pipe, joined, request_id)
             return joined
 
         return cast("Joined | None", self._transaction(answer, rkey, skey))
@@ -1550,18 +1542,24 @@ class Ledger:
                 pipe.hset(keys.run(run.id), "delivered", wait_id)
             self._event(pipe, joined.swarm_id, "joined", parent.id, children=len(ready),
                         refused=0)
-            if joined.resume:
-                pipe.hset(wkey, "state", "answered")
-                if parent.run:
-                    self._grace(keys=[keys.leases()], args=[self.grace, "", parent.run],
-                                client=pipe)
-            else:
-                pipe.rpush(keys.wake(parent.id), wait_id)
-                pipe.expire(keys.wake(parent.id), self.ttl)
-                pipe.hset(wkey, "state", "joined")
+            self._wake(pipe, joined, wait_id)
             return joined
 
         return cast("Joined | None", self._transaction(answer, wkey, skey))
+
+    def _wake(self, pipe: Pipeline, joined: Joined, request_id: str) -> None:
+        """In an answer's transaction: a worker parent's request is ``answered`` (joined
+        once its resume is sent; its run covered until a worker claims it), a root's is
+        ``joined`` and the root woken."""
+        if joined.resume:
+            pipe.hset(keys.request(request_id), "state", "answered")
+            if joined.parent.run:
+                self._grace(keys=[keys.leases()], args=[self.grace, "", joined.parent.run],
+                            client=pipe)
+        else:
+            pipe.rpush(keys.wake(joined.parent.id), request_id)
+            pipe.expire(keys.wake(joined.parent.id), self.ttl)
+            pipe.hset(keys.request(request_id), "state", "joined")
 
     def resumed(self, request_id: str) -> None:
         """The parent's resume task was sent: the request is done with."""
