@@ -24,6 +24,7 @@ from swarm.store.snapshots import SnapshotStore
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, task_of, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 SECRET = "sk-planted-secret-7f3a"
@@ -310,10 +311,8 @@ def test_a_job_runs_its_root_on_the_workers(cluster: tuple[str, Path], client: r
     ledger = Ledger(client)
     settings = {"base_url": model.base_url, "model": model.models[0], "yes": True}
     swarm_id = submit_job(ledger, configure(cluster[0]), "JOBROOT do it", tmp_path, settings)
-    deadline = time.monotonic() + 30
-    while job_state(ledger, swarm_id)["state"] in ("queued", "running"):
-        assert time.monotonic() < deadline, job_state(ledger, swarm_id)
-        time.sleep(0.1)
+    wait_until(lambda: job_state(ledger, swarm_id)["state"] not in ("queued", "running"),
+               "the job to settle", every=0.1)
     job = job_state(ledger, swarm_id)
     assert job["state"] == "done" and job["answer"] == "done:kid | done:kid"
     assert [a["depth"] for a in job["agents"]] == [0, 1, 1]

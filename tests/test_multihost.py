@@ -35,6 +35,7 @@ from swarm.store.ledger import Ledger
 from swarm.store.server import EmbeddedServer
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+from tests.helpers import wait_until
 
 GIT = "git -c user.name=r -c user.email=r@r"
 
@@ -250,10 +251,8 @@ def _chain(hosts: Hosts, laptop: Path, lose: bool) -> tuple[Result, redis_lib.Re
     stopping = threading.Thread(target=hosts.stop, args=("hosta",))
     stopping.start()  # graceful: A finishes G, then exits
     log = hosts.base / "hosta.log"
-    deadline = time.monotonic() + 30
-    while "Warm shutdown" not in log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
+    wait_until(lambda: "Warm shutdown" in log.read_text(errors="replace"),
+               "host A's warm shutdown")
     g_go.set()  # A takes no new task now; G's answer may go out, and P's resume after it
     stopping.join(90)
     assert not stopping.is_alive()
@@ -322,10 +321,8 @@ def test_a_child_whose_worker_was_killed_is_carried_on_by_its_own_host_not_faile
     out: list[Result] = []
     runner = threading.Thread(target=lambda: out.append(swarm_run(hosts, repo, "MH-ROOT go")))
     runner.start()
-    deadline = time.monotonic() + 60
-    while not (started.exists() and started.read_text().strip()):
-        assert time.monotonic() < deadline, "the child's command never started"
-        time.sleep(0.05)
+    wait_until(lambda: started.exists() and started.read_text().strip(),
+               "the child's command to start", timeout=60)
     second = hosts.start("hostb")
     os.kill(hosts.procs["hosta"].pid, signal.SIGKILL)  # the worker process only
     hosts.procs.pop("hosta").wait(timeout=10)
@@ -333,10 +330,7 @@ def test_a_child_whose_worker_was_killed_is_carried_on_by_its_own_host_not_faile
     ledger = Ledger(client)
     child = next(a for a in ledger.agents(ledger.latest_swarm() or "") if a.kind == "child")
     # Its lease ran out while A is down: it waits in A's queue, not B's.
-    deadline = time.monotonic() + 30
-    while not client.llen(host_queue(first)):
-        assert time.monotonic() < deadline, "the run was not sent to host A's queue"
-        time.sleep(0.05)
+    wait_until(lambda: client.llen(host_queue(first)), "the run to be sent to host A's queue")
     hosts.start("hosta")
     runner.join(120)
     assert not runner.is_alive() and out

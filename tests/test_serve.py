@@ -433,10 +433,8 @@ def ask_in_thread(redis: redis_lib.Redis, swarm_id: str, timeout: float,
 
 
 def wait_pending(api: TestClient) -> dict[str, Any]:
-    deadline = time.monotonic() + 10
-    while not (pending := api.get("/v1/approvals", headers=AUTH).json()):
-        assert time.monotonic() < deadline, "the request never showed"
-        time.sleep(0.02)
+    pending = wait_until(lambda: api.get("/v1/approvals", headers=AUTH).json(),
+                         "the approval request to show", timeout=10)
     (approval,) = pending
     return cast("dict[str, Any]", approval)
 
@@ -556,10 +554,8 @@ def live_url(cluster: tuple[str, Path], model: ScriptedModelServer) -> Iterator[
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
+    wait_until(lambda: server.started or not thread.is_alive(), "uvicorn to start", timeout=10)
+    assert server.started, "uvicorn did not start"
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}"
@@ -596,13 +592,12 @@ def follow(base: str, job: str, last_id: str | None = None) -> list[dict[str, st
 
 
 def wait_state(get: Any, job: str, states: tuple[str, ...], timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        body: dict[str, Any] = get(f"/v1/jobs/{job}", headers=AUTH).json()
-        if body["state"] in states:
-            return body
-        assert time.monotonic() < deadline, body
-        time.sleep(0.1)
+    def body() -> dict[str, Any] | None:
+        got: dict[str, Any] = get(f"/v1/jobs/{job}", headers=AUTH).json()
+        return got if got["state"] in states else None
+
+    return wait_until(body, f"job {job} to be {' or '.join(states)}", timeout=timeout,
+                      every=0.1)
 
 
 @pytest.mark.slow
