@@ -12,6 +12,7 @@ How a view shows its numbers, and the prices behind a cost, are :mod:`swarm.repo
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -287,9 +288,13 @@ class SwarmView:
     def failures(self) -> list[AgentView]:
         return [a for a in self.agents if a.is_failure]
 
+    @functools.cached_property
+    def _models(self) -> dict[str, str]:
+        return recorded_models(self.info)  # read once a view, not once an agent
+
     def model_of(self, agent: AgentView) -> str:
-        """The model ``agent`` used (:func:`model_of`)."""
-        return model_of(self.info, agent.type)
+        """The model ``agent`` used (:func:`recorded_models`)."""
+        return self._models.get(agent.type, self._models[""])
 
     def cost(self, prices: Prices, agents: list[AgentView] | None = None) -> float | None:
         """Estimated dollars of ``agents`` (all by default), each at its model's price."""
@@ -387,9 +392,9 @@ class SwarmView:
         }
 
 
-def model_of(info: dict[str, str], agent_type: str) -> str:
-    """The model an agent of ``agent_type`` ("": none) used in the swarm whose record is
-    ``info``: its type's, else the swarm's ("" when neither was recorded)."""
+def recorded_models(info: dict[str, str]) -> dict[str, str]:
+    """The model of each agent type declared in the swarm whose record is ``info``, and
+    under "" the swarm's own ("" when not recorded): what each agent's cost is priced by."""
     found = []
     for name in ("types", "settings"):
         try:
@@ -397,9 +402,17 @@ def model_of(info: dict[str, str], agent_type: str) -> str:
         except ValueError:
             value = {}
         found.append(value if isinstance(value, dict) else {})
-    kind = found[0].get(agent_type) if agent_type else None
-    model = kind.get("model") if isinstance(kind, dict) else None
-    return str(model or found[1].get("model") or "")
+    default = str(found[1].get("model") or "")
+    models = {name: str(kind.get("model") or default) for name, kind in found[0].items()
+              if isinstance(kind, dict)}
+    models[""] = default
+    return models
+
+
+def model_of(info: dict[str, str], agent_type: str) -> str:
+    """The model an agent of ``agent_type`` ("": none) used in the swarm ``info``."""
+    models = recorded_models(info)
+    return models.get(agent_type, models[""])
 
 
 class SwarmReader:
