@@ -638,10 +638,8 @@ def test_cancel_a_running_job(cluster: tuple[str, Path], model: ScriptedModelSer
         job = api.post("/v1/jobs", headers=AUTH,
                        json={"task": "SLOWJOB", "approve": "all"}).json()["id"]
         events = connect(cluster[0])
-        deadline = time.monotonic() + 20
-        while "sleep 30" not in json.dumps(events.xrange(keys.events(job))):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(lambda: "sleep 30" in json.dumps(events.xrange(keys.events(job))),
+                   "the job's command to start", timeout=20, every=0.1)
         started = time.monotonic()
         response = api.post(f"/v1/jobs/{job}/cancel", headers=AUTH)
         assert response.status_code == 202
@@ -661,10 +659,8 @@ def test_approvals_are_listed_and_answered(cluster: tuple[str, Path],
     with TestClient(running_app(cluster, model, SWARM_APPROVAL="run_cli=always")) as api:
         job = api.post("/v1/jobs", headers=AUTH,
                        json={"task": "ASKJOB", "approve": "ask"}).json()["id"]
-        deadline = time.monotonic() + 20
-        while not (pending := api.get(f"/v1/approvals?job={job}", headers=AUTH).json()):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        pending = wait_until(lambda: api.get(f"/v1/approvals?job={job}", headers=AUTH).json(),
+                             "the job's approval request", timeout=20, every=0.1)
         (approval,) = pending
         assert approval["job"] == job and approval["tool"] == "run_cli"
         assert "echo approved-run" in approval["summary"]
