@@ -560,6 +560,10 @@ def analyse(script: JobScript, run: RootRun, invoked_at: float | None = None) ->
     missing = [i for i in range(script.n) if len(per_child.get(i, {})) != script.turns + 1]
     if missing or 0 not in root or 1 not in root:
         raise RuntimeError(f"job {script.tag}: incomplete stamps (children {missing[:5]}...)")
+    failed = [s for s in chats if s.failed and script.child_index(s.task) is not None]
+    if failed:  # a figure of commands that did not run measures nothing
+        raise RuntimeError(f"job {script.tag}: {len(failed)} of the children's commands failed, "
+                           f"the first: {failed[0].failed!r}")
     spawn = [per_child[i][0].arrived - root[0].sent for i in range(script.n)]
     gaps = [per_child[i][k + 1].arrived - per_child[i][k].sent
             for i in range(script.n) for k in range(script.turns)]

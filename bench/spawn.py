@@ -67,7 +67,7 @@ from swarm.store.connection import connect
 from swarm.store.ledger import Ledger
 from swarm.store.server import EmbeddedServer
 from swarm.testing.handler import Handler, HTTPServer
-from swarm.testing.scripts import ByTask, task_of, turn_of
+from swarm.testing.scripts import ByTask, task_of, tool_results, turn_of
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall, review_command
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -104,7 +104,18 @@ class _TimedHandler(Handler):
         super()._chat(request)
         kind = "review" if review_command(request) is not None else "chat"
         self.server.owner.note(kind, task_of(request), turn_of(request),  # type: ignore[attr-defined]
-                               self._arrived)
+                               self._arrived, failed_result(request))
+
+
+def failed_result(request: dict[str, Any]) -> str:
+    """The first of the request's last tool results that says a command failed (the swarm's
+    ``error: ...``, or an exit code but 0), or ""."""
+    for result in tool_results(request):
+        ended = result.rstrip().rsplit("\n", 1)[-1]
+        if result.startswith("error:") or (ended.startswith("[exit code: ")
+                                             and ended != "[exit code: 0]"):
+            return result[:300]
+    return ""
 
 
 @dataclass
@@ -116,6 +127,8 @@ class Stamp:
     sent: float
     arrived_wall: float  # time.time
     sent_wall: float
+    failed: str = ""
+    """A tool result this request carried that says its command failed (:func:`failed_result`)."""
 
 
 class _BenchHTTPServer(HTTPServer):
@@ -135,8 +148,10 @@ class TimedModelServer(ScriptedModelServer):
         self.stamps: list[Stamp] = []
         self._stamps_lock = threading.Lock()
 
-    def note(self, kind: str, task: str, turn: int, arrived: tuple[float, float]) -> None:
-        stamp = Stamp(kind, task, turn, arrived[0], time.perf_counter(), arrived[1], time.time())
+    def note(self, kind: str, task: str, turn: int, arrived: tuple[float, float],
+             failed: str = "") -> None:
+        stamp = Stamp(kind, task, turn, arrived[0], time.perf_counter(), arrived[1], time.time(),
+                      failed)
         with self._stamps_lock:
             self.stamps.append(stamp)
 

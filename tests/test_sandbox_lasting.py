@@ -198,3 +198,34 @@ def test_a_box_between_commands_dies_with_its_worker(outside_tmp: Path) -> None:
         proc.stdin.close()
     wait_until(lambda: host_processes(str(ws)) == [], "the box to end with its worker",
                timeout=30)
+
+
+def test_boxes_start_and_run_where_the_workers_descriptors_pass_1024(outside_tmp: Path) -> None:
+    """A worker holding hundreds of children's boxes has descriptors numbered past 1,024,
+    which select() refuses: the box's start, its network's, its runner and the command's end
+    are waited for without it (at 500 children, half the commands failed so)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = [os.open(os.devnull, os.O_RDONLY)]
+    try:
+        while held[-1] < 1100:
+            held.append(os.dup(held[0]))
+        ws = outside_tmp / "ws"
+        ws.mkdir()
+        env = LocalEnvironment(ws, sandbox="bwrap", die_with_runner=True)
+        try:
+            first, second = env.execute("echo one", 30), env.execute("echo two", 30)
+            assert (first.exit_code, first.output) == (0, "one\n"), first.output
+            assert (second.exit_code, second.output) == (0, "two\n"), second.output
+            assert env.lasting and env._box is not None and env._box.sock is not None
+            assert env._box.sock.fileno() > 1024
+        finally:
+            env.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

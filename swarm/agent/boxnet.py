@@ -21,7 +21,6 @@ import contextlib
 import functools
 import ipaddress
 import os
-import select
 import shutil
 import socket
 import subprocess
@@ -32,6 +31,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from swarm.agent import later
+from swarm.agent.fds import readable
 
 GATEWAY = "10.0.2.2"
 DNS = "10.0.2.3"
@@ -185,8 +185,7 @@ class Slirp:
             os.close(ready_w)
             os.close(self.exit_r)
         try:
-            ready, _, _ = select.select([ready_r], [], [], READY_TIMEOUT)
-            if not ready or os.read(ready_r, 1) != b"1":
+            if not readable(ready_r, READY_TIMEOUT) or os.read(ready_r, 1) != b"1":
                 self.error = "slirp4netns failed: " + self._said()
         finally:
             os.close(ready_r)
@@ -232,7 +231,7 @@ def await_word(fd: int, timeout: float = 30.0) -> bool:
     data = b""
     while not data.endswith(b"\n"):
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not readable(fd, left):
             return False
         chunk = os.read(fd, 8)
         if not chunk:

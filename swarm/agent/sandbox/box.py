@@ -100,8 +100,8 @@ class Box:
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,
              linked: Path | None = None, runner: int | None = None,
-             alive_fd: int | None = None, handshake: tuple[int, int, int] | None = None
-             ) -> list[str]:
+             alive_fd: int | None = None, handshake: tuple[int, int, int] | None = None,
+             program: list[str] | None = None) -> list[str]:
         """bubblewrap's command line for ``command`` (``linked``: see :func:`git_dirs`).
         With ``runner`` (this process's pid: a worker's), the box never runs once the
         thread that starts it died (:data:`RUNNER_GUARD`); with ``alive_fd`` too (the
@@ -109,7 +109,8 @@ class Box:
         with it (:data:`RUNNER_ALIVE`). With ``handshake`` (the write end of the "up" pipe,
         the read end of the "go" one and one holding its ``/etc/resolv.conf``:
         :class:`.Launch`), it starts in :func:`~swarm.agent.boxnet.wrapper`, which waits
-        for the worker."""
+        for the worker. With ``program`` (a lasting box's runner), bubblewrap runs that
+        instead of ``bash -c command``: it must set the :data:`PIDS` limit itself."""
         ws = str(workspace.resolve())
         drop = [] if self.run_as is None else [
             f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups"]
@@ -184,6 +185,8 @@ class Box:
             box += ["--ro-bind-data", str(handshake[2]), "/etc/resolv.conf"]
         # The limit is set inside the box, where the count is of the box's namespace only,
         # by a line of the command's own shell (no second shell to start).
+        if program is not None:
+            return [*box, "--", *program]
         alive = RUNNER_ALIVE.format(fd=alive_fd) if alive_fd is not None else ""
         box += ["--", "bash", "-c", f"ulimit -u {PIDS} || exit 126\n{alive}{command}"]
         return box

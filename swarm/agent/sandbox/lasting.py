@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import select
-import shlex
 import shutil
 import socket
 import struct
@@ -34,7 +32,8 @@ import time
 import weakref
 from pathlib import Path
 
-from swarm.agent.sandbox.box import SYSTEM, Box
+from swarm.agent.fds import readable
+from swarm.agent.sandbox.box import PIDS, SYSTEM, Box
 from swarm.agent.sandbox.launch import Launch
 from swarm.agent.sandbox.seccomp import program_fd
 
@@ -60,6 +59,12 @@ def box_python() -> str:
     return found if any(real.is_relative_to(s) for s in SYSTEM if s != "/sys") else ""
 
 
+@functools.cache
+def runner_text() -> str:
+    """The runner's source, read once."""
+    return RUNNER.read_text()
+
+
 class Failed(Exception):
     """The lasting box could not start (the message says why): use a box per command."""
 
@@ -80,13 +85,14 @@ class LastingBox:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = program_fd()
         passed = (fd, theirs.fileno(), *([self.alive] if self.alive is not None else []))
-        command = (f"exec {shlex.quote(box_python())} -I -S -c "
-                   f"{shlex.quote(RUNNER.read_text())} {theirs.fileno()} "
-                   f"{self.alive if self.alive is not None else -1}")
+        # bubblewrap runs the runner itself (no shell between them: one process less a box).
+        program = [box_python(), "-I", "-S", "-c", runner_text(), str(theirs.fileno()),
+                   str(self.alive if self.alive is not None else -1), str(PIDS)]
         try:
             self.launch = Launch(
-                self.box, lambda hs: self.box.argv(command, self.workspace, fd, self.linked,
-                                                   runner=self.runner, handshake=hs),
+                self.box, lambda hs: self.box.argv("", self.workspace, fd, self.linked,
+                                                   runner=self.runner, handshake=hs,
+                                                   program=program),
                 pass_fds=passed, cwd=self.workspace, env=self.env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
@@ -99,8 +105,7 @@ class LastingBox:
         proc = self.launch.proc
         assert proc.stderr is not None
         try:
-            ready = select.select([ours], [], [], START_TIMEOUT)[0]
-            word = ours.recv(256) if ready else b""
+            word = ours.recv(256) if readable(ours.fileno(), START_TIMEOUT) else b""
             if word != b"ready":
                 said = word[1:].decode(errors="replace") if word.startswith(b"E") else ""
                 notes = "; ".join(n.strip("[]") for n in self.launch.notes)
@@ -185,7 +190,7 @@ class BoxedCommand:
         sock = self.box.sock
         if sock is None:
             return self._gone()
-        if not select.select([sock], [], [], timeout)[0]:
+        if not readable(sock.fileno(), timeout):
             return None
         try:
             word = sock.recv(64)

@@ -3,8 +3,10 @@ process, which runs the commands the worker sends it, one at a time, each in its
 
 Never imported by swarm: :mod:`~swarm.agent.sandbox.lasting` passes this file's text to the
 box's python3 (``python3 -I -S -c``), so it uses the standard library only and runs on any
-Python 3 from 3.8. Arguments: its end of the worker's socket (``AF_UNIX``, ``SOCK_SEQPACKET``)
-and the read end of the worker's lifeline pipe (``-1``: none).
+Python 3 from 3.8. bubblewrap starts it with no shell in between. Arguments: its end of the
+worker's socket (``AF_UNIX``, ``SOCK_SEQPACKET``), the read end of the worker's lifeline pipe
+(``-1``: none) and the box's limit of processes (``RLIMIT_NPROC``, set first: it counts
+the box's own user namespace only).
 
 It makes itself non-dumpable first: a command runs as the same uid, but without a
 capability it can then neither open the runner's descriptors (``/proc/2/fd``,
@@ -23,6 +25,7 @@ import _signal as signal  # type: ignore[import-not-found]  # not signal, nor so
 import _socket as socket
 import ctypes
 import os
+import resource
 import select
 import struct
 import sys
@@ -55,6 +58,16 @@ def sweep() -> None:
         time.sleep(0.001)
 
 
+def ready_now(fds: "list[int]", timeout: "int | None") -> "list[int]":
+    """Those of ``fds`` readable (or at their end) within ``timeout`` ms (None: no limit).
+    poll, not select: the worker's descriptor numbers reach here, and select refuses those
+    of 1,024 and up."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(timeout)]
+
+
 def start(command: bytes, out: int) -> int:
     pid = os.fork()
     if pid:
@@ -82,6 +95,11 @@ def start(command: bytes, out: int) -> int:
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     alive = int(sys.argv[2])
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (int(sys.argv[3]),) * 2)
+    except (ValueError, OSError) as exc:
+        sock.send(b"Ecannot limit the box's processes: " + str(exc).encode())
+        return
     libc = ctypes.CDLL(None, use_errno=True)
     if os.getpid() != 2 or libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 \
             or libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
@@ -89,7 +107,7 @@ def main() -> None:
         return
     watched: list[int] = [sock.fileno()]
     if alive >= 0:
-        if select.select([alive], [], [], 0)[0]:  # the worker is gone already
+        if ready_now([alive], 0):  # the worker is gone already
             return
         watched.append(alive)
     wake_r, wake_w = os.pipe()
@@ -104,7 +122,7 @@ def main() -> None:
     wanted = 0
     out = -1
     while True:
-        ready = select.select(watched, [], [])[0]
+        ready = ready_now(watched, None)
         if alive in ready:
             return
         if wake_r in ready:

@@ -1,0 +1,14 @@
+"""Waiting for a file descriptor to be readable, whatever its number: ``select()`` refuses
+those of 1,024 and up, which a worker with a few hundred children's boxes open reaches."""
+
+from __future__ import annotations
+
+import select
+
+
+def readable(fd: int, timeout: float | None) -> bool:
+    """Whether ``fd`` is readable (or at its end, or in error) within ``timeout`` seconds
+    (None: no limit)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
