@@ -286,3 +286,19 @@ def test_a_root_worker_says_swarms_note_not_celerys_uid_advice(
     text = log.read_text()
     assert "--uid" not in text and "SecurityWarning" not in text, text
     assert ROOT_NOTE in text, text
+
+
+def test_a_worker_raises_its_open_files_to_the_hard_limit_and_warns_when_it_is_low() -> None:
+    """A worker's children hold descriptors (boxes, pipes, connections): the usual soft limit
+    of 1,024 ran out at a few hundred; it is raised to the hard limit, with a warning where
+    even that is too low for --concurrency."""
+    script = ("import resource, sys\n"
+              "resource.setrlimit(resource.RLIMIT_NOFILE, (512, int(sys.argv[1])))\n"
+              "from swarm.cli.runtime import more_open_files\n"
+              "more_open_files(256)\n"
+              "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    for hard, warned in ((8000, False), (600, True)):
+        done = subprocess.run([sys.executable, "-c", script, str(hard)], capture_output=True,
+                              text=True, timeout=60, check=True)
+        assert done.stdout.strip() == str(hard)
+        assert ("warning: this worker may open 600 files" in done.stderr) is warned, done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import signal
@@ -62,6 +63,7 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     # Agents' commands are this process's children: keep the API key and the Redis URL
     # out of what they can read in /proc/$PPID/environ.
     hide_from_proc(sys.argv[1:])
+    more_open_files(concurrency)
     # The copy-on-write views of children's workspaces are mounted in this process's own
     # mount namespace (where it may make one): they go away with it, however it ends.
     views.private_mounts()
@@ -104,6 +106,30 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
             f"--hostname={hostname or 'swarm@' + socket.gethostname()}",
             f"--loglevel={loglevel}", "--task-events", "--without-mingle",
         ])
+
+
+#: Descriptors a running child may hold in its worker (its box's socket and network, the
+#: command's output, the model's and Redis's connections, git's pipes), with room to spare.
+FILES_A_CHILD = 16
+
+
+def more_open_files(concurrency: int) -> None:
+    """Raise this process's soft limit of open files to its hard one: the usual soft 1,024
+    runs out at a few hundred children with their boxes; a warning when the hard limit is
+    too low for ``concurrency`` children."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    have = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    need = concurrency * FILES_A_CHILD + 256
+    if have != resource.RLIM_INFINITY and have < need:
+        click.echo(f"warning: this worker may open {have} files, and {concurrency} children "
+                   f"may need about {need}: raise its limit (ulimit -n {need}, LimitNOFILE= in "
+                   "a systemd unit, --ulimit nofile= for a container) or lower --concurrency",
+                   err=True)
 
 
 @click.command(context_settings=CTX)
