@@ -41,7 +41,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, configure, log, results_dir, write_result
+from bench.common import RESULTS, busy_seconds, configure, log, results_dir, write_result
 
 PARTS = ("spawn", "scaling", "processes", "memory", "workers", "redis", "mcp", "cold", "seed",
          "reseed", "land", "page", "join")
@@ -190,17 +190,6 @@ def display(path: Path) -> str:
         return str(path.relative_to(RESULTS.parent))
     except ValueError:
         return str(path)
-
-
-def busy_seconds() -> float:
-    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return 0.0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def own_seconds() -> float:

@@ -59,8 +59,8 @@ from swarm.testing.scripts import task_of, turn_of
 from swarm.testing.server import Reply, ToolCall
 
 __all__ = ["MODEL", "RESULTS", "Cluster", "JobScript", "Sampler", "Stamp", "TimedModelServer",
-           "configure", "machine_info", "median", "neutral_env", "p95", "run_process",
-           "run_root", "seeding"]
+           "busy_seconds", "configure", "machine_info", "median", "neutral_env", "p95",
+           "run_process", "run_root", "seeding"]
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -610,6 +610,17 @@ def fmt_s(x: float | None) -> str:
 
 def fmt_ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def log(text: str) -> None:
