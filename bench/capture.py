@@ -6,10 +6,10 @@ Two kinds of child, ``--n`` of each, made through :class:`~swarm.workspace.seed.
 as a worker makes them (full checkouts, no views): one that started empty, and one
 seeded from a small repository (``--files`` files, committed, and one uncommitted).
 Each then appends ``--lines`` lines to ``out.txt`` (as the bench's children do, one
-``echo`` a command) and is captured. Prints the median and p90 wall of a capture and
-the median CPU (this process's and the git processes it reaped), and the git processes
-a capture started; the last capture of each kind is fetched back from the store into a
-fresh repository, checking its tree.
+``echo`` a command) and is captured. Prints the median and p90 wall of a capture, the
+median CPU (this process's and the git processes it reaped; this process's own beside),
+and the processes a capture started; the last capture of each kind is fetched back from
+the store into a fresh repository, checking its tree.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from swarm.store.connection import connect
 from swarm.store.server import EmbeddedServer
@@ -32,10 +33,11 @@ from swarm.workspace.seed import Seeds
 SWARM = "sbenchcapture"
 
 
-def cpu() -> float:
+def cpu() -> tuple[float, float]:
+    """CPU seconds of this process, and of the processes it reaped."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 
 
 class Spawns:
@@ -43,11 +45,11 @@ class Spawns:
 
     def __init__(self) -> None:
         self.count = 0
-        self._init = subprocess.Popen.__init__
+        init: Any = subprocess.Popen.__init__
 
-        def counted(popen: subprocess.Popen[bytes], *args: object, **kwargs: object) -> None:
+        def counted(popen: Any, *args: Any, **kwargs: Any) -> None:
             self.count += 1
-            self._init(popen, *args, **kwargs)  # type: ignore[arg-type]
+            init(popen, *args, **kwargs)
 
         subprocess.Popen.__init__ = counted  # type: ignore[method-assign,assignment]
 
@@ -67,7 +69,7 @@ def make_repo(path: Path, files: int) -> None:
 
 def measure(seeds: Seeds, kind: str, seed: str, n: int, lines: int,
             spawns: Spawns) -> dict[str, object]:
-    walls, cpus, procs, last, ws = [], [], [], "", None
+    walls, cpus, owns, procs, last, ws = [], [], [], [], "", None
     for i in range(n):
         ws = seeds.child(SWARM, f"{kind}{i:04d}", seed)
         with open(ws.path / "out.txt", "a") as out:
@@ -76,7 +78,9 @@ def measure(seeds: Seeds, kind: str, seed: str, n: int, lines: int,
         before, began, started = cpu(), time.perf_counter(), spawns.count
         last = seeds.capture(ws, SWARM)
         walls.append(time.perf_counter() - began)
-        cpus.append(cpu() - before)
+        after = cpu()
+        owns.append(after[0] - before[0])
+        cpus.append(after[0] + after[1] - before[0] - before[1])
         procs.append(spawns.count - started)
         assert last, f"{kind} child {i}: nothing captured"
     assert ws is not None
@@ -93,7 +97,8 @@ def measure(seeds: Seeds, kind: str, seed: str, n: int, lines: int,
     walls.sort()
     return {"kind": kind, "n": n, "wall_ms": statistics.median(walls) * 1000,
             "p90_ms": walls[int(len(walls) * 0.9)] * 1000,
-            "cpu_ms": statistics.median(cpus) * 1000, "procs": statistics.median(procs)}
+            "cpu_ms": statistics.median(cpus) * 1000,
+            "own_ms": statistics.median(owns) * 1000, "procs": statistics.median(procs)}
 
 
 def main() -> None:
@@ -116,7 +121,8 @@ def main() -> None:
         for row in (measure(seeds, "empty", "", args.n, args.lines, spawns),
                     measure(seeds, "seeded", sid, args.n, args.lines, spawns)):
             print(f"{row['kind']:>7}: {row['n']} captures, wall median {row['wall_ms']:.2f} ms "
-                  f"(p90 {row['p90_ms']:.2f}), CPU median {row['cpu_ms']:.2f} ms, "
+                  f"(p90 {row['p90_ms']:.2f}), CPU median {row['cpu_ms']:.2f} ms "
+                  f"(this process {row['own_ms']:.2f}), "
                   f"{row['procs']:g} processes a capture")
         client.close()
     finally:
