@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,9 +134,11 @@ def upper(view: Path) -> Path:
 _PRESENT: set[tuple[str, str]] = set()
 
 
-#: Snapshot id -> its lineage (:attr:`SnapshotMeta.lineage`), as this process read it
-#: (:meth:`Seeds.plan`): a child's capture does not read its seed's record again.
-_LINEAGES: dict[str, str] = {}
+#: A store's snapshot ids -> their lineages (:attr:`SnapshotMeta.lineage`), as this
+#: process read them (:meth:`Seeds.plan`): a child's capture does not read its seed's
+#: record again.
+_LINEAGES: weakref.WeakKeyDictionary[SnapshotStore, dict[str, str]] = \
+    weakref.WeakKeyDictionary()
 
 
 #: The snapshot "id" of an empty workspace: nothing is stored, an empty folder is made.
@@ -304,7 +307,7 @@ class Seeds:
         if meta is None:
             raise WorkspaceLost(f"the snapshot of the parent's workspace ({seed[:12]}) is not "
                                 "in the store any more")
-        _remember(meta)
+        _remember(self.store, meta)
         odb = Path(meta.odb)
         start = meta.local or seed
         borrowed = meta.origin == self.host and odb.is_dir() and g.has(odb, start)
@@ -499,9 +502,10 @@ class Seeds:
     def _lineage_of(self, seed: str) -> str:
         """The lineage of the stored snapshot ``seed`` ("": gone, or from before
         lineages), read from the store once per process."""
-        if seed not in _LINEAGES:
-            _remember(self.store.meta(seed))
-        return _LINEAGES.get(seed, "")
+        known = _LINEAGES.setdefault(self.store, {})
+        if seed not in known:
+            _remember(self.store, self.store.meta(seed))
+        return known.get(seed, "")
 
 
 def folder_cache(home: Path, folder: Path) -> Path:
@@ -510,12 +514,13 @@ def folder_cache(home: Path, folder: Path) -> Path:
     return home / "seeds" / "caches" / f"{_lineage('folder', str(folder.resolve()))}.git"
 
 
-def _remember(meta: SnapshotMeta | None) -> None:
-    """Keep ``meta``'s lineage in :data:`_LINEAGES`."""
+def _remember(store: SnapshotStore, meta: SnapshotMeta | None) -> None:
+    """Keep the lineage of ``meta``, read from ``store``, in :data:`_LINEAGES`."""
     if meta is not None:
-        if len(_LINEAGES) >= 4096:
-            _LINEAGES.clear()
-        _LINEAGES[meta.id] = meta.lineage
+        known = _LINEAGES.setdefault(store, {})
+        if len(known) >= 4096:
+            known.clear()
+        known[meta.id] = meta.lineage
 
 
 def _lineage(*parts: str) -> str:
