@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import uuid
 from dataclasses import replace
@@ -339,6 +340,73 @@ def test_a_child_on_the_parents_host_lands_its_files_without_a_transfer(
     assert body["landing"] == "landed" and "files_at" not in body
     assert (folder / "made.txt").read_text() == "made\n"
     assert SnapshotStore(redis).hosts(delta) == {"laptop": 0}  # nobody fetched it
+
+
+def test_a_capture_leaves_no_ref_where_it_is_made_and_lands_after_a_gc_took_it(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    laptop = seeds(redis, tmp_path / "home-a", "laptop")
+    sid = laptop.take(repo, SWARM, tree_of=g.discover(repo))
+    child = laptop.child(SWARM, "a1", sid)  # the parent's host: it borrows the user's repo
+    assert child.odb == repo / ".git"
+    (child.path / "new.txt").write_text("from the child\n")
+    delta = laptop.capture(child, SWARM)
+    refs = sh(repo, "for-each-ref", "--format=%(refname)")
+    assert f"refs/swarm/snap/{sid}" in refs and delta not in refs
+    # The user's gc prunes what no ref keeps: the capture is fetched from the store.
+    sh(repo, "-c", "gc.reflogExpireUnreachable=now", "gc", "-q", "--prune=now")
+    assert not g.has(repo / ".git", delta)
+    session = result_session(repo, {"agent_id": "a1", "delta": delta, "seed": sid})
+    landing = homecoming.bring_home(laptop, session, repo, SWARM, g.discover(repo))
+    assert landing is not None and landing.children == [("a1", "landed")]
+    assert (repo / "new.txt").read_text() == "from the child\n"
+
+
+def test_a_captures_bundle_is_one_git_reads_for_a_child_started_empty_or_seeded(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    store = SnapshotStore(redis)
+    for name, seed in (("empty", ""), ("seeded", sid)):
+        child = far.child(SWARM, name, seed)
+        (child.path / "out.txt").write_text(f"{name}\n")
+        delta = far.capture(child, SWARM)
+        other = tmp_path / f"other-{name}.git"
+        sh(tmp_path, "init", "-q", "--bare", str(other))
+        if seed:  # a delta: its base is there first
+            g.unbundle(other, sid, store.get(sid)[1])
+        bundle = tmp_path / f"{name}.bundle"
+        bundle.write_bytes(store.get(delta)[1])
+        sh(other, "bundle", "verify", "-q", str(bundle))
+        assert sh(other, "bundle", "list-heads", str(bundle)).split() == \
+            [delta, f"refs/swarm/snap/{delta}"]
+        sh(other, "fetch", "-q", str(bundle), f"refs/swarm/snap/{delta}:refs/got")
+        got = sh(other, "ls-tree", "-r", "--name-only", "refs/got").split()
+        assert "out.txt" in got and sh(other, "show", "refs/got:out.txt") == f"{name}\n"
+        assert ("committed.txt" in got) == bool(seed)
+
+
+def test_secrets_stay_out_of_captures_whatever_became_of_the_excludes_file(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+
+    def captured(agent: str, swarmignore: str = "") -> set[str]:
+        child = far.child(SWARM, agent, "")
+        for name in ("out.txt", ".env", "notes.txt"):
+            (child.path / name).write_text(f"SECRET in {name}\n")
+        if swarmignore:
+            (child.path / ".swarmignore").write_text(swarmignore)
+        delta = far.capture(child, SWARM)
+        return set(g.git("ls-tree", "-r", "--name-only", delta, repo=far.cache).split())
+
+    assert captured("a1") == {"out.txt", "notes.txt"}
+    # Another folder's rules are its own, in the same process.
+    assert captured("a2", "notes.txt\n") == {"out.txt", ".swarmignore"}
+    assert captured("a3") == {"out.txt", "notes.txt"}
+    # A tmp cleaner took this process's excludes files: they are written again.
+    shutil.rmtree(g._scratch(os.getpid()))
+    assert captured("a4") == {"out.txt", "notes.txt"}
 
 
 def test_a_checkout_as_it_was_seeded_has_nothing_to_send_home(

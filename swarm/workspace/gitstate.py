@@ -24,12 +24,15 @@ terminal finds its repository from its folder (:func:`discover`), before its com
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
+import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,16 +247,40 @@ def _user_excludes() -> tuple[str, ...]:
     return ()
 
 
-def _excludes(top: Path, into: Path) -> Path:
+def _excludes(top: Path) -> Path:
     """An excludes file: the user's global one, the secret patterns, then ``.swarmignore``
-    (later lines win, so a negation there lets a secret pattern's file through)."""
+    (later lines win, so a negation there lets a secret pattern's file through). Kept by
+    its content in this process's own folder (:func:`_scratch`): written once, then read
+    by every tree of a folder with the same rules."""
     lines = [*_user_excludes(), *SECRET_PATTERNS]
     ignore = top / ".swarmignore"
     if ignore.is_file():
         lines += ignore.read_text(errors="replace").splitlines()
-    path = into / "excludes"
-    path.write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    folder = _scratch(os.getpid())
+    path = folder / hashlib.sha256(text.encode()).hexdigest()[:32]
+    # Looked for each time: git takes a missing excludes file for an empty one (no secret
+    # left out), and a tmp cleaner may take it from a long-lived worker.
+    if not path.is_file():
+        folder.mkdir(mode=0o700, exist_ok=True)
+        tmp = folder / f".{path.name}.{threading.get_ident()}"
+        tmp.write_text(text)
+        os.replace(tmp, path)
     return path
+
+
+@functools.cache
+def _scratch(pid: int) -> Path:
+    """A private folder of the process ``pid`` (this one: a forked child makes its own),
+    removed as it exits."""
+    folder = Path(tempfile.mkdtemp(prefix="swarm-git-"))
+
+    def remove() -> None:
+        if os.getpid() == pid:  # not in a forked child that inherited the handler
+            shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(remove)
+    return folder
 
 
 def write_tree(top: Path | WorkTree, *, odb: Path | None = None,
@@ -263,25 +290,33 @@ def write_tree(top: Path | WorkTree, *, odb: Path | None = None,
     read into the bare repository ``odb`` with ``index`` (kept between snapshots of the
     same folder, for the same reason). ``keep``: where to copy the index that holds the
     tree, its entries' file times fresh (to write the folder from later)."""
+    if not isinstance(top, WorkTree):
+        assert odb is not None and index is not None
+        index.parent.mkdir(parents=True, exist_ok=True)
+        return _add_and_write(top, {"GIT_DIR": str(odb), "GIT_WORK_TREE": str(top),
+                                    "GIT_INDEX_FILE": str(index)}, keep)
     with tempfile.TemporaryDirectory(prefix="swarm-tree-") as tmp:
-        if isinstance(top, WorkTree):
-            temp = Path(tmp) / "index"
-            with contextlib.suppress(FileNotFoundError):
-                # With its mtime: git tells "racily clean" entries by it.
-                shutil.copy2(top.admin / "index", temp)
-            folder, env = top.top, top.env(temp)
-        else:
-            assert odb is not None and index is not None
-            index.parent.mkdir(parents=True, exist_ok=True)
-            folder = top
-            env = {"GIT_DIR": str(odb), "GIT_WORK_TREE": str(top), "GIT_INDEX_FILE": str(index)}
-        excludes = _excludes(folder, Path(tmp))
-        git("-c", f"core.excludesFile={excludes}", "-c", "core.autocrlf=false",
-            "add", "-A", "--ignore-errors", "--", ".", cwd=folder, env=env)
-        tree = git("write-tree", cwd=folder, env=env)
-        if keep is not None:
-            shutil.copy2(env["GIT_INDEX_FILE"], keep)
-        return tree
+        temp = Path(tmp) / "index"
+        with contextlib.suppress(FileNotFoundError):
+            # With its mtime: git tells "racily clean" entries by it.
+            shutil.copy2(top.admin / "index", temp)
+        return _add_and_write(top.top, top.env(temp), keep)
+
+
+def _add_and_write(folder: Path, env: dict[str, str], keep: Path | None) -> str:
+    git("-c", f"core.excludesFile={_excludes(folder)}", "-c", "core.autocrlf=false",
+        "add", "-A", "--ignore-errors", "--", ".", cwd=folder, env=env)
+    tree = git("write-tree", cwd=folder, env=env)
+    if keep is not None:
+        shutil.copy2(env["GIT_INDEX_FILE"], keep)
+    return tree
+
+
+@functools.lru_cache(maxsize=4096)
+def tree_of(repo: Path, commit: str) -> str:
+    """The tree of ``commit`` (a full id) in ``repo``, asked of git once per process (a
+    commit's tree never changes)."""
+    return git("rev-parse", "--verify", "-q", f"{commit}^{{tree}}", repo=repo)
 
 
 def commit(repo: Path, tree: str, parents: list[str], message: str,
@@ -361,33 +396,38 @@ def preface(repo: Path, tree: str) -> tuple[list[str], dict[str, str]] | None:
 
 
 def bundle(repo: Path, sha: str, base: str = "") -> bytes:
-    """A bundle of commit ``sha`` (ref ``refs/swarm/snap/<sha>``) with only the objects
-    ``base`` lacks (those of its tree too, whether or not ``base`` is an ancestor: a
-    snapshot is a commit without parents, and two snapshots of one repository share most
-    of their files), a changed file as a delta over its version in ``base``."""
-    ref = f"refs/swarm/snap/{sha}"
-    git("update-ref", ref, sha, repo=repo)
-    if not base:
-        with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
-            path = Path(tmp) / "b.bundle"
-            git("-c", "pack.compression=1", "-c", "pack.window=0", "bundle", "create", "-q",
-                str(path), ref, repo=repo)
-            return path.read_bytes()
-    # `git bundle create ref ^base` leaves out what is reachable from base only through
-    # history; --shallow marks every tree of base as there (git's "aggressive edges"),
-    # --thin lets a changed file travel as a delta (the fetch's index-pack completes it).
+    """A bundle of commit ``sha`` (as ref ``refs/swarm/snap/<sha>``: :func:`unbundle`
+    keeps it by that ref), with only the objects ``base`` lacks (those of its tree too,
+    whether or not ``base`` is an ancestor: a snapshot is a commit without parents, and
+    two snapshots of one repository share most of their files), a changed file as a delta
+    over its version in ``base``. One ``pack-objects`` behind a header written here (what
+    ``git bundle create`` writes); nothing is written in ``repo``: :func:`keep` the
+    commit there if it must outlive a ``git gc``."""
+    if base:
+        # `git bundle create ref ^base` leaves out what is reachable from base only
+        # through history; --shallow marks every tree of base as there (git's "aggressive
+        # edges"), --thin lets a changed file travel as a delta (the fetch's index-pack
+        # completes it).
+        args, revs = ["-c", "pack.compression=1", "pack-objects", "--revs", "--thin",
+                      "--shallow"], f"{sha}\n^{base}\n"
+    else:
+        args, revs = ["-c", "pack.compression=1", "-c", "pack.window=0", "pack-objects",
+                      "--revs"], f"{sha}\n"
     try:
         pack = subprocess.run(
-            ["git", "-c", "pack.compression=1", "pack-objects", "--revs", "--thin",
-             "--shallow", "--stdout", "-q"],
-            input=f"{sha}\n^{base}\n".encode(), capture_output=True, timeout=300,
+            ["git", *args, "--delta-base-offset", "--stdout", "-q"], input=revs.encode(),
+            capture_output=True, timeout=300,
             env=_environ({"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo)}), cwd=repo)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise WorkspaceError(f"git pack-objects failed: {exc}") from None
     if pack.returncode != 0:
         raise WorkspaceError("git pack-objects failed: "
                              f"{pack.stderr.decode(errors='replace').strip()[-500:]}")
-    return f"# v2 git bundle\n-{base} swarm base\n{sha} {ref}\n\n".encode() + pack.stdout
+    # v2 for SHA-1 ids; v3 names the object format otherwise.
+    head = "# v2 git bundle\n" if len(sha) == 40 else \
+        "# v3 git bundle\n@object-format=sha256\n"
+    prerequisite = f"-{base} swarm base\n" if base else ""
+    return f"{head}{prerequisite}{sha} refs/swarm/snap/{sha}\n\n".encode() + pack.stdout
 
 
 def unbundle(repo: Path, sha: str, data: bytes) -> None:

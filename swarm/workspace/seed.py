@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,13 @@ def upper(view: Path) -> Path:
 
 #: (repository, commit) pairs this process found present: a wide fan-out asks git once.
 _PRESENT: set[tuple[str, str]] = set()
+
+
+#: A store's snapshot ids -> their lineages (:attr:`SnapshotMeta.lineage`), as this
+#: process read them (:meth:`Seeds.plan`): a child's capture does not read its seed's
+#: record again.
+_LINEAGES: weakref.WeakKeyDictionary[SnapshotStore, dict[str, str]] = \
+    weakref.WeakKeyDictionary()
 
 
 #: The snapshot "id" of an empty workspace: nothing is stored, an empty folder is made.
@@ -248,16 +256,22 @@ class Seeds:
             os.replace(tmp, last)
         return sid
 
-    def publish(self, odb: Path, meta: SnapshotMeta, swarm_id: str) -> None:
-        if self.store.exists(meta.id):
+    def publish(self, odb: Path, meta: SnapshotMeta, swarm_id: str, new: bool = False) -> None:
+        """Store the snapshot ``meta`` of ``odb`` unless it is stored already (then its
+        TTL is pushed on). ``new``: most likely not stored (a child's capture), so it is
+        bundled without asking first."""
+        if not new and self.store.exists(meta.id):
             return
         data = g.bundle(odb, meta.id, meta.base)
         if self.snapshot_max and len(data) > self.snapshot_max:
+            if new and self.store.exists(meta.id):
+                return
             raise SnapshotTooLarge(
                 f"the snapshot's bundle is {human_bytes(len(data))}; the cap is "
                 f"{human_bytes(self.snapshot_max)} (SWARM_SNAPSHOT_MAX). Add ignores to "
                 ".swarmignore (or .gitignore), or raise SWARM_SNAPSHOT_MAX")
-        self.store.put(meta, data, swarm_id, self.swarm_max)
+        if not self.store.put(meta, data, swarm_id, self.swarm_max) and new:
+            self.store.exists(meta.id)  # stored already: its TTL pushed on, as above
 
     def fetch(self, sid: str, into: Path) -> int:
         """Make commit ``sid`` (and the snapshots it is a delta over) present in the
@@ -293,6 +307,7 @@ class Seeds:
         if meta is None:
             raise WorkspaceLost(f"the snapshot of the parent's workspace ({seed[:12]}) is not "
                                 "in the store any more")
+        _remember(self.store, meta)
         odb = Path(meta.odb)
         start = meta.local or seed
         borrowed = meta.origin == self.host and odb.is_dir() and g.has(odb, start)
@@ -458,12 +473,14 @@ class Seeds:
         """Store the workspace as it is now, as a commit over its seed (a delta); its id,
         or "" when nothing changed since the seed. Read through the worker's own
         repository and index (:class:`Workspace`), whatever its commands did with the
-        workspace's git."""
+        workspace's git. No ref keeps the commit where it is written: a landing looks
+        for it there and fetches the stored bundle when it is not (a ``git gc`` took it)."""
+        top = ws.top.resolve()
         if ws.odb is None or ws.index is None or not ws.seed:
             if not any(ws.top.iterdir()):
                 return ""
             repo = self.cache
-            key = hashlib.sha256(str(ws.top.resolve()).encode()).hexdigest()[:16]
+            key = hashlib.sha256(str(top).encode()).hexdigest()[:16]
             tree = g.write_tree(ws.top, odb=repo, index=self.home / "seeds" / "index" / key)
             parents: list[str] = []
             if tree == g.EMPTY_TREE:
@@ -472,21 +489,38 @@ class Seeds:
             repo = ws.odb
             tree = g.write_tree(ws.top, odb=repo, index=ws.index)
             parents = [ws.seed]
-            if g.git("rev-parse", f"{ws.seed}^{{tree}}", repo=repo) == tree:
+            if g.tree_of(repo, ws.seed) == tree:
                 return ""
         sid = g.commit(repo, tree, parents, "swarm: a child's work")
-        seeded = self.store.meta(ws.seed) if ws.seed else None
-        lineage = seeded.lineage if seeded is not None and seeded.lineage else \
-            _lineage(self.host, str(repo), str(ws.top.resolve()))
-        self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo),
-                                         sid, lineage=lineage), swarm_id)
+        lineage = self._lineage_of(ws.seed) if ws.seed else ""
+        self.publish(repo, SnapshotMeta(sid, 0, 0, "", ws.seed, 0, self.host, str(repo), sid,
+                                        lineage=lineage or _lineage(self.host, str(repo),
+                                                                    str(top))),
+                     swarm_id, new=True)
         return sid
+
+    def _lineage_of(self, seed: str) -> str:
+        """The lineage of the stored snapshot ``seed`` ("": gone, or from before
+        lineages), read from the store once per process."""
+        known = _LINEAGES.setdefault(self.store, {})
+        if seed not in known:
+            _remember(self.store, self.store.meta(seed))
+        return known.get(seed, "")
 
 
 def folder_cache(home: Path, folder: Path) -> Path:
     """Where the snapshots of the plain folder ``folder`` are kept under ``home``
     (:meth:`Seeds.folder_cache`), and the changes its children sent home."""
     return home / "seeds" / "caches" / f"{_lineage('folder', str(folder.resolve()))}.git"
+
+
+def _remember(store: SnapshotStore, meta: SnapshotMeta | None) -> None:
+    """Keep the lineage of ``meta``, read from ``store``, in :data:`_LINEAGES`."""
+    if meta is not None:
+        known = _LINEAGES.setdefault(store, {})
+        if len(known) >= 4096:
+            known.clear()
+        known[meta.id] = meta.lineage
 
 
 def _lineage(*parts: str) -> str:
