@@ -1,5 +1,7 @@
-"""The box's network: a network namespace per command, with user-mode internet from
-slirp4netns, where the worker's host and the swarm's Redis are unreachable.
+"""The box's network: a network namespace per box, with user-mode internet from
+slirp4netns, where the worker's host and the swarm's Redis are unreachable. (A worker keeps
+such namespaces set up and lends each to one box at a time:
+:mod:`swarm.agent.sandbox.netslots`; a box makes its own, as below, where none can be.)
 
 A box command starts as ``unshare --net`` (``--user --map-root-user --net`` for a worker
 that is not root) running :data:`WRAPPER`: still privileged in the new namespace (root,
@@ -146,9 +148,15 @@ def deny_list(redis_url: str = "", extra: Iterable[str] = ()) -> tuple[str, ...]
                                 *ALWAYS_DENIED, *extra]))
 
 
-def wrapper(up: int, go: int, net: Network | None) -> list[str]:
+def wrapper(up: int, go: int, net: Network | None, holder: int = 0) -> list[str]:
     """The start of a box command that waits for the worker (:data:`WRAPPER`), in a new
-    network namespace when ``net`` says so."""
+    network namespace when ``net`` says so, or in that of the network slot ``holder``
+    holds (its pid: :mod:`~swarm.agent.sandbox.netslots`, whose routes are set already)."""
+    if net is not None and holder:
+        ns = f"/proc/{holder}/ns"
+        own = [f"--user={ns}/user"] if os.geteuid() != 0 else []
+        return ["nsenter", *own, f"--net={ns}/net", "--",
+                "bash", "-c", WRAPPER, "bash", str(up), str(go), "", ""]
     argv = ["bash", "-c", WRAPPER, "bash", str(up), str(go),
             net.routes() if net is not None else "", net.rules() if net is not None else ""]
     if net is None:
@@ -160,7 +168,10 @@ def wrapper(up: int, go: int, net: Network | None) -> list[str]:
 class Slirp:
     """slirp4netns serving the network namespace of process ``pid``."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, *, lasting: bool = False) -> None:
+        """Serve ``pid``'s namespace; ``lasting``: for as long as a slot lives
+        (:mod:`~swarm.agent.sandbox.netslots`), where what it says is not read (a pipe
+        nobody reads would stop it once full): a failure then says only its exit code."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.error = ""
         binary = shutil.which("slirp4netns")
@@ -175,7 +186,8 @@ class Slirp:
                 [binary, "--configure", "--mtu=65520", "--disable-host-loopback",
                  "--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}",
                  f"--exit-fd={self.exit_r}", *own, str(pid), "tap0"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL if lasting else subprocess.PIPE,
                 pass_fds=(ready_w, self.exit_r))
         except OSError as exc:
             self.error = f"slirp4netns did not start ({exc})"
@@ -192,11 +204,13 @@ class Slirp:
 
     def _said(self) -> str:
         """The last line slirp4netns wrote (it has exited, or is killed now)."""
-        assert self.proc is not None and self.proc.stderr is not None
+        assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
+        if self.proc.stderr is None:
+            return f"exit code {self.proc.returncode}"
         lines = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
         useful = [line for line in lines if "WARNING" not in line]
         return (useful or lines or [f"exit code {self.proc.returncode}"])[-1]

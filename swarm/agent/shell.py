@@ -37,6 +37,7 @@ from swarm.agent.sandbox import (
     program_fd,
     runner_pipe,
 )
+from swarm.agent.sandbox.box import Handshake
 from swarm.agent.sandbox.lasting import BoxedCommand, Failed, LastingBox, box_python
 from swarm.errors import PathRefused, ToolError
 from swarm.secrets import SECRET_VARS
@@ -407,7 +408,7 @@ class LocalEnvironment:
         return result
 
     def argv(self, command: str, seccomp_fd: int = -1,
-             handshake: tuple[int, int, int] | None = None) -> list[str]:
+             handshake: Handshake | None = None) -> list[str]:
         """How ``command`` starts: in its box (``seccomp_fd``: the filter's pipe;
         ``handshake``: see :meth:`~swarm.agent.sandbox.Box.argv`), in a shell that dies
         with this process (:func:`unconfined_argv`), or in plain bash."""

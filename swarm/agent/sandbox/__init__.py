@@ -34,7 +34,8 @@ fails (:data:`FALLBACK`).
 Its modules, one idea each: :mod:`.box` (bubblewrap's command line), :mod:`.seccomp` (the
 filter), :mod:`.envvars` (the environment), :mod:`.lifeline` (dying with the runner),
 :mod:`.gitdirs` (the git folders bound), :mod:`.access` (a root runner's ACL grants),
-:mod:`.launch` (the cgroup and network handshake), :mod:`.trial` (the trial command) and
+:mod:`.launch` (the cgroup and network handshake), :mod:`.netslots` (network
+namespaces kept and lent to one box at a time), :mod:`.trial` (the trial command) and
 :mod:`.choice` (which sandbox a process uses). Their public names are importable from here.
 """
 

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from swarm.agent import boxnet
 from swarm.agent.boxnet import Network
@@ -50,6 +51,20 @@ def system_binds(show: Iterable[str] = ()) -> list[str]:
         if os.path.isdir(path):
             out += ["--tmpfs", path, "--remount-ro", path]
     return out
+
+
+class Handshake(NamedTuple):
+    """How a box that waits for its worker talks to it (:class:`.Launch`)."""
+
+    up: int
+    """The write end of the pipe it says "up" on."""
+    go: int
+    """The read end of the pipe it reads "go" from."""
+    resolv: int
+    """A descriptor holding its ``/etc/resolv.conf``."""
+    holder: int = 0
+    """The pid of the network slot's holder whose namespace it enters
+    (:mod:`~swarm.agent.sandbox.netslots`); 0: it makes its own."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +115,7 @@ class Box:
 
     def argv(self, command: str, workspace: Path, seccomp_fd: int,
              linked: Path | None = None, runner: int | None = None,
-             alive_fd: int | None = None, handshake: tuple[int, int, int] | None = None,
+             alive_fd: int | None = None, handshake: Handshake | None = None,
              program: list[str] | None = None) -> list[str]:
         """bubblewrap's command line for ``command`` (``linked``: see :func:`git_dirs`).
         With ``runner`` (this process's pid: a worker's), the box never runs once the
@@ -117,7 +132,8 @@ class Box:
         guard = runner is not None and bool(pdeathsig_setpriv())
         # The parent-death signal is set after the uid change, which would clear it.
         box = [] if handshake is None else boxnet.wrapper(
-            *handshake[:2], self.net if self.net.mode == "user" else None)
+            handshake.up, handshake.go, self.net if self.net.mode == "user" else None,
+            holder=handshake.holder)
         box += ["setpriv", *drop, *(["--pdeathsig", "KILL"] if guard else []), "--"] \
             if drop or guard else []
         if guard:
@@ -182,7 +198,7 @@ class Box:
             box.append("--unshare-net")
         elif self.net.mode == "user":
             assert handshake is not None
-            box += ["--ro-bind-data", str(handshake[2]), "/etc/resolv.conf"]
+            box += ["--ro-bind-data", str(handshake.resolv), "/etc/resolv.conf"]
         # The limit is set inside the box, where the count is of the box's namespace only,
         # by a line of the command's own shell (no second shell to start).
         if program is not None:

@@ -5,6 +5,7 @@ user-mode network served before it is let go, and both cleaned up after it
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import subprocess
@@ -13,7 +14,8 @@ from typing import Any
 
 from swarm.agent import boxnet, cgroups
 from swarm.agent.cgroups import Limits
-from swarm.agent.sandbox.box import Box
+from swarm.agent.sandbox import netslots
+from swarm.agent.sandbox.box import Box, Handshake
 from swarm.agent.sandbox.seccomp import data_fd
 
 
@@ -35,12 +37,15 @@ class Launch:
     before it is let go. :meth:`finish` once the command ended: it stops slirp4netns,
     removes the cgroup and says which limit, if any, the kernel enforced."""
 
-    def __init__(self, box: Box, build: Callable[[tuple[int, int, int] | None], list[str]],
+    def __init__(self, box: Box, build: Callable[[Handshake | None], list[str]],
                  pass_fds: tuple[int, ...] = (), **popen: Any) -> None:
         """Start ``build(handshake)``'s command (``handshake``: see :meth:`Box.argv`; None
         for a box that waits for nothing) with ``popen`` (:class:`subprocess.Popen`'s
-        arguments); OSError when its cgroup cannot be made or it cannot start."""
+        arguments); OSError when its cgroup cannot be made or it cannot start. A box with
+        the user-mode network enters a network slot of this process's
+        (:mod:`~swarm.agent.sandbox.netslots`), or makes its own where none can be made."""
         self.slirp: boxnet.Slirp | None = None
+        self.slot: netslots.Slot | None = None
         self.group: cgroups.Group | None = None
         self.notes: list[str] = []
         if not box.handshake:
@@ -52,16 +57,23 @@ class Launch:
             self.group = tree.group()
         elif tree is not None:
             self.notes.append(f"[no cgroup limits: {tree}]")
+        if box.net.mode == "user":
+            with contextlib.suppress(netslots.Unavailable):
+                self.slot = netslots.POOL.take(box.net)
         up_r, up_w = os.pipe()
         go_r, go_w = os.pipe()
         resolv = data_fd(boxnet.RESOLV.encode())
         try:
-            self.proc = subprocess.Popen(build((up_w, go_r, resolv)),
-                                         pass_fds=(*pass_fds, up_w, go_r, resolv), **popen)
+            shake = Handshake(up_w, go_r, resolv, self.slot.holder.pid if self.slot else 0)
+            self.proc = subprocess.Popen(build(shake), pass_fds=(*pass_fds, up_w, go_r, resolv),
+                                         **popen)
         except BaseException:
             for fd in (up_r, go_w):
                 os.close(fd)
             self._drop_group()
+            if self.slot is not None:  # nothing entered it
+                netslots.POOL.give(self.slot)
+                self.slot = None
             raise
         finally:
             for fd in (up_w, go_r, resolv):
@@ -74,7 +86,7 @@ class Launch:
                     except OSError as exc:  # it runs nothing without its limits
                         self.notes.append(f"[the box could not join its cgroup: {exc}]")
                         return
-                if box.net.mode == "user":
+                if box.net.mode == "user" and self.slot is None:
                     self.slirp = boxnet.Slirp(self.proc.pid)
                     if self.slirp.error:
                         self.notes.append(f"[no network: {self.slirp.error}; "
@@ -94,6 +106,14 @@ class Launch:
         if self.slirp is not None:
             self.slirp.stop()
             self.slirp = None
+        if self.slot is not None:
+            # Lent again only once the box is gone: with it, all it started (its pid
+            # namespace's processes die with its init).
+            slot, self.slot = self.slot, None
+            if self.proc.poll() is None:
+                slot.close()
+            else:
+                netslots.POOL.give(slot)
         verdict = self.group.verdict() if self.group is not None else ""
         if self.group is not None:
             self.group.remove_soon()
