@@ -68,6 +68,11 @@ def _write(path: Path, value: str) -> None:
         out.write(value)
 
 
+#: Names of boxes' groups, one count for the process: two trees (of other limits) share
+#: its folders, and a group lent again outlives its box.
+_NAMES = itertools.count(1)
+
+
 class Tree:
     """The worker's subtree: one folder per controller (v1), or one folder (v2)."""
 
@@ -98,8 +103,10 @@ class Tree:
                 self.bases[name] = base
             with contextlib.suppress(OSError):
                 _write(self.bases["cpu"] / "cpu.shares", str(SUBTREE_WEIGHT * 1024 // 100))
-        self._count = itertools.count(1)
         self._lock = threading.Lock()
+        self._free: list[Group] = []
+        """Groups whose box is gone, empty, to be lent again (:meth:`Group.release`):
+        making and removing one was ~3 ms of a box's CPU, and the kernel's work after."""
         for base in self.bases.values():
             sweep(base.parent)
 
@@ -155,9 +162,18 @@ class Tree:
         _write(parent / "cgroup.subtree_control", "+memory +pids +cpu")
 
     def group(self) -> Group:
-        """A new box's group, with the limits set (OSError when it cannot be made)."""
+        """A box's group, with the limits set: an empty one a box left, or a new one
+        (OSError when it cannot be made). Its :meth:`Group.counts` go on from its last box."""
+        while True:
+            with self._lock:
+                reused = self._free.pop() if self._free else None
+            if reused is None:
+                break
+            if all(p.is_dir() for p in reused.paths.values()) and not reused._pids():
+                return reused
+            reused.remove_soon()
         with self._lock:
-            name = f"box-{next(self._count)}"
+            name = f"box-{next(_NAMES)}"
             self._ensure()
         paths = {c: base / name for c, base in self.bases.items()}
         made: list[Path] = []
@@ -277,6 +293,28 @@ class Group:
             with contextlib.suppress(OSError, ValueError):
                 out.update(int(p) for p in (path / "cgroup.procs").read_text().split())
         return sorted(out)
+
+    def release(self) -> None:
+        """Its box is gone: lent again to another box once nothing is left in it (what the
+        box's first process took along may take a few ms to exit: waited for by a thread),
+        removed when something stays."""
+        if not self._lend():
+            later.soon(self._lend_or_remove)
+
+    def _lend(self) -> bool:
+        if self._pids() or not all(p.is_dir() for p in self.paths.values()):
+            return False
+        with self.tree._lock:
+            self.tree._free.append(self)
+        return True
+
+    def _lend_or_remove(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._lend():
+            if time.monotonic() >= deadline:
+                self.remove()
+                return
+            time.sleep(0.005)
 
     def remove_soon(self) -> None:
         """:meth:`remove`, by a thread when what the command left takes its time to exit

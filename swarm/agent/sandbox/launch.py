@@ -47,6 +47,8 @@ class Launch:
         self.slirp: boxnet.Slirp | None = None
         self.slot: netslots.Slot | None = None
         self.group: cgroups.Group | None = None
+        self.since = (0, 0)
+        """The group's :meth:`~swarm.agent.cgroups.Group.counts` when this box got it."""
         self.notes: list[str] = []
         if not box.handshake:
             self.proc: subprocess.Popen[Any] = subprocess.Popen(
@@ -55,6 +57,7 @@ class Launch:
         tree = cgroup_tree(box.limits) if box.limits is not None else None
         if isinstance(tree, cgroups.Tree):
             self.group = tree.group()
+            self.since = self.group.counts()
         elif tree is not None:
             self.notes.append(f"[no cgroup limits: {tree}]")
         if box.net.mode == "user":
@@ -114,9 +117,12 @@ class Launch:
                 slot.close()
             else:
                 netslots.POOL.give(slot)
-        verdict = self.group.verdict() if self.group is not None else ""
+        verdict = self.group.verdict(self.since) if self.group is not None else ""
         if self.group is not None:
-            self.group.remove_soon()
+            if self.proc.poll() is None:  # what is in it may still run
+                self.group.remove_soon()
+            else:
+                self.group.release()
             self.group = None
         return "\n".join([*self.notes, *([verdict] if verdict else [])])
 
