@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
+import math
 import os
 import select
 import shutil
@@ -176,7 +177,7 @@ class Slirp:
                  "--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}",
                  f"--exit-fd={self.exit_r}", *own, str(pid), "tap0"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                pass_fds=(ready_w, self.exit_r))
+                pass_fds=(ready_w, self.exit_r), bufsize=0)  # read only if it fails: no buffer
         except OSError as exc:
             self.error = f"slirp4netns did not start ({exc})"
             os.close(ready_r)
@@ -185,8 +186,7 @@ class Slirp:
             os.close(ready_w)
             os.close(self.exit_r)
         try:
-            ready, _, _ = select.select([ready_r], [], [], READY_TIMEOUT)
-            if not ready or os.read(ready_r, 1) != b"1":
+            if not readable(ready_r, READY_TIMEOUT) or os.read(ready_r, 1) != b"1":
                 self.error = "slirp4netns failed: " + self._said()
         finally:
             os.close(ready_r)
@@ -226,13 +226,23 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def readable(fd: int | socket.socket, timeout: float | None) -> bool:
+    """Whether ``fd`` has something to read (or its end) within ``timeout`` seconds (None:
+    no limit). By ``poll``: ``select.select`` puts three 16 KiB arrays on the stack of the
+    thread that calls it, which stay in its memory while the thread lives (a worker's
+    thread per live child)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))))
+
+
 def await_word(fd: int, timeout: float = 30.0) -> bool:
     """Whether the box said "up" on ``fd`` within ``timeout`` (False: it died first)."""
     deadline = time.monotonic() + timeout
     data = b""
     while not data.endswith(b"\n"):
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not readable(fd, left):
             return False
         chunk = os.read(fd, 8)
         if not chunk:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import select
 import shlex
 import shutil
 import socket
@@ -34,6 +33,7 @@ import time
 import weakref
 from pathlib import Path
 
+from swarm.agent.boxnet import readable
 from swarm.agent.sandbox.box import SYSTEM, Box
 from swarm.agent.sandbox.launch import Launch
 from swarm.agent.sandbox.seccomp import program_fd
@@ -97,10 +97,10 @@ class LastingBox:
             theirs.close()
         self.sock = ours
         proc = self.launch.proc
+        proc.args = proc.args[:1]  # the rest holds the runner's source: 7 KiB while it lasts
         assert proc.stderr is not None
         try:
-            ready = select.select([ours], [], [], START_TIMEOUT)[0]
-            word = ours.recv(256) if ready else b""
+            word = ours.recv(256) if readable(ours, START_TIMEOUT) else b""
             if word != b"ready":
                 said = word[1:].decode(errors="replace") if word.startswith(b"E") else ""
                 notes = "; ".join(n.strip("[]") for n in self.launch.notes)
@@ -185,7 +185,7 @@ class BoxedCommand:
         sock = self.box.sock
         if sock is None:
             return self._gone()
-        if not select.select([sock], [], [], timeout)[0]:
+        if not readable(sock, timeout):
             return None
         try:
             word = sock.recv(64)
