@@ -97,7 +97,7 @@ class LastingBox:
             theirs.close()
         self.sock = ours
         proc = self.launch.proc
-        proc.args = proc.args[:1]  # the rest holds the runner's source: 7 KiB while it lasts
+        proc.args = []  # not kept while the box lasts: it holds the runner's source (7 KiB)
         assert proc.stderr is not None
         try:
             word = ours.recv(256) if readable(ours, START_TIMEOUT) else b""
