@@ -60,6 +60,12 @@ def box_python() -> str:
     return found if any(real.is_relative_to(s) for s in SYSTEM if s != "/sys") else ""
 
 
+@functools.cache
+def runner_command() -> str:
+    """How the box starts its runner, less the runner's arguments (read once a process)."""
+    return f"exec {shlex.quote(box_python())} -I -S -c {shlex.quote(RUNNER.read_text())}"
+
+
 class Failed(Exception):
     """The lasting box could not start (the message says why): use a box per command."""
 
@@ -67,27 +73,26 @@ class Failed(Exception):
 class LastingBox:
     """``box``'s lasting box for commands in ``workspace``; started by :meth:`start`."""
 
-    def __init__(self, box: Box, workspace: Path, env: dict[str, str], *,
-                 linked: Path | None = None, runner: int | None = None,
-                 alive: int | None = None) -> None:
-        self.box, self.workspace, self.env = box, workspace, env
+    def __init__(self, box: Box, workspace: Path, *, linked: Path | None = None,
+                 runner: int | None = None, alive: int | None = None) -> None:
+        self.box, self.workspace = box, workspace
         self.linked, self.runner, self.alive = linked, runner, alive
         self.launch: Launch | None = None
         self.sock: socket.socket | None = None
 
-    def start(self) -> None:
-        """Start the box and wait for its runner; :class:`Failed` when it does not come."""
+    def start(self, env: dict[str, str]) -> None:
+        """Start the box with ``env`` and wait for its runner; :class:`Failed` when it does
+        not come."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = program_fd()
         passed = (fd, theirs.fileno(), *([self.alive] if self.alive is not None else []))
-        command = (f"exec {shlex.quote(box_python())} -I -S -c "
-                   f"{shlex.quote(RUNNER.read_text())} {theirs.fileno()} "
+        command = (f"{runner_command()} {theirs.fileno()} "
                    f"{self.alive if self.alive is not None else -1}")
         try:
             self.launch = Launch(
                 self.box, lambda hs: self.box.argv(command, self.workspace, fd, self.linked,
                                                    runner=self.runner, handshake=hs),
-                pass_fds=passed, cwd=self.workspace, env=self.env, stdin=subprocess.DEVNULL,
+                pass_fds=passed, cwd=self.workspace, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             ours.close()
