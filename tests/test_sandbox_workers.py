@@ -20,6 +20,7 @@ from swarm.agent import sandbox
 from swarm.broker.app import configure
 from swarm.cli import main
 from swarm.runtime.local import LocalCluster, wait_for
+from swarm.runtime.malloc import WORKER_MALLOC, glibc
 from swarm.store.connection import connect
 from swarm.store.server import EmbeddedServer
 from swarm.testing.scripts import ByTask, tool_results
@@ -158,10 +159,16 @@ def test_a_worker_that_cannot_sandbox_says_so_and_refuses_children(
 @pytest.mark.parametrize("cluster", [{**NO_USERNS, "SWARM_SANDBOX": "none"}], indirect=True)
 def test_sandbox_none_runs_children_unconfined_on_such_a_worker(
         cluster: tuple[str, Path, LocalCluster], tmp_path: Path) -> None:
-    url, home, _ = cluster
+    url, home, local = cluster
     child = hunt_as_child(url, home, tmp_path)
     assert child["state"] == "done", child
     assert child["answer"].startswith(f"{os.getuid()}\n")
+    # The worker runs with its allocator's settings; its commands do not inherit them.
+    assert "GLIBC_TUNABLES" not in child["answer"], child["answer"]
+    if glibc():
+        (worker,) = [p for p in local.procs if "worker" in p.args]
+        assert f"GLIBC_TUNABLES={WORKER_MALLOC}".split(":")[0].encode() in Path(
+            f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
     status = CliRunner().invoke(main, ["status"], env={"SWARM_REDIS_URL": url,
                                                        "SWARM_HOME": str(home)})
     assert "none (commands run unconfined)" in status.output, status.output

@@ -188,7 +188,7 @@ class Slirp:
                  f"--exit-fd={self.exit_r}", *own, str(pid), "tap0"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL if lasting else subprocess.PIPE,
-                pass_fds=(ready_w, self.exit_r))
+                pass_fds=(ready_w, self.exit_r), bufsize=0)  # read only if it fails: no buffer
         except OSError as exc:
             self.error = f"slirp4netns did not start ({exc})"
             os.close(ready_r)

@@ -283,14 +283,17 @@ class LocalEnvironment:
         for each was a quarter of a command's CPU in a worker): unconfined, all of it but
         secrets (:func:`child_env`); sandboxed, what :data:`~swarm.agent.sandbox.PASSED` names."""
         if self._env is None:
-            if self.choice.box is None:
-                self._env = child_env(self.extra_env)
-            else:
-                self._env = environment(os.environ, self.pass_env)
-                self._env.update(QUIET_VARS)
-                self._env.update(self.extra_env)
-                add_git_stat_check(self._env)
+            self._env = self._new_env()
         return self._env
+
+    def _new_env(self) -> dict[str, str]:
+        if self.choice.box is None:
+            return child_env(self.extra_env)
+        env = environment(os.environ, self.pass_env)
+        env.update(QUIET_VARS)
+        env.update(self.extra_env)
+        add_git_stat_check(env)
+        return env
 
     def execute(self, command: str, timeout: int, *,
                 output_cap: int | None = None) -> CommandResult:
@@ -365,11 +368,11 @@ class LocalEnvironment:
             return self._box
         if self._box is not None:
             self._box.close()
-        self._box = LastingBox(box, self.workspace, self.env(), linked=self.linked,
+        self._box = LastingBox(box, self.workspace, linked=self.linked,
                                runner=os.getpid() if self.die_with_runner else None,
                                alive=runner_pipe() if self.die_with_runner else None)
-        try:
-            self._box.start()
+        try:  # its environment is not kept: a box starts once a child (a command otherwise)
+            self._box.start(self._env or self._new_env())
         except Failed:
             self._box, self.lasting = None, False
             return None

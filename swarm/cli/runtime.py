@@ -49,8 +49,13 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     Start one on every machine that should work for the swarm; each needs the model
     settings (SWARM_BASE_URL, SWARM_API_KEY, ...) in its own environment. Children's
     commands run in bubblewrap (SWARM_SANDBOX=auto); a worker where that does not work
-    says so and refuses children, unless SWARM_SANDBOX=none is set.
+    says so and refuses children, unless SWARM_SANDBOX=none is set. Unless GLIBC_TUNABLES
+    is set, it starts itself again with glibc's allocator set for a thread a child
+    (docs/deploy.md).
     """
+    from swarm.runtime import malloc
+
+    malloc.tune(sys.argv[1:])  # first: glibc's allocator set for a thread a live child
     import threading
 
     from swarm.agent import sandbox, tools
@@ -64,6 +69,7 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     # out of what they can read in /proc/$PPID/environ.
     hide_from_proc(sys.argv[1:])
     more_open_files(concurrency)
+    malloc.untune()
     # The copy-on-write views of children's workspaces are mounted in this process's own
     # mount namespace (where it may make one): they go away with it, however it ends.
     views.private_mounts()

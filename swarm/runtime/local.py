@@ -24,6 +24,7 @@ from typing import IO
 import redis
 
 from swarm.errors import RuntimeUnavailable, SwarmError
+from swarm.runtime.malloc import worker_env
 from swarm.store import keys
 from swarm.store.server import release_held
 
@@ -126,6 +127,8 @@ class LocalCluster:
             env["SWARM_REDIS_URL"] = self.redis_url
             if self.master:
                 env["SWARM_REDIS_MASTER"] = self.master
+        if args[0] == "worker":
+            env = worker_env(env)  # it need not start itself again (swarm.runtime.malloc)
         fds: tuple[int, ...] = ()
         if secrets:
             env, fd = handover(env)

@@ -76,6 +76,7 @@ machine lives; every Redis write of a transition is here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -714,8 +715,9 @@ class Start:
     used: float = 0.0
     """Seconds the run has run before this claim (earlier claims, on any host)."""
 
-    @property
+    @functools.cached_property
     def record(self) -> AgentRecord:
+        """The agent's record (one, kept: a worker holds it while the child lives)."""
         record = AgentRecord.from_hash(self.agent)
         assert record is not None, "a claimed run has an agent record"
         return record

@@ -72,16 +72,16 @@ class Failed(Exception):
 class LastingBox:
     """``box``'s lasting box for commands in ``workspace``; started by :meth:`start`."""
 
-    def __init__(self, box: Box, workspace: Path, env: dict[str, str], *,
-                 linked: Path | None = None, runner: int | None = None,
-                 alive: int | None = None) -> None:
-        self.box, self.workspace, self.env = box, workspace, env
+    def __init__(self, box: Box, workspace: Path, *, linked: Path | None = None,
+                 runner: int | None = None, alive: int | None = None) -> None:
+        self.box, self.workspace = box, workspace
         self.linked, self.runner, self.alive = linked, runner, alive
         self.launch: Launch | None = None
         self.sock: socket.socket | None = None
 
-    def start(self) -> None:
-        """Start the box and wait for its runner; :class:`Failed` when it does not come."""
+    def start(self, env: dict[str, str]) -> None:
+        """Start the box with ``env`` and wait for its runner; :class:`Failed` when it does
+        not come."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = program_fd()
         passed = (fd, theirs.fileno(), *([self.alive] if self.alive is not None else []))
@@ -93,7 +93,7 @@ class LastingBox:
                 self.box, lambda hs: self.box.argv("", self.workspace, fd, self.linked,
                                                    runner=self.runner, handshake=hs,
                                                    program=program),
-                pass_fds=passed, cwd=self.workspace, env=self.env, stdin=subprocess.DEVNULL,
+                pass_fds=passed, cwd=self.workspace, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             ours.close()
@@ -103,9 +103,10 @@ class LastingBox:
             theirs.close()
         self.sock = ours
         proc = self.launch.proc
+        proc.args = []  # not kept while the box lasts: it holds the runner's source (7 KiB)
         assert proc.stderr is not None
         try:
-            word = ours.recv(256) if readable(ours.fileno(), START_TIMEOUT) else b""
+            word = ours.recv(256) if readable(ours, START_TIMEOUT) else b""
             if word != b"ready":
                 said = word[1:].decode(errors="replace") if word.startswith(b"E") else ""
                 notes = "; ".join(n.strip("[]") for n in self.launch.notes)
@@ -190,7 +191,7 @@ class BoxedCommand:
         sock = self.box.sock
         if sock is None:
             return self._gone()
-        if not readable(sock.fileno(), timeout):
+        if not readable(sock, timeout):
             return None
         try:
             word = sock.recv(64)
