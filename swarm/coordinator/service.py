@@ -136,7 +136,7 @@ class Coordinator:
             elif "freed" in fields:  # a resumed parent parked again: its slot is free
                 self.release(fields["freed"])
             else:
-                self.settled(fields["run"])
+                self.settled(fields["run"], fields.get("request"))
         except (redis.ConnectionError, redis.TimeoutError, OperationalError):
             raise  # left pending: handled again (here or by another coordinator)
         except Exception:
@@ -210,8 +210,8 @@ class Coordinator:
 
     # -- settle and fan-in ---------------------------------------------------------------------
 
-    def settled(self, run_id: str) -> None:
-        request_id, head = self.ledger.request_of(run_id)
+    def settled(self, run_id: str, request_id: str | None = None) -> None:
+        request_id, head = self.ledger.request_of(run_id, request_id)
         if head.get("swarm"):
             self.release(head["swarm"])
             if head.get("kind") == "background":

@@ -166,7 +166,8 @@ def spawn_stream() -> str:
 
 
 def settle_stream() -> str:
-    """Stream of settled runs for the coordinators (field ``run``)."""
+    """Stream of settled runs for the coordinators (fields ``run`` and its ``request``;
+    ``freed`` instead: a swarm whose parent in a worker gave its slot back)."""
     return f"{PREFIX}stream:settle"
 
 

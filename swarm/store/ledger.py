@@ -165,12 +165,13 @@ end
 # it. K: run, agent, inflight, settle (stream), leases, request, events.
 _SETTLE_FN = """
 local function settle(K, A)
-  local state = redis.call('HGET', K.run, 'state')
+  local row = redis.call('HMGET', K.run, 'state', 'lease')
+  local state = row[1]
   if state == false then return -1 end
   for _, s in ipairs(SETTLED_STATES) do
     if state == s then return 0 end
   end
-  if A.token ~= '' and redis.call('HGET', K.run, 'lease') ~= A.token then
+  if A.token ~= '' and row[2] ~= A.token then
     return -2  -- fenced: another worker took this run over; its settlement counts
   end
   redis.call('HSET', K.run, 'state', A.state, 'result', A.result, 'settled', A.ts, 'lease', '')
@@ -184,7 +185,8 @@ local function settle(K, A)
     redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'settled',
                'agent', A.agent, 'state', A.state, 'ts', A.ts, 'error', A.error)
   end
-  redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'run', A.run)
+  redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'run', A.run,
+             'request', A.request)
   return 1
 end
 """.replace("SETTLED_STATES", _SETTLED_LUA)
@@ -211,6 +213,10 @@ local function release(waiting, inflight, leases, max_parallel, A, now)
   if free <= 0 then return {} end
   local ids = redis.call('LPOP', waiting, free)
   if not ids then return {} end
+  if not now then  -- read the clock only for runs to release (most calls release none)
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
   redis.call('SADD', inflight, unpack(ids))
   redis.call('EXPIRE', inflight, A.ttl)
   for _, id in ipairs(ids) do
@@ -243,11 +249,11 @@ local function describe(id, A)
 end
 """
 
-_RELEASE = _NOW + _RELEASE_FN + _DESCRIBE_FN + """
+_RELEASE = _RELEASE_FN + _DESCRIBE_FN + """
 local K = {waiting = KEYS[1], inflight = KEYS[2], leases = KEYS[3]}
 local A = cjson.decode(ARGV[1])
 local out = {}
-for _, id in ipairs(release(K.waiting, K.inflight, K.leases, A.max_parallel, A, now)) do
+for _, id in ipairs(release(K.waiting, K.inflight, K.leases, A.max_parallel, A, nil)) do
   table.insert(out, describe(id, A))
 end
 return out
@@ -257,27 +263,41 @@ return out
 # its session, whether it was cancelled while queued, what the swarm has spent.
 # A run's wall time ('used') counts only while it runs: a park adds the time since
 # 'running_since', and a takeover adds its dead predecessor's time up to its lease's end.
+# Each record is read once and written once (a field at a time cost ~6 commands a claim).
 _START = _NOW + """
-if redis.call('HEXISTS', KEYS[2], 'swarm') == 0 then return {-1} end
-local state = redis.call('HGET', KEYS[1], 'state')
-local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
+local flat = redis.call('HGETALL', KEYS[2])
+local agent = {}
+for i = 1, #flat, 2 do agent[flat[i]] = flat[i + 1] end
+if not agent.swarm then return {-1} end
+local r = redis.call('HMGET', KEYS[1], 'state', 'lease_until', 'used', 'running_since',
+                     'attempts')
+local state = r[1]
+local lease = tonumber(r[2] or '0') or 0
 if not (state == ARGV[4] or (state == 'running' and lease < now)) then return {0} end
-local used = tonumber(redis.call('HGET', KEYS[1], 'used') or '0') or 0
+local used = tonumber(r[3] or '0') or 0
 if state == 'running' then
-  local since = tonumber(redis.call('HGET', KEYS[1], 'running_since') or '') or lease
+  local since = tonumber(r[4] or '') or lease
   used = used + math.max(0, math.min(now, lease) - since)
 end
 local until_ = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1], 'lease_until',
-           tostring(until_), 'running_since', tostring(now), 'used', tostring(used))
-redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
-if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
-  redis.call('HSET', KEYS[2], 'started', string.format('%.3f', now))
+           tostring(until_), 'running_since', tostring(now), 'used', tostring(used),
+           'attempts', tostring((tonumber(r[5] or '0') or 0) + 1))
+agent.state, agent.host = 'running', ARGV[5]
+if agent.started then
+  redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
+else
+  agent.started = string.format('%.3f', now)
+  redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5], 'started', agent.started)
 end
 redis.call('ZADD', KEYS[3], until_, ARGV[6])
 if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
-return {1, redis.call('HGETALL', KEYS[2]), redis.call('HMGET', KEYS[5], 'meta', 'messages'),
+flat = {}
+for k, v in pairs(agent) do
+  flat[#flat + 1] = k
+  flat[#flat + 1] = v
+end
+return {1, flat, redis.call('HMGET', KEYS[5], 'meta', 'messages'),
         redis.call('EXISTS', KEYS[6]), redis.call('HGET', KEYS[7], 'tokens') or '',
         tostring(used)}
 """
@@ -493,19 +513,20 @@ for _, r in ipairs(A.runs) do
   else
     local akey = A.agent_prefix .. run.agent
     if r.new_agent then
-      redis.call('HSETNX', akey, 'id', run.agent)
+      r.agent.id, r.agent.run, r.agent.state = run.agent, r.id, 'queued'
       hset_all(akey, r.agent)
       redis.call('EXPIRE', akey, A.ttl)
       redis.call('ZADD', K.agents, 'NX', now, run.agent)
       created, children = created + 1, children + 1
+    else
+      redis.call('HSET', akey, 'run', r.id, 'state', 'queued')
     end
-    redis.call('HSET', akey, 'run', r.id, 'state', 'queued')
     redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'queued',
                'agent', run.agent, 'ts', ts, 'parent', A.parent, 'depth', r.depth)
     table.insert(admitted, r.id)
   end
   local rkey = A.run_prefix .. r.id
-  redis.call('HSETNX', rkey, 'id', r.id)
+  run.id = r.id
   hset_all(rkey, run)
   redis.call('EXPIRE', rkey, A.ttl)
 end
@@ -958,10 +979,13 @@ class Ledger:
     def request(self, request_id: str) -> RequestRecord | None:
         return RequestRecord.from_hash(_h(self.redis, keys.request(request_id)))
 
-    def request_of(self, run_id: str) -> tuple[str, dict[str, str]]:
+    def request_of(self, run_id: str, request_id: str | None = None
+                   ) -> tuple[str, dict[str, str]]:
         """The request a run answers, and its small fields (swarm, state, settled, count):
-        what a settlement needs to know whether the request is complete."""
-        request_id = cast("str | None", self.redis.hget(keys.run(run_id), "request"))
+        what a settlement needs to know whether the request is complete. ``request_id``:
+        the run's request as its settlement named it (None: read from the run)."""
+        if request_id is None:  # a settlement written before they named it
+            request_id = cast("str | None", self.redis.hget(keys.run(run_id), "request"))
         if not request_id:
             return "", {}
         names = ["swarm", "state", "settled", "count", "kind"]
