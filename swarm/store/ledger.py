@@ -185,8 +185,10 @@ local function settle(K, A)
     redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'settled',
                'agent', A.agent, 'state', A.state, 'ts', A.ts, 'error', A.error)
   end
+  -- 'held': runs of the swarm held now. None: the coordinator releases none for this
+  -- settlement (a run held later found this slot free already: it was held past it).
   redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'run', A.run,
-             'request', A.request)
+             'request', A.request, 'held', redis.call('LLEN', K.waiting))
   return 1
 end
 """.replace("SETTLED_STATES", _SETTLED_LUA)
