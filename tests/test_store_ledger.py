@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 import redis as redis_py
@@ -501,18 +502,19 @@ def test_cancel_flags_the_subtree_and_settles_held_runs(redis: redis_py.Redis) -
     assert said == [("a1", "stop a1"), ("aparent", "stop")]
 
 
+def commands(redis: redis_py.Redis) -> int:
+    """Commands the server has run, those inside scripts included (INFO commandstats)."""
+    stats = redis.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
 def test_the_cancel_flags_of_many_agents_are_read_in_one_command(
         redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     redis.set(keys.cancel("a7"), "stop")
-
-    def calls() -> int:
-        stats = redis.info("commandstats")
-        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
-
-    before = calls()
+    before = commands(redis)
     flags = ledger.cancelled([f"a{i}" for i in range(50)])
-    assert calls() - before == 1  # a worker polls its children's flags twice a second
+    assert commands(redis) - before == 1  # a worker polls its children's flags twice a second
     assert flags == [i == 7 for i in range(50)]
     assert ledger.cancelled([]) == []
 
@@ -771,3 +773,50 @@ def test_join_leaves_a_parent_not_parked_on_the_request_alone(redis: redis_py.Re
     redis.delete(keys.session("aparent"))  # no session at all
     assert ledger.join("q1") is None
     assert ledger.request("q1").state == "dispatched"  # type: ignore[union-attr]
+
+
+def test_a_childs_transitions_read_and_write_each_record_once(redis: redis_py.Redis) -> None:
+    """Commands a child's transitions cost, those inside the scripts included: its park,
+    dispatch, claim and settlement, and the coordinator's handling of the settlement, which
+    names the run's request and says no run of the swarm is held (nothing to release)."""
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
+    spent: dict[str, int] = {}
+
+    def cost(name: str, fn: Callable[[], object]) -> None:
+        before = commands(redis)
+        fn()
+        spent[name] = commands(redis) - before
+
+    for turn, agent in enumerate(("a0", "a1"), 1):  # the first loads the scripts
+        request = f"q{turn}"
+        call = Admission({"call_id": f"c-{agent}", "message": f"do {agent}"}, agent)
+        facts = ledger.facts("aparent", "s1", [])
+        cost("park", lambda: ledger.park(request, "aparent", "s1", turn, [call], {}, facts))
+        cost("dispatch", lambda: ledger.dispatch(request))
+        run = ledger.run(child_run("aparent", agent, turn))
+        assert run is not None
+        cost("start", lambda: ledger.start(run, "s1", "tok", 30.0, "host-b"))
+        cost("settle", lambda: ledger.settle(run, "s1", "done", {"answer": "ok"}, {},
+                                             token="tok"))
+        (_, entry), = redis.xrevrange(keys.settle_stream(), count=1)
+        assert entry == {"run": run.id, "request": request, "held": "0"}
+        cost("settled", lambda: ledger.request_of(run.id, entry["request"]))
+    # Each script's EVALSHA counts one; start: TIME, HGETALL agent, HMGET run, HSET run, HSET
+    # agent, ZADD, HMGET session, EXISTS, HGET (15 when each field was read and written
+    # alone); the coordinator reads the request's head only.
+    assert spent == {"park": 18, "dispatch": 17, "start": 10, "settle": 10, "settled": 1}
+
+
+def test_a_settlement_says_whether_runs_are_held(redis: redis_py.Redis) -> None:
+    """One slot and two children: the second is held, so the first's settlement says so
+    (the coordinator releases it); the second's, with nothing held, says none."""
+    ledger = Ledger(redis)
+    swarm_with(ledger, "a1", "a2", max_parallel=1)
+    first = ledger.run(R1)
+    assert first is not None and ledger.settle(first, "s1", "done", {}, {})
+    assert [f["held"] for _, f in redis.xrange(keys.settle_stream())] == ["1"]
+    (released,) = ledger.release("s1", 1)
+    assert ledger.settle(released.run, "s1", "done", {}, {})
+    assert [(f["run"], f["held"]) for _, f in redis.xrange(keys.settle_stream())] == \
+        [(R1, "1"), (R2, "0")]
