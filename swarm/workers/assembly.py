@@ -105,7 +105,7 @@ def child_agent(runner: ChildRunner, claimed: Claimed, arrival: Arrival, seeds: 
         cancel=control.event,
         guard=guard,
         before_step=control.before_step,
-        mailbox=Mailbox(redis_, run.agent),
+        mailbox=Mailbox(redis_, run.agent, sessions=runner.sessions),
         mcp=runner.recorded.mcp_servers(swarm_id),
         types=runner.recorded.agent_types(swarm_id),
         agent_type=claimed.kind,

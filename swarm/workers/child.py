@@ -78,7 +78,8 @@ class ChildRunner:
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.redis)
-        self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=False)
+        self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl,
+                                          index=False, mail=True)
         self.supervisor = Supervisor(self.redis, self.settings.lease)
         self.models = ModelClients()
         self.snapshots = SnapshotStore(self.redis)
