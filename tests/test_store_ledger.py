@@ -12,12 +12,13 @@ import redis as redis_py
 
 from swarm.domain.records import RootEnd, RootStart
 from swarm.domain.session import Session
-from swarm.domain.spawn import Admission
+from swarm.domain.spawn import Admission, SpawnCall
 from swarm.errors import LeaseLost, StoreError
+from swarm.runtime.spawner import RedisSpawner
 from swarm.store import keys
 from swarm.store.ledger import TAKEOVER_GRACE, Claim, Ledger, RunRecord, derive_id, result_text
 from swarm.store.sessions import RedisSessionStore
-from tests.helpers import child_run, scripts_run, spawn_children
+from tests.helpers import child_run, round_trips, scripts_run, spawn_children
 
 R1, R2, R3, R4 = (child_run("aparent", f"a{n}") for n in (1, 2, 3, 4))
 
@@ -820,3 +821,24 @@ def test_a_settlement_says_whether_runs_are_held(redis: redis_py.Redis) -> None:
     assert ledger.settle(released.run, "s1", "done", {}, {})
     assert [(f["run"], f["held"]) for _, f in redis.xrange(keys.settle_stream())] == \
         [(R1, "1"), (R2, "0")]
+
+
+def test_a_child_that_started_no_background_children_reads_no_list_of_them(
+        redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new child's record says it started no background children, so its final answer
+    reads no list of them; once it starts one its record says so (a worker that takes it
+    over reads the list) and so does its spawner."""
+    ledger = Ledger(redis)
+    swarm_with(ledger, "a1")
+    record = ledger.agent("a1")
+    assert record is not None and record.background is False
+    assert ledger.agent("aparent").background is None  # type: ignore[union-attr]
+    spawner = RedisSpawner(ledger, "a1", "s1", run_id=R1, background=record.background)
+    trips = round_trips(monkeypatch)
+    assert spawner.outstanding([]) == ({}, [])
+    assert trips == []
+    spawner.start(2, [SpawnCall("c-b1", "do b1", background=True)])
+    assert ledger.agent("a1").background is True  # type: ignore[union-attr]
+    assert spawner.background is True
+    (child,) = spawner.outstanding([])[0]
+    assert ledger.agent(child).background is False  # type: ignore[union-attr]

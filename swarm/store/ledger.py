@@ -544,6 +544,7 @@ redis.call('EXPIRE', K.request, A.ttl)
 if A.background ~= '' and #admitted > 0 then
   redis.call('RPUSH', K.background, unpack(admitted))
   redis.call('EXPIRE', K.background, A.ttl)
+  redis.call('HSET', K.parent, 'background', '1')
 end
 redis.call('XADD', K.spawn, 'MAXLEN', '~', A.stream_maxlen, '*', 'request', A.request)
 redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'spawn',
@@ -1076,7 +1077,7 @@ class Ledger:
                 "kind": "child", "workspace": "", "created": now, "host": "",
                 "label": item.label or label_of(call["message"]),
                 "parent_workspace": parent.workspace, "parent_host": parent.host,
-                "seed": str(call.get("seed") or ""),
+                "seed": str(call.get("seed") or ""), "background": "0",
                 **({"type": call["type"]} if call.get("type") else {})}
             runs.append({"id": run.id, "refusal": item.refusal, "new_agent": not item.continued,
                          "depth": str(parent.depth + 1),

@@ -98,7 +98,7 @@ def child_agent(runner: ChildRunner, claimed: Claimed, arrival: Arrival, seeds: 
                              seeder=seeder,
                              keeper=parked.state, host=runner.host, keep_state=True,
                              limits=limits_of(settings), lander=land_taken,
-                             sessions=runner.sessions),
+                             sessions=runner.sessions, background=record.background),
         extra_prompt=role_prompt(record.kind, run.agent, record.depth, workspace.path,
                                  record.type),
         agent_id=run.agent,
