@@ -148,9 +148,10 @@ def test_a_save_riding_out_an_outage_fails_past_its_window_saying_so(tmp_path: P
 
 def test_a_workers_turn_boundary_hears_the_mailbox_read_with_the_save_before_it(
         redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker's store (``mail``) reads the agent's mailbox in each save's round trip, so
-    the turn boundary right after it costs none; once, and only while fresh: a message sent
-    after that save is heard at the next boundary, none lost, none twice."""
+    """A worker's store (``mail``) reads the agent's mailbox in the round trip of each save
+    a turn boundary follows (not while calls wait for results), so the boundary costs none;
+    once, and only while fresh: a message sent after that save is heard at the next
+    boundary, none lost, none twice."""
     store = RedisSessionStore(redis, index=False, mail=True)
     mailbox = Mailbox(redis, "a1", sessions=store)
     first = redis.xadd(keys.mailbox("a1"), {"text": "one"})
@@ -166,6 +167,18 @@ def test_a_workers_turn_boundary_hears_the_mailbox_read_with_the_save_before_it(
     store.save(session)
     assert mailbox.unread(first) == [(second, "two")]
     assert trips == ["XRANGE", "pipeline of 2"]
+    calls = [{"id": f"c{i}", "type": "function",
+              "function": {"name": "run_cli", "arguments": "{}"}} for i in (1, 2)]
+    session.messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+    trips.clear()
+    store.save(session)  # no turn boundary before the calls' results: no read
+    session.messages.append({"role": "tool", "tool_call_id": "c1", "content": "ok"})
+    store.save(session)
+    session.messages.append({"role": "tool", "tool_call_id": "c2", "content": "ok"})
+    store.save(session)  # a boundary next
+    assert trips == ["pipeline of 1", "pipeline of 1", "pipeline of 2"]
+    assert mailbox.unread(first) == [(second, "two")]
+    assert trips == ["pipeline of 1", "pipeline of 1", "pipeline of 2"]
     store.save(session)
     monkeypatch.setattr(sessions, "MAIL_FRESH", 0.0)
     trips.clear()

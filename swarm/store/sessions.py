@@ -66,8 +66,9 @@ class RedisSessionStore:
         """Called before every try of :meth:`save`; raises to stop a save whose session lock
         was lost (a try after an outage must not overwrite another process's work)."""
         self.mail = mail
-        """Read the agent's unread messages (``swarm say``) in each save's round trip: the
-        agent's loop reads them at the turn boundary that follows (:meth:`unread_mail`)."""
+        """Read the agent's unread messages (``swarm say``) in the round trip of each save
+        a turn boundary follows (none while calls wait for results): the agent's loop
+        reads them there (:meth:`unread_mail`)."""
         self._mail: dict[str, tuple[str, float, list[Any]]] = {}
 
     def save(self, session: Session) -> None:
@@ -83,12 +84,13 @@ class RedisSessionStore:
             with store_errors(f"saving session {session.id}"), \
                     self.redis.pipeline(transaction=False) as pipe:
                 write_session(pipe, session, self.ttl if refresh else None, self.index)
-                if self.mail:
+                mail = self.mail and not calls_open(session.messages)
+                if mail:
                     pipe.xrange(keys.mailbox(session.id), stream_after(session.said), "+")
                 replies = pipe.execute()
                 if not refresh and replies[0]:  # deleted meanwhile: made again, with no TTL
                     self.redis.expire(keys.session(session.id), self.ttl)
-            if self.mail:
+            if mail:
                 if len(self._mail) >= REFRESHED_MAX:
                     self._mail.clear()
                 self._mail[session.id] = (session.said, time.monotonic(), replies[-1])
@@ -241,6 +243,18 @@ def _decode(session_id: str, meta_raw: str, messages_raw: str | None) -> LoadedS
     return LoadedSession(id=session_id, workspace=meta.workspace, messages=messages,
                          usage=meta.usage, created=meta.created, updated=meta.updated,
                          turns=meta.turns, parked=meta.parked, said=meta.said, repairs=found)
+
+
+def calls_open(messages: builtins.list[dict[str, Any]]) -> bool:
+    """Whether calls of the last assistant message still wait for results (no turn
+    boundary comes next)."""
+    answered: set[str] = set()
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            return message.get("role") == "assistant" and \
+                not set(history.call_ids(message)) <= answered
+        answered.add(str(message.get("tool_call_id")))
+    return False
 
 
 def stream_after(message_id: str) -> str:
