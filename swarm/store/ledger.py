@@ -234,19 +234,27 @@ end
 
 # What a run's task message carries (:meth:`Ledger._described`): run id, agent, trace
 # context, swarm, depth, label, the parent's run, the host that must take it ("": any).
+# ``r``: the run's state, agent, trace context and swarm when read already (nil: read
+# here); a parent's run is read once a script (a request's runs share their parent).
 _DESCRIBE_FN = """
-local function describe(id, A)
-  local r = redis.call('HMGET', A.run_prefix .. id, 'agent', 'traceparent', 'swarm')
-  local agent = r[1] or ''
+local parent_runs = {}
+local function describe(id, A, r)
+  if not r then
+    r = redis.call('HMGET', A.run_prefix .. id, 'state', 'agent', 'traceparent', 'swarm')
+  end
+  local agent = r[2] or ''
   local a = redis.call('HMGET', A.agent_prefix .. agent, 'depth', 'label', 'parent',
                        'workspace', 'ws_state', 'ws_host', 'swarm')
   local parent_run = ''
   if a[3] and a[3] ~= '' then
-    parent_run = redis.call('HGET', A.agent_prefix .. a[3], 'run') or ''
+    if parent_runs[a[3]] == nil then
+      parent_runs[a[3]] = redis.call('HGET', A.agent_prefix .. a[3], 'run') or ''
+    end
+    parent_run = parent_runs[a[3]]
   end
   local host = ''
   if a[4] and a[4] ~= '' and not (a[5] and a[5] ~= '') then host = a[6] or '' end
-  return {id, agent, r[2] or '', r[3] or a[7] or '', a[1] or '?', a[2] or '', parent_run,
+  return {id, agent, r[3] or '', r[4] or a[7] or '', a[1] or '?', a[2] or '', parent_run,
           host}
 end
 """
@@ -571,7 +579,7 @@ end
 local function of_swarm(name) return (string.gsub(name, '\\1', row[7], 1)) end
 local K = {request = KEYS[1], leases = KEYS[2], inflight = of_swarm(A.inflight),
            waiting = of_swarm(A.waiting), events = of_swarm(A.events)}
-local send = {}
+local send, rows = {}, {}
 if state == 'new' or state == 'dispatching' then
   for _, id in ipairs(release(K.waiting, K.inflight, K.leases, row[3], A, now)) do
     table.insert(send, id)
@@ -581,16 +589,18 @@ if state == 'new' or state == 'dispatching' then
     state = 'dispatching'
     local free = tonumber(row[3]) - redis.call('SCARD', K.inflight)
     for _, id in ipairs(admitted) do
-      if redis.call('HGET', A.run_prefix .. id, 'state') == 'queued' then
+      local r = redis.call('HMGET', A.run_prefix .. id, 'state', 'agent', 'traceparent',
+                           'swarm')
+      if r[1] == 'queued' then
         if free > 0 then
           redis.call('SADD', K.inflight, id)
           redis.call('ZADD', K.leases, now + A.grace, id)
           table.insert(send, id)
+          rows[id] = r
           free = free - 1
         else
           redis.call('RPUSH', K.waiting, id)
-          local agent = redis.call('HGET', A.run_prefix .. id, 'agent')
-          redis.call('HSET', A.agent_prefix .. agent, 'state', 'waiting')
+          redis.call('HSET', A.agent_prefix .. r[2], 'state', 'waiting')
         end
       end
     end
@@ -613,7 +623,7 @@ if state == 'new' or state == 'dispatching' then
   end
 end
 local out = {}
-for _, id in ipairs(send) do table.insert(out, describe(id, A)) end
+for _, id in ipairs(send) do table.insert(out, describe(id, A, rows[id])) end
 local head = redis.call('HMGET', K.request, 'settled', 'count')
 local complete = (tonumber(head[1]) or 0) >= (tonumber(head[2]) or 0) and 1 or 0
 return {state, complete, row[7], out}
