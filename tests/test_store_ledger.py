@@ -846,3 +846,20 @@ def test_a_child_that_started_no_background_children_reads_no_list_of_them(
     assert spawner.background is True
     (child,) = spawner.outstanding([])[0]
     assert ledger.agent(child).background is False  # type: ignore[union-attr]
+
+
+def test_where_a_settling_childs_workspace_is_goes_with_its_settlement(
+        redis: redis_py.Redis) -> None:
+    """The snapshot a child's work was stored in, and where its workspace is, are written
+    in its settlement's script (not a round trip of their own); a worker that lost its
+    lease writes neither."""
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    assert ledger.start(run, "s1", "tok", 30.0, "host-b") is not None
+    where = Ledger.where("/ws/a1", "host-b", "state1")
+    assert not ledger.settle(run, "s1", "done", {}, {}, token="old", place=where)
+    assert redis.hget(keys.agent("a1"), "ws_state") is None
+    assert ledger.settle(run, "s1", "done", {}, {}, token="tok", place=where)
+    record = ledger.agent("a1")
+    assert record is not None and record.state == "done"
+    assert (record.workspace, record.ws_host, record.ws_state) == ("/ws/a1", "host-b", "state1")

@@ -176,7 +176,8 @@ local function settle(K, A)
   end
   redis.call('HSET', K.run, 'state', A.state, 'result', A.result, 'settled', A.ts, 'lease', '')
   if A.agent ~= '' then
-    redis.call('HSET', K.agent, 'state', A.state, 'settled', A.ts, 'usage', A.usage)
+    redis.call('HSET', K.agent, 'state', A.state, 'settled', A.ts, 'usage', A.usage,
+               unpack(A.place))
   end
   redis.call('SREM', K.inflight, A.run)
   redis.call('ZREM', K.leases, A.run)
@@ -1329,13 +1330,20 @@ class Ledger:
 
     def place(self, agent_id: str, workspace: str, host: str = "", state: str = "") -> None:
         """The agent's workspace is at ``workspace`` on ``host`` (ready, or restored there);
-        with ``state``, the snapshot it can be restored from elsewhere (as it settled)."""
-        fields: dict[FieldT, EncodableT] = {"workspace": workspace}
+        with ``state``, the snapshot it can be restored from elsewhere (as it settled: a
+        settling run's goes with its settlement, :meth:`settle`)."""
+        self.redis.hset(keys.agent(agent_id), mapping=cast(
+            "dict[FieldT, EncodableT]", self.where(workspace, host, state)))
+
+    @staticmethod
+    def where(workspace: str, host: str = "", state: str = "") -> dict[str, str]:
+        """The fields of an agent's record that say where its workspace is (:meth:`place`)."""
+        fields = {"workspace": workspace}
         if host:
             fields["ws_host"] = host
         if state:
             fields["ws_state"] = state
-        self.redis.hset(keys.agent(agent_id), mapping=fields)
+        return fields
 
     def reseed(self, agent_id: str, seed: str) -> None:
         """A continued child's workspace now starts from the snapshot ``seed`` (its
@@ -1423,14 +1431,16 @@ class Ledger:
             pipe.execute()
 
     def settle(self, run: RunRecord, swarm_id: str, state: str, result: dict[str, Any],
-               usage: dict[str, int], token: str = "") -> bool:
+               usage: dict[str, int], token: str = "",
+               place: dict[str, str] | None = None) -> bool:
         """Record a run's outcome once and announce it (on the settle stream, and as a
         ``settled`` progress event, before anyone can be woken by it); False if it had
         settled already, or if ``token`` is given and no longer holds the run's lease
-        (a worker that lost its lease never overwrites its successor's result)."""
+        (a worker that lost its lease never overwrites its successor's result). ``place``:
+        where its workspace is as it settles (:meth:`where`), written with the outcome."""
         assert state in SETTLED, state
         done = self._settle(keys=self._settle_keys(run, swarm_id),
-                            args=[self._settle_args(run, state, result, usage, token)])
+                            args=[self._settle_args(run, state, result, usage, token, place)])
         return bool(done == 1)
 
     @staticmethod
@@ -1441,13 +1451,15 @@ class Ledger:
                 keys.events(swarm_id), keys.swarm_waiting(swarm_id)]
 
     def _settle_args(self, run: RunRecord, state: str, result: dict[str, Any],
-                     usage: dict[str, int], token: str = "") -> str:
+                     usage: dict[str, int], token: str = "",
+                     place: dict[str, str] | None = None) -> str:
         """ARGV[1] of _SETTLE and _CANCEL_HELD: their table A."""
         return json.dumps({
             "state": state, "result": json.dumps(result, ensure_ascii=False),
             "ts": f"{time.time():.3f}", "usage": json.dumps(usage), "agent": run.agent,
             "run": run.id, "request": run.request, "token": token,
-            "error": str(result.get("error", ""))[:500], **self._names()})
+            "error": str(result.get("error", ""))[:500],
+            "place": [x for kv in (place or {}).items() for x in kv], **self._names()})
 
     # -- the coordinator: reap, join, wake --------------------------------------------------
 

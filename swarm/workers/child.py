@@ -273,9 +273,11 @@ class ChildRunner:
         changed_files, exact = changed(workspace, seeds, here.before, record)
         result.update(agent_id=run.agent, workspace=str(workspace.path),
                       files_changed=changed_files, usage=usage_since(session.usage, start_usage))
-        self._send_home(workspace, seeds, claimed, result, bool(changed_files) or not exact)
+        place = self._send_home(workspace, seeds, claimed, result,
+                                bool(changed_files) or not exact)
         self.supervisor.flush()  # its progress goes before its settlement
-        self.ledger.settle(run, swarm_id, state, result, session.usage, token=watched.token)
+        self.ledger.settle(run, swarm_id, state, result, session.usage, token=watched.token,
+                           place=place)
         if record.kind == "job":
             self.ledger.finish_swarm(swarm_id, state)
         return {"run": run.id, "state": state}
@@ -294,9 +296,10 @@ class ChildRunner:
             agent.env.linked = None
 
     def _send_home(self, workspace: Workspace, seeds: Seeds, claimed: Claimed,
-                   result: dict[str, Any], changes: bool) -> None:
+                   result: dict[str, Any], changes: bool) -> dict[str, str] | None:
         """Store the workspace's changes (a workspace as it was seeded has nothing to send
-        home) and say in ``result`` where they are."""
+        home) and say in ``result`` where they are; where the workspace is now, for its
+        record (written with the settlement), when they were stored."""
         state_id = ""
         if changes:
             try:
@@ -308,9 +311,10 @@ class ChildRunner:
             # to a parent on this host.
             result.update(delta=state_id, seed=workspace.seed,
                           host=self.host if workspace.view is None else "")
-            self.ledger.place(claimed.run.agent, str(workspace.path), self.host, state_id)
-        elif "home_error" not in result:
+            return Ledger.where(str(workspace.path), self.host, state_id)
+        if "home_error" not in result:
             result["changes"] = NO_CHANGES
+        return None
 
     _changed = staticmethod(changed)
 
