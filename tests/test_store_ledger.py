@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 import redis as redis_py
@@ -795,17 +796,17 @@ def test_a_childs_transitions_read_and_write_each_record_once(redis: redis_py.Re
         request = f"q{turn}"
         calls = [Admission({"call_id": f"c-{a}", "message": f"do {a}"}, a) for a in agents]
         facts = ledger.facts("aparent", "s1", [])
-        cost("park", lambda: ledger.park(request, "aparent", "s1", turn, calls, {}, facts))
-        cost("dispatch", lambda: ledger.dispatch(request))
+        cost("park", partial(ledger.park, request, "aparent", "s1", turn, calls, {}, facts))
+        cost("dispatch", partial(ledger.dispatch, request))
         for agent in agents:
             run = ledger.run(child_run("aparent", agent, turn))
             assert run is not None
-            cost("start", lambda: ledger.start(run, "s1", "tok", 30.0, "host-b"))
-            cost("settle", lambda: ledger.settle(run, "s1", "done", {"answer": "ok"}, {},
-                                                 token="tok"))
+            cost("start", partial(ledger.start, run, "s1", "tok", 30.0, "host-b"))
+            cost("settle", partial(ledger.settle, run, "s1", "done", {"answer": "ok"}, {},
+                                   token="tok"))
             (_, entry), = redis.xrevrange(keys.settle_stream(), count=1)
             assert entry == {"run": run.id, "request": request, "held": "0"}
-            cost("settled", lambda: ledger.request_of(run.id, entry["request"]))
+            cost("settled", partial(ledger.request_of, run.id, entry["request"]))
     # Each script's EVALSHA counts one; a start: TIME, HGETALL agent, HMGET run, HSET run,
     # HSET agent, ZADD, HMGET session, EXISTS, HGET; a dispatch reads each run once and the
     # parent's run once; the coordinator reads the request's head only, and releases none.
