@@ -104,15 +104,25 @@ class Coordinator:
     def poll(self, block_ms: int = BLOCK_MS) -> int:
         """Handle what arrived on both streams; returns how many entries were handled."""
         entries = self.ledger.read_inbox(self.name, BATCH, block_ms)
-        for stream, entry_id, fields in entries:
-            self.handle(stream, entry_id, fields)
+        self.handle_all(entries)
         return len(entries)
 
     def reclaim(self) -> None:
         """Take over entries another coordinator read but never acknowledged (it died)."""
-        for stream, entry_id, fields in self.ledger.reclaim_inbox(
-                self.name, self.settings.reclaim_idle * 1000, BATCH):
-            self.handle(stream, entry_id, fields)
+        self.handle_all(self.ledger.reclaim_inbox(
+            self.name, self.settings.reclaim_idle * 1000, BATCH))
+
+    def handle_all(self, entries: list[tuple[str, str, dict[str, str]]]) -> None:
+        """Handle ``entries`` in order, then acknowledge those handled in one round trip
+        (an entry handled but not acknowledged when a coordinator dies is handled again,
+        which changes nothing)."""
+        handled: list[tuple[str, str]] = []
+        try:
+            for stream, entry_id, fields in entries:
+                self.handle(stream, entry_id, fields)
+                handled.append((stream, entry_id))
+        finally:
+            self.ledger.ack(handled)
 
     def reap(self) -> int:
         """Re-send runs whose lease ran out: their worker died (or froze) mid-run. The
@@ -142,7 +152,6 @@ class Coordinator:
             raise  # left pending: handled again (here or by another coordinator)
         except Exception:
             log.exception("coordinator: %s entry %s failed", stream, entry_id)
-        self.ledger.ack(stream, entry_id)
 
     # -- spawn -------------------------------------------------------------------------------
 
