@@ -186,8 +186,8 @@ local function settle(K, A)
     redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'settled',
                'agent', A.agent, 'state', A.state, 'ts', A.ts, 'error', A.error)
   end
-  -- 'held': runs of the swarm held now. None: the coordinator releases none for this
-  -- settlement (a run held later found this slot free already: it was held past it).
+  -- 'held': how many runs of the swarm wait now. With none, the coordinator releases
+  -- none for this settlement: a run held later was held with this slot free already.
   redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'run', A.run,
              'request', A.request, 'held', redis.call('LLEN', K.waiting))
   return 1
