@@ -46,7 +46,7 @@ def test_start_claims_and_reads_the_record(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
     assert run.swarm == "s1"  # the run carries its swarm: no read of the agent first
-    start = ledger.start(run, run.swarm, "tok", 30.0, "host-b")
+    start = ledger.start(run.id, "tok", 30.0, "host-b")
     assert start is not None and start.claimed
     record = start.record
     assert record.swarm == "s1" and record.parent_workspace == "/work/parent"
@@ -59,11 +59,31 @@ def test_start_claims_and_reads_the_record(redis: redis_py.Redis) -> None:
     assert redis.zscore(keys.leases(), R1) is not None
 
 
+def test_a_run_written_before_runs_carried_their_swarm_is_claimed_in_its_agents(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    add_child(ledger)
+    redis.hdel(keys.run(R1), "swarm")
+    start = ledger.start(R1, "tok", 30.0, "host-b")
+    assert start is not None and start.claimed and start.run is not None
+    assert (start.run.id, start.run.agent, start.run.swarm) == (R1, "a1", "s1")
+    assert start.run.message == "do a1" and start.run.state == "queued"  # as it was claimed
+
+
+def test_a_settled_run_is_not_claimed_and_says_its_state(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    assert ledger.settle(run, "s1", "done", {}, {})
+    start = ledger.start(R1, "tok", 30.0, "host-b")
+    assert start is not None and not start.claimed and start.state == "done"
+    assert redis.hget(keys.run(R1), "lease") == ""
+
+
 def test_start_of_a_run_another_worker_holds(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    first = ledger.start(run, "s1", "tok1", 30.0, "host-a")
-    second = ledger.start(run, "s1", "tok2", 30.0, "host-b")
+    first = ledger.start(run.id, "tok1", 30.0, "host-a")
+    second = ledger.start(run.id, "tok2", 30.0, "host-b")
     assert first is not None and first.claimed
     assert second is not None and not second.claimed and second.agent == {}
     assert redis.hget(keys.run(R1), "lease") == "tok1"
@@ -72,9 +92,9 @@ def test_start_of_a_run_another_worker_holds(redis: redis_py.Redis) -> None:
 def test_start_takes_over_an_expired_lease(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok1", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert ledger.start(run.id, "tok1", 30.0, "host-a").claimed  # type: ignore[union-attr]
     redis.hset(keys.run(R1), "lease_until", time.time() - 1)  # the worker stopped renewing
-    again = ledger.start(run, "s1", "tok2", 30.0, "host-b")
+    again = ledger.start(run.id, "tok2", 30.0, "host-b")
     assert again is not None and again.claimed
     assert redis.hget(keys.run(R1), "attempts") == "2"
 
@@ -87,7 +107,7 @@ def test_start_reads_session_cancel_and_spent_tokens(redis: redis_py.Redis) -> N
                           usage={}, created=1.0, updated=2.0, turns=3))
     ledger.cancel("a1")
     ledger.spend("s1", 1234)
-    start = ledger.start(run, "s1", "tok", 30.0, "host-a")
+    start = ledger.start(run.id, "tok", 30.0, "host-a")
     assert start is not None and start.claimed and start.cancelled and start.spent == 1234
     session = sessions.from_fields("a1", start.session_meta, start.session_messages)
     assert session is not None and session.turns == 3
@@ -98,8 +118,11 @@ def test_start_without_an_agent_record_claims_nothing(redis: redis_py.Redis) -> 
     ledger = Ledger(redis)
     run = RunRecord(id="r9", agent="agone", request="q", call_id="c", message="m",
                     state="queued")
-    assert ledger.start(run, "s1", "tok", 30.0, "host-a") is None
-    assert not redis.exists(keys.run("r9")) and not redis.exists(keys.agent("agone"))
+    assert ledger.start(run.id, "tok", 30.0, "host-a") is None  # no such run
+    redis.hset(keys.run("r9"), mapping=run.to_hash(0.0))
+    assert ledger.start(run.id, "tok", 30.0, "host-a") is None  # no such agent
+    assert redis.hget(keys.run("r9"), "state") == "queued"
+    assert not redis.exists(keys.agent("agone")) and not redis.zscore(keys.leases(), "r9")
 
 
 def server_now(redis: redis_py.Redis) -> float:
@@ -117,14 +140,14 @@ def test_leases_and_grace_periods_are_on_the_servers_clock(
     ledger = Ledger(redis)
     run = add_child(ledger)  # put in flight: a grace lease
     assert abs(redis.zscore(keys.leases(), R1) - (server_now(redis) + TAKEOVER_GRACE)) < 5
-    start = ledger.start(run, "s1", "tok", 30.0, "host-a")
+    start = ledger.start(run.id, "tok", 30.0, "host-a")
     assert start is not None and start.claimed
     assert ledger.renew(R1, "tok", 30.0)
     until = float(redis.hget(keys.run(R1), "lease_until"))
     assert abs(until - (server_now(redis) + 30)) < 5
     assert abs(redis.zscore(keys.leases(), R1) - until) < 1e-3
     assert ledger.reap(60.0) == []  # a fast coordinator reaps nothing early
-    other = ledger.start(run, "s1", "intruder", 30.0, "host-b")  # nor can a fast worker
+    other = ledger.start(run.id, "intruder", 30.0, "host-b")  # nor can a fast worker
     assert other is not None and not other.claimed
 
 
@@ -135,7 +158,7 @@ def test_renew_all_pushes_the_leases_its_tokens_still_hold_in_one_script(
     runs = {1: R1, 2: R2, 3: R3}
     for n in (1, 2, 3):
         run = ledger.run(runs[n])
-        assert run is not None and ledger.start(run, "s1", f"tok{n}", 5.0, "host-a")
+        assert run is not None and ledger.start(run.id, f"tok{n}", 5.0, "host-a")
     before = {n: float(redis.hget(keys.run(runs[n]), "lease_until")) for n in (1, 2, 3)}
     scripts = scripts_run(redis)
     assert ledger.renew_all([(R1, "tok1"), (R2, "stolen"), (R3, "tok3")], 60.0) == \
@@ -154,18 +177,20 @@ def test_a_runs_wall_time_counts_across_parks_and_takeovers(redis: redis_py.Redi
     charges its dead predecessor's time up to the end of its lease."""
     ledger = Ledger(redis)
     run = add_child(ledger)
-    first = ledger.start(run, "s1", "tok1", 30.0, "host-a")
+    first = ledger.start(run.id, "tok1", 30.0, "host-a")
     assert first is not None and first.claimed and first.used == 0
     redis.hset(keys.run(R1), "running_since", server_now(redis) - 100)  # ran 100 s
     assert ledger.park("q9", "a1", "s1", 2, [], {}, parent_run=R1, token="tok1")
     assert 99 < float(redis.hget(keys.run(R1), "used")) < 105
     redis.hset(keys.run(R1), "used", 100)
-    resumed = ledger.start(run, "s1", "tok2", 30.0, "host-b", from_state="parked")
+    assert not redis.sismember(keys.swarm_inflight("s1"), R1)  # its slot given back
+    resumed = ledger.start(run.id, "tok2", 30.0, "host-b", from_state="parked")
     assert resumed is not None and resumed.claimed and resumed.used == 100
+    assert redis.sismember(keys.swarm_inflight("s1"), R1)  # in flight again
     # the resumed worker ran 50 s, then died 40 s before its lease ran out
     now = server_now(redis)
     redis.hset(keys.run(R1), mapping={"running_since": now - 90, "lease_until": now - 40})
-    taken = ledger.start(run, "s1", "tok3", 30.0, "host-c")
+    taken = ledger.start(run.id, "tok3", 30.0, "host-c")
     assert taken is not None and taken.claimed
     assert 149 < taken.used < 155
 
@@ -174,7 +199,7 @@ def test_park_is_fenced_by_the_lease(redis: redis_py.Redis) -> None:
     """A worker that lost its run's lease cannot park it (the successor's lease stays)."""
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert ledger.start(run.id, "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     with pytest.raises(LeaseLost):
         ledger.park("q9", "a1", "s1", 2, [], {}, parent_run=R1, token="stale")
     assert not redis.exists(keys.request("q9"))
@@ -189,7 +214,7 @@ def test_park_records_the_request_once_and_frees_the_parents_slot(
         redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert ledger.start(run.id, "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     calls = [Admission({"call_id": "c9", "message": "sub"}, "a9")]
     assert ledger.park("q9", "a1", "s1", 2, calls, {"c8": "other"}, parent_run=R1)
     assert not ledger.park("q9", "a1", "s1", 2, calls, {}, parent_run=R1)  # a replay
@@ -236,7 +261,7 @@ def test_a_dispatch_sends_up_to_the_parallel_limit_and_holds_the_rest(
 def test_a_dispatch_replayed_sends_nothing_twice(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert ledger.start(run.id, "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     again = ledger.dispatch("q1")  # a second coordinator's replay
     assert again is not None and again.state == "dispatching" and again.send == []
     assert redis.hget(keys.run(R1), "state") == "running"
@@ -252,7 +277,7 @@ def test_a_run_put_in_flight_is_covered_until_a_worker_claims_it(
     swarm_with(ledger, "a1", "a2")
     assert redis.zscore(keys.leases(), R1) is not None  # a grace lease while sending
     r1 = ledger.run(R1)
-    assert r1 is not None and ledger.start(r1, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert r1 is not None and ledger.start(r1.id, "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     # r2's task is lost before any worker claimed it: once the grace is over, reap re-sends
     redis.zadd(keys.leases(), {R2: time.time() - 1})
     assert [n.run.id for n in ledger.reap(60.0)] == [R2]
@@ -343,7 +368,7 @@ def test_release_fills_free_slots_in_order(redis: redis_py.Redis) -> None:
 def test_settle_once_and_fenced_by_the_lease(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    ledger.start(run, "s1", "tok1", 30.0, "host-a")
+    ledger.start(run.id, "tok1", 30.0, "host-a")
     assert not ledger.settle(run, "s1", "done", {"answer": "x"}, {}, token="stale")
     assert ledger.settle(run, "s1", "done", {"answer": "x"}, {"total_tokens": 3}, token="tok1")
     assert not ledger.settle(run, "s1", "failed", {}, {})
@@ -358,7 +383,7 @@ def test_stay_parked_gives_back_the_lease_and_the_slot(redis: redis_py.Redis) ->
     ledger = Ledger(redis)
     run = add_child(ledger)
     ledger.park("q9", "a1", "s1", 2, [], {}, parent_run=R1)
-    resumed = ledger.start(run, "s1", "tok", 30.0, "host-a", from_state="parked")
+    resumed = ledger.start(run.id, "tok", 30.0, "host-a", from_state="parked")
     assert resumed is not None and resumed.claimed
     assert redis.sismember(keys.swarm_inflight("s1"), R1)
     assert not ledger.stay_parked(run, "s1", "stale-token")  # fenced by the lease
@@ -375,7 +400,7 @@ def test_stay_parked_gives_back_the_lease_and_the_slot(redis: redis_py.Redis) ->
 def test_reap_returns_runs_whose_lease_ran_out_once_per_grace(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    ledger.start(run, "s1", "tok", 30.0, "host-a")
+    ledger.start(run.id, "tok", 30.0, "host-a")
     assert ledger.reap(60.0) == []
     redis.zadd(keys.leases(), {R1: time.time() - 1, "rgone": time.time() - 1})
     reaped = ledger.reap(60.0)
@@ -471,7 +496,7 @@ def test_a_joined_parent_whose_resume_task_is_lost_is_reaped_to_resume_again(
     assert ledger.reap() == []  # once per grace period
     parent = ledger.run("rparent")
     assert parent is not None
-    start = ledger.start(parent, "s1", "tok", 10.0, "host-a", from_state="parked")
+    start = ledger.start(parent.id, "tok", 10.0, "host-a", from_state="parked")
     assert start is not None and start.claimed
     assert abs(redis.zscore(keys.leases(), "rparent") - (server_now(redis) + 10.0)) < 5
 
@@ -801,16 +826,17 @@ def test_a_childs_transitions_read_and_write_each_record_once(redis: redis_py.Re
         for agent in agents:
             run = ledger.run(child_run("aparent", agent, turn))
             assert run is not None
-            cost("start", partial(ledger.start, run, "s1", "tok", 30.0, "host-b"))
+            cost("start", partial(ledger.start, run.id, "tok", 30.0, "host-b"))
             cost("settle", partial(ledger.settle, run, "s1", "done", {"answer": "ok"}, {},
                                    token="tok"))
             (_, entry), = redis.xrevrange(keys.settle_stream(), count=1)
             assert entry == {"run": run.id, "request": request, "held": "0"}
             cost("settled", partial(ledger.request_of, run.id, entry["request"]))
-    # Each script's EVALSHA counts one; a start: TIME, HGETALL agent, HMGET run, HSET run,
-    # HSET agent, ZADD, HMGET session, EXISTS, HGET; a dispatch reads each run once and the
+    # Each script's EVALSHA counts one; a start (the worker reads nothing before it): TIME,
+    # HGETALL run, HGETALL agent, HSET run, HSET agent, ZADD, HMGET session, EXISTS, HGET
+    # (17 with the worker's read of the run first); a dispatch reads each run once and the
     # parent's run once; the coordinator reads the request's head only, and releases none.
-    # Each record read and written a field at a time, it was 30, 23, 32, 20, 4 (+ 8).
+    # Each record read and written a field at a time, it was 30, 23, 32 (+ 2), 20, 4 (+ 8).
     assert spent == {"park": 24, "dispatch": 20, "start": 20, "settle": 20, "settled": 2}
 
 
@@ -856,7 +882,7 @@ def test_where_a_settling_childs_workspace_is_goes_with_its_settlement(
     lease writes neither."""
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok", 30.0, "host-b") is not None
+    assert ledger.start(run.id, "tok", 30.0, "host-b") is not None
     where = Ledger.where("/ws/a1", "host-b", "state1")
     assert not ledger.settle(run, "s1", "done", {}, {}, token="old", place=where)
     assert redis.hget(keys.agent("a1"), "ws_state") is None

@@ -270,48 +270,67 @@ end
 return out
 """
 
-# The claim, and in the same round trip what the worker reads next: the agent's record,
-# its session, whether it was cancelled while queued, what the swarm has spent.
+# The claim, and in the same round trip what the worker reads next: the run, the agent's
+# record, its session, whether it was cancelled while queued, what the swarm has spent.
 # A run's wall time ('used') counts only while it runs: a park adds the time since
 # 'running_since', and a takeover adds its dead predecessor's time up to its lease's end.
-# Each record is read once and written once (a field at a time cost ~6 commands a claim).
+# Each record is read once and written once (a field at a time cost ~7 commands a claim).
+# Its other keys are made here from the run's agent and swarm (A: their names, the swarm's
+# with _SWARM for its id). -3: no such run; -1: its agent has no record of its swarm.
 _START = _NOW + """
-local flat = redis.call('HGETALL', KEYS[2])
-local agent = {}
-for i = 1, #flat, 2 do agent[flat[i]] = flat[i + 1] end
+local A = cjson.decode(ARGV[1])
+local function hash(key)
+  local flat, out = redis.call('HGETALL', key), {}
+  for i = 1, #flat, 2 do out[flat[i]] = flat[i + 1] end
+  return out, flat
+end
+local run, run_flat = hash(KEYS[1])
+local state = run.state
+if not state then return {-3} end
+for _, s in ipairs(SETTLED_STATES) do
+  if state == s then return {0, state} end
+end
+if not run.agent or run.agent == '' then return {-1} end
+local akey = A.agent_prefix .. run.agent
+local agent = hash(akey)
 if not agent.swarm then return {-1} end
-local r = redis.call('HMGET', KEYS[1], 'state', 'lease_until', 'used', 'running_since',
-                     'attempts')
-local state = r[1]
-local lease = tonumber(r[2] or '0') or 0
-if not (state == ARGV[4] or (state == 'running' and lease < now)) then return {0} end
-local used = tonumber(r[3] or '0') or 0
+local swarm = run.swarm
+if not swarm or swarm == '' then swarm = agent.swarm end  -- a run from before runs had it
+local lease = tonumber(run.lease_until or '0') or 0
+if not (state == A.from_state or (state == 'running' and lease < now)) then
+  return {0, state}
+end
+local used = tonumber(run.used or '0') or 0
 if state == 'running' then
-  local since = tonumber(r[4] or '') or lease
+  local since = tonumber(run.running_since or '') or lease
   used = used + math.max(0, math.min(now, lease) - since)
 end
-local until_ = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1], 'lease_until',
+local until_ = now + tonumber(A.lease)
+redis.call('HSET', KEYS[1], 'state', 'running', 'lease', A.token, 'lease_until',
            tostring(until_), 'running_since', tostring(now), 'used', tostring(used),
-           'attempts', tostring((tonumber(r[5] or '0') or 0) + 1))
-agent.state, agent.host = 'running', ARGV[5]
+           'attempts', tostring((tonumber(run.attempts or '0') or 0) + 1))
+agent.state, agent.host = 'running', A.host
 if agent.started then
-  redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
+  redis.call('HSET', akey, 'state', 'running', 'host', A.host)
 else
   agent.started = string.format('%.3f', now)
-  redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5], 'started', agent.started)
+  redis.call('HSET', akey, 'state', 'running', 'host', A.host, 'started', agent.started)
 end
-redis.call('ZADD', KEYS[3], until_, ARGV[6])
-if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
-flat = {}
+redis.call('ZADD', KEYS[2], until_, A.run)
+if state == 'parked' then
+  redis.call('SADD', (string.gsub(A.inflight, '\\1', swarm, 1)), A.run)
+end
+local flat = {}
 for k, v in pairs(agent) do
   flat[#flat + 1] = k
   flat[#flat + 1] = v
 end
-return {1, flat, redis.call('HMGET', KEYS[5], 'meta', 'messages'),
-        redis.call('EXISTS', KEYS[6]), redis.call('HGET', KEYS[7], 'tokens') or '',
+return {1, flat, run_flat, swarm,
+        redis.call('HMGET', A.session_prefix .. run.agent, 'meta', 'messages'),
+        redis.call('EXISTS', A.cancel_prefix .. run.agent),
+        redis.call('HGET', (string.gsub(A.counters, '\\1', swarm, 1)), 'tokens') or '',
         tostring(used)}
-"""
+""".replace("SETTLED_STATES", _SETTLED_LUA)
 
 _RENEW = _NOW + """
 if redis.call('HGET', KEYS[1], 'lease') == ARGV[1] then
@@ -736,8 +755,8 @@ def joined_text(runs: list[RunRecord], pending: list[str], cap: int = 0) -> str:
 
 @dataclass
 class Start:
-    """What :meth:`Ledger.start` found: whether the run was claimed and, if so, its agent's
-    record, its session's raw fields (None when it has none), whether the agent was
+    """What :meth:`Ledger.start` found: whether the run was claimed and, if so, the run, its
+    agent's record, its session's raw fields (None when it has none), whether the agent was
     cancelled while it waited, and the tokens its swarm had spent."""
 
     claimed: bool
@@ -748,6 +767,10 @@ class Start:
     spent: int = 0
     used: float = 0.0
     """Seconds the run has run before this claim (earlier claims, on any host)."""
+    run: RunRecord | None = None
+    """The run as it was claimed (its swarm filled in from its agent's for an older one)."""
+    state: str = ""
+    """The run's state when it was not claimed (settled, or another worker's)."""
 
     @property
     def record(self) -> AgentRecord:
@@ -1302,24 +1325,28 @@ class Ledger:
 
     # -- the worker: start, renew, settle ---------------------------------------------------
 
-    def start(self, run: RunRecord, swarm_id: str, token: str, lease: float, host: str,
+    def start(self, run_id: str, token: str, lease: float, host: str,
               from_state: str = "queued") -> Start | None:
         """Claim the run from ``from_state`` (or from an expired lease) into ``running`` (a
-        resumed parent counts as in flight again) and read what its worker needs next, in
-        one round trip; None (and nothing claimed) when its agent has no record of its
-        swarm."""
-        reply = self._start(
-            keys=[keys.run(run.id), keys.agent(run.agent), keys.leases(),
-                  keys.swarm_inflight(swarm_id), keys.session(run.agent),
-                  keys.cancel(run.agent), keys.swarm_counters(swarm_id)],
-            args=[token, "", lease, from_state, host, run.id])  # ARGV[2]: unused
-        if reply[0] == -1:
+        resumed parent counts as in flight again) and read it and what its worker needs
+        next, in one round trip; None (and nothing claimed) when there is no such run or its
+        agent has no record of its swarm."""
+        names = {"inflight": keys.swarm_inflight(_SWARM),
+                 "counters": keys.swarm_counters(_SWARM)}
+        reply = self._start(keys=[keys.run(run_id), keys.leases()], args=[json.dumps({
+            "token": token, "lease": lease, "from_state": from_state, "host": host,
+            "run": run_id, "agent_prefix": keys.agent(""), "session_prefix": keys.session(""),
+            "cancel_prefix": keys.cancel(""), **names})])
+        if reply[0] in (-1, -3):
             return None
         if reply[0] == 0:
-            return Start(False)
-        _, flat, (meta, messages), cancelled, tokens, used = reply
+            return Start(False, state=reply[1])
+        _, flat, run_flat, swarm, (meta, messages), cancelled, tokens, used = reply
+        run = RunRecord.from_hash(run_id, dict(zip(run_flat[::2], run_flat[1::2], strict=True)))
+        assert run is not None
+        run.swarm = swarm
         return Start(True, dict(zip(flat[::2], flat[1::2], strict=True)), meta, messages,
-                     bool(cancelled), int(tokens or 0), float(used or 0))
+                     bool(cancelled), int(tokens or 0), float(used or 0), run=run)
 
     def begin(self, run_id: str, start_turn: int, start_index: int,
               usage: dict[str, int]) -> None:

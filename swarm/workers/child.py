@@ -96,27 +96,21 @@ class ChildRunner:
         resumed from its last saved step.
         """
         sweep.soon(self.settings.home, self.redis)  # what finished swarms left on this host
-        run = self.ledger.run(run_id)
-        if run is None:
-            log.warning("run %s is not in the ledger; nothing to do", run_id)
-            return {"run": run_id, "state": "missing"}
-        if run.state in SETTLED:
-            return {"run": run_id, "state": run.state}
         token = secrets.token_hex(8)
-        swarm_id = run.swarm
-        if run.agent and not swarm_id:  # a record from before runs carried their swarm
-            swarm_id = (self.ledger.agent(run.agent) or AgentRecord("", "")).swarm
         claimed_at = time.monotonic()
         if resume:
             faults.point("worker-before-resume-claim")
-        start = self.ledger.start(run, swarm_id, token, self.settings.lease, self.host,
-                                  "parked" if resume else "queued") \
-            if run.agent and swarm_id else None
+        # The claim reads the run too: one round trip.
+        start = self.ledger.start(run_id, token, self.settings.lease, self.host,
+                                  "parked" if resume else "queued")
         if start is None:
-            log.warning("run %s has no agent in the ledger; nothing to do", run_id)
+            log.warning("run %s (or its agent) is not in the ledger; nothing to do", run_id)
             return {"run": run_id, "state": "missing"}
         if not start.claimed:
-            return {"run": run_id, "state": "skipped (another worker has it)"}
+            return {"run": run_id, "state": start.state if start.state in SETTLED
+                    else "skipped (another worker has it)"}
+        assert start.run is not None
+        run, swarm_id = start.run, start.run.swarm
         # The run's own limit (a swarm may set a shorter one) is applied in _work; its
         # wall time counts what earlier claims of it used, on any host.
         watched = self.supervisor.watch(
