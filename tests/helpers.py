@@ -8,6 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+import redis as redis_py
+
 from swarm.agent.approval import ApprovalGate, approve_all
 from swarm.agent.folder import AgentFolder
 from swarm.agent.loop import Agent, AgentConfig, Observer
@@ -110,3 +113,22 @@ def spawn_children(ledger: Ledger, swarm_id: str, parent_id: str, *agents: str,
 def child_run(parent_id: str, agent: str, turn: int = 1) -> str:
     """The run id of child ``agent`` made by :func:`spawn_children`."""
     return derive_id("r", parent_id, turn, f"c-{agent}")
+
+
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What each round trip to Redis from now on was: a command, or a pipeline of n."""
+    trips: list[str] = []
+    command, execute = redis_py.Redis.execute_command, redis_py.client.Pipeline.execute
+
+    def counted_command(self: redis_py.Redis, *args: Any, **options: Any) -> Any:
+        trips.append(str(args[0]))
+        return command(self, *args, **options)
+
+    def counted_execute(self: redis_py.client.Pipeline, *args: Any, **options: Any) -> Any:
+        if self.command_stack:
+            trips.append(f"pipeline of {len(self.command_stack)}")
+        return execute(self, *args, **options)
+
+    monkeypatch.setattr(redis_py.Redis, "execute_command", counted_command)
+    monkeypatch.setattr(redis_py.client.Pipeline, "execute", counted_execute)
+    return trips

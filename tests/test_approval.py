@@ -106,7 +106,7 @@ def asking(redis: redis_lib.Redis) -> tuple[threading.Thread, threading.Event, l
     spawn_children(ledger, "s1", "aroot", "a1")
     run = ledger.run(R1)
     assert run is not None
-    claim = ledger.start(run, "s1", "tok", 30.0, "host")
+    claim = ledger.start(run.id, "tok", 30.0, "host")
     assert claim is not None and claim.claimed
     stop = threading.Event()
     got: list[Any] = []

@@ -444,6 +444,9 @@ def test_a_child_that_changed_nothing_sends_nothing_home_and_says_so(
     assert looked["landing"] == "no changes" and "kept" not in looked
     assert Ledger(client).agent(looked["agent_id"]).ws_state == ""  # type: ignore[union-attr]
     assert "changes" not in wrote and wrote["landing"] == "landed"
+    # The snapshot its work went home in, on its record (with its settlement): a
+    # continuation on another host restores it.
+    assert Ledger(client).agent(wrote["agent_id"]).ws_state  # type: ignore[union-attr]
     assert wrote["kept"].endswith(f"/{wrote['agent_id']}")
     assert wrote["files_changed"] == ["x.txt"]
     assert (repo / "x.txt").read_text() == "x\n"

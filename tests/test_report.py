@@ -26,6 +26,7 @@ from swarm.store.mailbox import Mailbox
 from swarm.testing.cluster import local_swarm
 from swarm.testing.scripts import ByTask, tool_results
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
+from tests.helpers import round_trips
 from tests.test_watch import cli, put_agent, put_swarm, small_swarm, usage
 
 CHROMIUM = "/usr/bin/chromium"
@@ -56,25 +57,6 @@ def big_swarm(r: redis_py.Redis, swarm_id: str = "sbig000000001", n: int = 500) 
         if i <= 19:
             parents.append(agent_id)
     return ids
-
-
-def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """What each round trip to Redis from now on was: a command, or a pipeline of n."""
-    trips: list[str] = []
-    command, execute = redis_py.Redis.execute_command, redis_py.client.Pipeline.execute
-
-    def counted_command(self: redis_py.Redis, *args: Any, **options: Any) -> Any:
-        trips.append(str(args[0]))
-        return command(self, *args, **options)
-
-    def counted_execute(self: redis_py.client.Pipeline, *args: Any, **options: Any) -> Any:
-        if self.command_stack:
-            trips.append(f"pipeline of {len(self.command_stack)}")
-        return execute(self, *args, **options)
-
-    monkeypatch.setattr(redis_py.Redis, "execute_command", counted_command)
-    monkeypatch.setattr(redis_py.client.Pipeline, "execute", counted_execute)
-    return trips
 
 
 @pytest.mark.parametrize("n", [5, 500])

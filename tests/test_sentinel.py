@@ -110,7 +110,7 @@ def test_a_settlement_lost_at_failover_is_redone_and_never_doubled(
     spawn_children(ledger, "s1", "aparent", "a1")
     run = ledger.run(r1)
     assert run is not None
-    first = ledger.start(run, "s1", "tok-a", 1.0, "host-a")
+    first = ledger.start(run.id, "tok-a", 1.0, "host-a")
     assert first is not None and first.claimed
     assert client.wait(1, 5000) == 1  # the claim is on the replica
     group.link.cut()  # from here on the replica gets nothing
@@ -127,7 +127,7 @@ def test_a_settlement_lost_at_failover_is_redone_and_never_doubled(
     # Its lease runs out (on the server's clock): the coordinator's reap sends it again.
     reaped = wait_until(lambda: ledger.reap(60.0), "the run to be reaped", timeout=15)
     assert [r.run.id for r in reaped] == [r1]
-    again = ledger.start(run, "s1", "tok-b", 30.0, "host-b")
+    again = ledger.start(run.id, "tok-b", 30.0, "host-b")
     assert again is not None and again.claimed
     # The lost settlement, replayed by the attempt that made it, is fenced; the new attempt
     # settles once.

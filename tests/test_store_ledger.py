@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 import redis as redis_py
 
 from swarm.domain.records import RootEnd, RootStart
 from swarm.domain.session import Session
-from swarm.domain.spawn import Admission
+from swarm.domain.spawn import Admission, SpawnCall
 from swarm.errors import LeaseLost, StoreError
+from swarm.runtime.spawner import RedisSpawner
 from swarm.store import keys
 from swarm.store.ledger import TAKEOVER_GRACE, Claim, Ledger, RunRecord, derive_id, result_text
 from swarm.store.sessions import RedisSessionStore
-from tests.helpers import child_run, scripts_run, spawn_children
+from tests.helpers import child_run, round_trips, scripts_run, spawn_children
 
 R1, R2, R3, R4 = (child_run("aparent", f"a{n}") for n in (1, 2, 3, 4))
 
@@ -43,7 +46,7 @@ def test_start_claims_and_reads_the_record(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
     assert run.swarm == "s1"  # the run carries its swarm: no read of the agent first
-    start = ledger.start(run, run.swarm, "tok", 30.0, "host-b")
+    start = ledger.start(run.id, "tok", 30.0, "host-b")
     assert start is not None and start.claimed
     record = start.record
     assert record.swarm == "s1" and record.parent_workspace == "/work/parent"
@@ -56,11 +59,31 @@ def test_start_claims_and_reads_the_record(redis: redis_py.Redis) -> None:
     assert redis.zscore(keys.leases(), R1) is not None
 
 
+def test_a_run_written_before_runs_carried_their_swarm_is_claimed_in_its_agents(
+        redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    add_child(ledger)
+    redis.hdel(keys.run(R1), "swarm")
+    start = ledger.start(R1, "tok", 30.0, "host-b")
+    assert start is not None and start.claimed and start.run is not None
+    assert (start.run.id, start.run.agent, start.run.swarm) == (R1, "a1", "s1")
+    assert start.run.message == "do a1" and start.run.state == "queued"  # as it was claimed
+
+
+def test_a_settled_run_is_not_claimed_and_says_its_state(redis: redis_py.Redis) -> None:
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    assert ledger.settle(run, "s1", "done", {}, {})
+    start = ledger.start(R1, "tok", 30.0, "host-b")
+    assert start is not None and not start.claimed and start.state == "done"
+    assert redis.hget(keys.run(R1), "lease") == ""
+
+
 def test_start_of_a_run_another_worker_holds(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    first = ledger.start(run, "s1", "tok1", 30.0, "host-a")
-    second = ledger.start(run, "s1", "tok2", 30.0, "host-b")
+    first = ledger.start(run.id, "tok1", 30.0, "host-a")
+    second = ledger.start(run.id, "tok2", 30.0, "host-b")
     assert first is not None and first.claimed
     assert second is not None and not second.claimed and second.agent == {}
     assert redis.hget(keys.run(R1), "lease") == "tok1"
@@ -69,9 +92,9 @@ def test_start_of_a_run_another_worker_holds(redis: redis_py.Redis) -> None:
 def test_start_takes_over_an_expired_lease(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok1", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert ledger.start(run.id, "tok1", 30.0, "host-a").claimed  # type: ignore[union-attr]
     redis.hset(keys.run(R1), "lease_until", time.time() - 1)  # the worker stopped renewing
-    again = ledger.start(run, "s1", "tok2", 30.0, "host-b")
+    again = ledger.start(run.id, "tok2", 30.0, "host-b")
     assert again is not None and again.claimed
     assert redis.hget(keys.run(R1), "attempts") == "2"
 
@@ -84,7 +107,7 @@ def test_start_reads_session_cancel_and_spent_tokens(redis: redis_py.Redis) -> N
                           usage={}, created=1.0, updated=2.0, turns=3))
     ledger.cancel("a1")
     ledger.spend("s1", 1234)
-    start = ledger.start(run, "s1", "tok", 30.0, "host-a")
+    start = ledger.start(run.id, "tok", 30.0, "host-a")
     assert start is not None and start.claimed and start.cancelled and start.spent == 1234
     session = sessions.from_fields("a1", start.session_meta, start.session_messages)
     assert session is not None and session.turns == 3
@@ -95,8 +118,11 @@ def test_start_without_an_agent_record_claims_nothing(redis: redis_py.Redis) -> 
     ledger = Ledger(redis)
     run = RunRecord(id="r9", agent="agone", request="q", call_id="c", message="m",
                     state="queued")
-    assert ledger.start(run, "s1", "tok", 30.0, "host-a") is None
-    assert not redis.exists(keys.run("r9")) and not redis.exists(keys.agent("agone"))
+    assert ledger.start(run.id, "tok", 30.0, "host-a") is None  # no such run
+    redis.hset(keys.run("r9"), mapping=run.to_hash(0.0))
+    assert ledger.start(run.id, "tok", 30.0, "host-a") is None  # no such agent
+    assert redis.hget(keys.run("r9"), "state") == "queued"
+    assert not redis.exists(keys.agent("agone")) and not redis.zscore(keys.leases(), "r9")
 
 
 def server_now(redis: redis_py.Redis) -> float:
@@ -114,14 +140,14 @@ def test_leases_and_grace_periods_are_on_the_servers_clock(
     ledger = Ledger(redis)
     run = add_child(ledger)  # put in flight: a grace lease
     assert abs(redis.zscore(keys.leases(), R1) - (server_now(redis) + TAKEOVER_GRACE)) < 5
-    start = ledger.start(run, "s1", "tok", 30.0, "host-a")
+    start = ledger.start(run.id, "tok", 30.0, "host-a")
     assert start is not None and start.claimed
     assert ledger.renew(R1, "tok", 30.0)
     until = float(redis.hget(keys.run(R1), "lease_until"))
     assert abs(until - (server_now(redis) + 30)) < 5
     assert abs(redis.zscore(keys.leases(), R1) - until) < 1e-3
     assert ledger.reap(60.0) == []  # a fast coordinator reaps nothing early
-    other = ledger.start(run, "s1", "intruder", 30.0, "host-b")  # nor can a fast worker
+    other = ledger.start(run.id, "intruder", 30.0, "host-b")  # nor can a fast worker
     assert other is not None and not other.claimed
 
 
@@ -132,7 +158,7 @@ def test_renew_all_pushes_the_leases_its_tokens_still_hold_in_one_script(
     runs = {1: R1, 2: R2, 3: R3}
     for n in (1, 2, 3):
         run = ledger.run(runs[n])
-        assert run is not None and ledger.start(run, "s1", f"tok{n}", 5.0, "host-a")
+        assert run is not None and ledger.start(run.id, f"tok{n}", 5.0, "host-a")
     before = {n: float(redis.hget(keys.run(runs[n]), "lease_until")) for n in (1, 2, 3)}
     scripts = scripts_run(redis)
     assert ledger.renew_all([(R1, "tok1"), (R2, "stolen"), (R3, "tok3")], 60.0) == \
@@ -151,18 +177,20 @@ def test_a_runs_wall_time_counts_across_parks_and_takeovers(redis: redis_py.Redi
     charges its dead predecessor's time up to the end of its lease."""
     ledger = Ledger(redis)
     run = add_child(ledger)
-    first = ledger.start(run, "s1", "tok1", 30.0, "host-a")
+    first = ledger.start(run.id, "tok1", 30.0, "host-a")
     assert first is not None and first.claimed and first.used == 0
     redis.hset(keys.run(R1), "running_since", server_now(redis) - 100)  # ran 100 s
     assert ledger.park("q9", "a1", "s1", 2, [], {}, parent_run=R1, token="tok1")
     assert 99 < float(redis.hget(keys.run(R1), "used")) < 105
     redis.hset(keys.run(R1), "used", 100)
-    resumed = ledger.start(run, "s1", "tok2", 30.0, "host-b", from_state="parked")
+    assert not redis.sismember(keys.swarm_inflight("s1"), R1)  # its slot given back
+    resumed = ledger.start(run.id, "tok2", 30.0, "host-b", from_state="parked")
     assert resumed is not None and resumed.claimed and resumed.used == 100
+    assert redis.sismember(keys.swarm_inflight("s1"), R1)  # in flight again
     # the resumed worker ran 50 s, then died 40 s before its lease ran out
     now = server_now(redis)
     redis.hset(keys.run(R1), mapping={"running_since": now - 90, "lease_until": now - 40})
-    taken = ledger.start(run, "s1", "tok3", 30.0, "host-c")
+    taken = ledger.start(run.id, "tok3", 30.0, "host-c")
     assert taken is not None and taken.claimed
     assert 149 < taken.used < 155
 
@@ -171,7 +199,7 @@ def test_park_is_fenced_by_the_lease(redis: redis_py.Redis) -> None:
     """A worker that lost its run's lease cannot park it (the successor's lease stays)."""
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert ledger.start(run.id, "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     with pytest.raises(LeaseLost):
         ledger.park("q9", "a1", "s1", 2, [], {}, parent_run=R1, token="stale")
     assert not redis.exists(keys.request("q9"))
@@ -186,7 +214,7 @@ def test_park_records_the_request_once_and_frees_the_parents_slot(
         redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert ledger.start(run.id, "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     calls = [Admission({"call_id": "c9", "message": "sub"}, "a9")]
     assert ledger.park("q9", "a1", "s1", 2, calls, {"c8": "other"}, parent_run=R1)
     assert not ledger.park("q9", "a1", "s1", 2, calls, {}, parent_run=R1)  # a replay
@@ -233,7 +261,7 @@ def test_a_dispatch_sends_up_to_the_parallel_limit_and_holds_the_rest(
 def test_a_dispatch_replayed_sends_nothing_twice(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    assert ledger.start(run, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert ledger.start(run.id, "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     again = ledger.dispatch("q1")  # a second coordinator's replay
     assert again is not None and again.state == "dispatching" and again.send == []
     assert redis.hget(keys.run(R1), "state") == "running"
@@ -249,7 +277,7 @@ def test_a_run_put_in_flight_is_covered_until_a_worker_claims_it(
     swarm_with(ledger, "a1", "a2")
     assert redis.zscore(keys.leases(), R1) is not None  # a grace lease while sending
     r1 = ledger.run(R1)
-    assert r1 is not None and ledger.start(r1, "s1", "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
+    assert r1 is not None and ledger.start(r1.id, "tok", 30.0, "host-a").claimed  # type: ignore[union-attr]
     # r2's task is lost before any worker claimed it: once the grace is over, reap re-sends
     redis.zadd(keys.leases(), {R2: time.time() - 1})
     assert [n.run.id for n in ledger.reap(60.0)] == [R2]
@@ -340,7 +368,7 @@ def test_release_fills_free_slots_in_order(redis: redis_py.Redis) -> None:
 def test_settle_once_and_fenced_by_the_lease(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    ledger.start(run, "s1", "tok1", 30.0, "host-a")
+    ledger.start(run.id, "tok1", 30.0, "host-a")
     assert not ledger.settle(run, "s1", "done", {"answer": "x"}, {}, token="stale")
     assert ledger.settle(run, "s1", "done", {"answer": "x"}, {"total_tokens": 3}, token="tok1")
     assert not ledger.settle(run, "s1", "failed", {}, {})
@@ -355,7 +383,7 @@ def test_stay_parked_gives_back_the_lease_and_the_slot(redis: redis_py.Redis) ->
     ledger = Ledger(redis)
     run = add_child(ledger)
     ledger.park("q9", "a1", "s1", 2, [], {}, parent_run=R1)
-    resumed = ledger.start(run, "s1", "tok", 30.0, "host-a", from_state="parked")
+    resumed = ledger.start(run.id, "tok", 30.0, "host-a", from_state="parked")
     assert resumed is not None and resumed.claimed
     assert redis.sismember(keys.swarm_inflight("s1"), R1)
     assert not ledger.stay_parked(run, "s1", "stale-token")  # fenced by the lease
@@ -372,7 +400,7 @@ def test_stay_parked_gives_back_the_lease_and_the_slot(redis: redis_py.Redis) ->
 def test_reap_returns_runs_whose_lease_ran_out_once_per_grace(redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     run = add_child(ledger)
-    ledger.start(run, "s1", "tok", 30.0, "host-a")
+    ledger.start(run.id, "tok", 30.0, "host-a")
     assert ledger.reap(60.0) == []
     redis.zadd(keys.leases(), {R1: time.time() - 1, "rgone": time.time() - 1})
     reaped = ledger.reap(60.0)
@@ -468,7 +496,7 @@ def test_a_joined_parent_whose_resume_task_is_lost_is_reaped_to_resume_again(
     assert ledger.reap() == []  # once per grace period
     parent = ledger.run("rparent")
     assert parent is not None
-    start = ledger.start(parent, "s1", "tok", 10.0, "host-a", from_state="parked")
+    start = ledger.start(parent.id, "tok", 10.0, "host-a", from_state="parked")
     assert start is not None and start.claimed
     assert abs(redis.zscore(keys.leases(), "rparent") - (server_now(redis) + 10.0)) < 5
 
@@ -501,18 +529,19 @@ def test_cancel_flags_the_subtree_and_settles_held_runs(redis: redis_py.Redis) -
     assert said == [("a1", "stop a1"), ("aparent", "stop")]
 
 
+def commands(redis: redis_py.Redis) -> int:
+    """Commands the server has run, those inside scripts included (INFO commandstats)."""
+    stats = redis.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
 def test_the_cancel_flags_of_many_agents_are_read_in_one_command(
         redis: redis_py.Redis) -> None:
     ledger = Ledger(redis)
     redis.set(keys.cancel("a7"), "stop")
-
-    def calls() -> int:
-        stats = redis.info("commandstats")
-        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
-
-    before = calls()
+    before = commands(redis)
     flags = ledger.cancelled([f"a{i}" for i in range(50)])
-    assert calls() - before == 1  # a worker polls its children's flags twice a second
+    assert commands(redis) - before == 1  # a worker polls its children's flags twice a second
     assert flags == [i == 7 for i in range(50)]
     assert ledger.cancelled([]) == []
 
@@ -771,3 +800,93 @@ def test_join_leaves_a_parent_not_parked_on_the_request_alone(redis: redis_py.Re
     redis.delete(keys.session("aparent"))  # no session at all
     assert ledger.join("q1") is None
     assert ledger.request("q1").state == "dispatched"  # type: ignore[union-attr]
+
+
+def test_a_childs_transitions_read_and_write_each_record_once(redis: redis_py.Redis) -> None:
+    """Commands two children's transitions cost, those inside the scripts included: their
+    park, dispatch, claims and settlements, and the coordinator's handling of each
+    settlement, which names the run's request and says no run of the swarm is held
+    (nothing to release)."""
+    ledger = Ledger(redis)
+    ledger.create_swarm("s1", "aparent", "/work/parent", "task", {}, "host-a", "aparent")
+    spent: dict[str, int] = {}
+
+    def cost(name: str, fn: Callable[[], object]) -> None:
+        before = commands(redis)
+        fn()
+        spent[name] = spent.get(name, 0) + commands(redis) - before
+
+    for turn, agents in enumerate((["a0"], ["a1", "a2"]), 1):  # the first loads the scripts
+        spent.clear()
+        request = f"q{turn}"
+        calls = [Admission({"call_id": f"c-{a}", "message": f"do {a}"}, a) for a in agents]
+        facts = ledger.facts("aparent", "s1", [])
+        cost("park", partial(ledger.park, request, "aparent", "s1", turn, calls, {}, facts))
+        cost("dispatch", partial(ledger.dispatch, request))
+        for agent in agents:
+            run = ledger.run(child_run("aparent", agent, turn))
+            assert run is not None
+            cost("start", partial(ledger.start, run.id, "tok", 30.0, "host-b"))
+            cost("settle", partial(ledger.settle, run, "s1", "done", {"answer": "ok"}, {},
+                                   token="tok"))
+            (_, entry), = redis.xrevrange(keys.settle_stream(), count=1)
+            assert entry == {"run": run.id, "request": request, "held": "0"}
+            cost("settled", partial(ledger.request_of, run.id, entry["request"]))
+    # Each script's EVALSHA counts one; a start (the worker reads nothing before it): TIME,
+    # HGETALL run, HGETALL agent, HSET run, HSET agent, ZADD, HMGET session, EXISTS, HGET
+    # (17 with the worker's read of the run first); a dispatch reads each run once and the
+    # parent's run once; the coordinator reads the request's head only, and releases none.
+    # Each record read and written a field at a time, it was 30, 23, 32 (+ 2), 20, 4 (+ 8).
+    assert spent == {"park": 24, "dispatch": 20, "start": 20, "settle": 20, "settled": 2}
+
+
+def test_a_settlement_says_whether_runs_are_held(redis: redis_py.Redis) -> None:
+    """One slot and two children: the second is held, so the first's settlement says so
+    (the coordinator releases it); the second's, with nothing held, says none."""
+    ledger = Ledger(redis)
+    swarm_with(ledger, "a1", "a2", max_parallel=1)
+    first = ledger.run(R1)
+    assert first is not None and ledger.settle(first, "s1", "done", {}, {})
+    assert [f["held"] for _, f in redis.xrange(keys.settle_stream())] == ["1"]
+    (released,) = ledger.release("s1", 1)
+    assert ledger.settle(released.run, "s1", "done", {}, {})
+    assert [(f["run"], f["held"]) for _, f in redis.xrange(keys.settle_stream())] == \
+        [(R1, "1"), (R2, "0")]
+
+
+def test_a_child_that_started_no_background_children_reads_no_list_of_them(
+        redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new child's record says it started no background children, so its final answer
+    reads no list of them; once it starts one its record says so (a worker that takes it
+    over reads the list) and so does its spawner."""
+    ledger = Ledger(redis)
+    swarm_with(ledger, "a1")
+    record = ledger.agent("a1")
+    assert record is not None and record.background is False
+    assert ledger.agent("aparent").background is None  # type: ignore[union-attr]
+    spawner = RedisSpawner(ledger, "a1", "s1", run_id=R1, background=record.background)
+    trips = round_trips(monkeypatch)
+    assert spawner.outstanding([]) == ({}, [])
+    assert trips == []
+    spawner.start(2, [SpawnCall("c-b1", "do b1", background=True)])
+    assert ledger.agent("a1").background is True  # type: ignore[union-attr]
+    assert spawner.background is True
+    (child,) = spawner.outstanding([])[0]
+    assert ledger.agent(child).background is False  # type: ignore[union-attr]
+
+
+def test_where_a_settling_childs_workspace_is_goes_with_its_settlement(
+        redis: redis_py.Redis) -> None:
+    """The snapshot a child's work was stored in, and where its workspace is, are written
+    in its settlement's script (not a round trip of their own); a worker that lost its
+    lease writes neither."""
+    ledger = Ledger(redis)
+    run = add_child(ledger)
+    assert ledger.start(run.id, "tok", 30.0, "host-b") is not None
+    where = Ledger.where("/ws/a1", "host-b", "state1")
+    assert not ledger.settle(run, "s1", "done", {}, {}, token="old", place=where)
+    assert redis.hget(keys.agent("a1"), "ws_state") is None
+    assert ledger.settle(run, "s1", "done", {}, {}, token="tok", place=where)
+    record = ledger.agent("a1")
+    assert record is not None and record.state == "done"
+    assert (record.workspace, record.ws_host, record.ws_state) == ("/ws/a1", "host-b", "state1")

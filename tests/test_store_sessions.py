@@ -12,10 +12,12 @@ import redis as redis_py
 from swarm.domain.history import INTERRUPTED
 from swarm.domain.session import Session
 from swarm.errors import StoreUnavailableError
-from swarm.store import keys
+from swarm.store import keys, sessions
 from swarm.store.connection import Outage, connect
+from swarm.store.mailbox import Mailbox
 from swarm.store.server import EmbeddedServer
 from swarm.store.sessions import RedisSessionStore
+from tests.helpers import round_trips
 
 
 def make(sid: str, updated: float, messages: list[dict[str, object]] | None = None) -> Session:
@@ -142,3 +144,43 @@ def test_a_save_riding_out_an_outage_fails_past_its_window_saying_so(tmp_path: P
         client.close()
     assert said == [said[0]] and "stopped answering" in said[0] and "up to 0.3 s" in said[0]
     assert len(fenced) > 2
+
+
+def test_a_workers_turn_boundary_hears_the_mailbox_read_with_the_save_before_it(
+        redis: redis_py.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's store (``mail``) reads the agent's mailbox in the round trip of each save
+    a turn boundary follows (not while calls wait for results), so the boundary costs none;
+    once, and only while fresh: a message sent after that save is heard at the next
+    boundary, none lost, none twice."""
+    store = RedisSessionStore(redis, index=False, mail=True)
+    mailbox = Mailbox(redis, "a1", sessions=store)
+    first = redis.xadd(keys.mailbox("a1"), {"text": "one"})
+    session = make("a1", 1.0)
+    trips = round_trips(monkeypatch)
+    store.save(session)
+    assert mailbox.unread("") == [(first, "one")]
+    assert trips == ["pipeline of 3"]  # HSET, EXPIRE (a new key), XRANGE
+    second = redis.xadd(keys.mailbox("a1"), {"text": "two"})
+    trips.clear()
+    assert mailbox.unread("") == [(first, "one"), (second, "two")]  # read once: now again
+    session.said = first
+    store.save(session)
+    assert mailbox.unread(first) == [(second, "two")]
+    assert trips == ["XRANGE", "pipeline of 2"]
+    calls = [{"id": f"c{i}", "type": "function",
+              "function": {"name": "run_cli", "arguments": "{}"}} for i in (1, 2)]
+    session.messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+    trips.clear()
+    store.save(session)  # no turn boundary before the calls' results: no read
+    session.messages.append({"role": "tool", "tool_call_id": "c1", "content": "ok"})
+    store.save(session)
+    session.messages.append({"role": "tool", "tool_call_id": "c2", "content": "ok"})
+    store.save(session)  # a boundary next
+    assert trips == ["pipeline of 1", "pipeline of 1", "pipeline of 2"]
+    assert mailbox.unread(first) == [(second, "two")]
+    assert trips == ["pipeline of 1", "pipeline of 1", "pipeline of 2"]
+    store.save(session)
+    monkeypatch.setattr(sessions, "MAIL_FRESH", 0.0)
+    trips.clear()
+    assert mailbox.unread(first) == [(second, "two")]  # too old: read again
+    assert trips == ["XRANGE"]

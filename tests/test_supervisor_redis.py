@@ -40,7 +40,7 @@ def test_a_workers_children_leases_are_renewed_in_one_script(redis: redis_py.Red
     children = []
     for n, rid in enumerate(ids):
         run = ledger.run(rid)
-        assert run is not None and ledger.start(run, "s1", f"tok{n}", 5.0, "host-a")
+        assert run is not None and ledger.start(run.id, f"tok{n}", 5.0, "host-a")
         children.append(Watched(rid, f"a{n}", f"tok{n}", limit=3600.0))
     redis.hset(keys.run(ids[4]), "lease", "another-workers")  # taken over meanwhile
     supervisor = Supervisor(redis, 30.0)

@@ -9,8 +9,9 @@ tasks:
   parked (:mod:`swarm.runtime.spawner`). One ledger transition claims the request,
   holding runs over the swarm's in-flight limit; the rest are sent as
   ``swarm.agent.run`` tasks.
-- ``settle``: a run finished. Held runs are released, and when every run of the request
-  has settled the ledger answers the parent's calls in its session; the parent is woken
+- ``settle``: a run finished. Held runs are released (if its swarm held any as it
+  settled: the entry says so, and names the run's request), and when every run of the
+  request has settled the ledger answers the parent's calls in its session; the parent is woken
   (a root in a terminal) or resumed (``swarm.agent.resume``). A background run's parent
   is answered only if it waits on it (``agent_join``), once the wait is met.
 - every :data:`REAP_EVERY` seconds: entries of dead coordinators are taken over, runs
@@ -103,15 +104,25 @@ class Coordinator:
     def poll(self, block_ms: int = BLOCK_MS) -> int:
         """Handle what arrived on both streams; returns how many entries were handled."""
         entries = self.ledger.read_inbox(self.name, BATCH, block_ms)
-        for stream, entry_id, fields in entries:
-            self.handle(stream, entry_id, fields)
+        self.handle_all(entries)
         return len(entries)
 
     def reclaim(self) -> None:
         """Take over entries another coordinator read but never acknowledged (it died)."""
-        for stream, entry_id, fields in self.ledger.reclaim_inbox(
-                self.name, self.settings.reclaim_idle * 1000, BATCH):
-            self.handle(stream, entry_id, fields)
+        self.handle_all(self.ledger.reclaim_inbox(
+            self.name, self.settings.reclaim_idle * 1000, BATCH))
+
+    def handle_all(self, entries: list[tuple[str, str, dict[str, str]]]) -> None:
+        """Handle ``entries`` in order, then acknowledge those handled in one round trip
+        (an entry handled but not acknowledged when a coordinator dies is handled again,
+        which changes nothing)."""
+        handled: list[tuple[str, str]] = []
+        try:
+            for stream, entry_id, fields in entries:
+                self.handle(stream, entry_id, fields)
+                handled.append((stream, entry_id))
+        finally:
+            self.ledger.ack(handled)
 
     def reap(self) -> int:
         """Re-send runs whose lease ran out: their worker died (or froze) mid-run. The
@@ -136,12 +147,11 @@ class Coordinator:
             elif "freed" in fields:  # a resumed parent parked again: its slot is free
                 self.release(fields["freed"])
             else:
-                self.settled(fields["run"])
+                self.settled(fields["run"], fields.get("request"), fields.get("held") != "0")
         except (redis.ConnectionError, redis.TimeoutError, OperationalError):
             raise  # left pending: handled again (here or by another coordinator)
         except Exception:
             log.exception("coordinator: %s entry %s failed", stream, entry_id)
-        self.ledger.ack(stream, entry_id)
 
     # -- spawn -------------------------------------------------------------------------------
 
@@ -210,10 +220,13 @@ class Coordinator:
 
     # -- settle and fan-in ---------------------------------------------------------------------
 
-    def settled(self, run_id: str) -> None:
-        request_id, head = self.ledger.request_of(run_id)
+    def settled(self, run_id: str, request_id: str | None = None, held: bool = True) -> None:
+        """Run ``run_id`` of request ``request_id`` (None: read from the run) settled;
+        ``held``: runs of its swarm were held as it settled (False: none to release)."""
+        request_id, head = self.ledger.request_of(run_id, request_id)
         if head.get("swarm"):
-            self.release(head["swarm"])
+            if held:
+                self.release(head["swarm"])
             if head.get("kind") == "background":
                 self.answer_wait(self.ledger.waiter_of(run_id), head["swarm"])
             else:

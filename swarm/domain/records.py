@@ -163,6 +163,9 @@ class AgentRecord:
     kept: bool = False
     """A root in a terminal whose figures, answer and error for this swarm were kept as
     the swarm settled (:class:`RootEnd`)."""
+    background: bool | None = None
+    """Whether it started children in the background (None: not known, a root's or an
+    older record's: its background list says)."""
 
     @classmethod
     def from_hash(cls, row: dict[str, str]) -> AgentRecord | None:
@@ -185,7 +188,8 @@ class AgentRecord:
             base_usage=usage_of(row.get("base_usage")), base_turns=_int(row.get("base_turns")),
             session_created=_float(row.get("session_created")),
             session_turns=_int(row.get("session_turns")), kept=row.get("kept") == "1",
-            type=row.get("type", ""))
+            type=row.get("type", ""), background={"0": False, "1": True}.get(
+                row.get("background", "")))
 
     @property
     def session_id(self) -> str:

@@ -54,7 +54,8 @@ class RedisSpawner:
                  keep_state: bool = False, keeper: Keeper | None = None,
                  outage: Outage | None = None, limits: Limits | None = None,
                  lander: Callable[[Session], None] | None = None,
-                 sessions: RedisSessionStore | None = None) -> None:
+                 sessions: RedisSessionStore | None = None,
+                 background: bool | None = None) -> None:
         self.ledger = ledger
         self.agent_id = agent_id
         self.run_id = run_id
@@ -77,6 +78,9 @@ class RedisSpawner:
         writes it."""
         self.lander = lander
         """Lands the work of background children's results just taken (agent_join)."""
+        self.background = background
+        """Whether the parent started background children (its record says, read with
+        its claim; None: not known): without, its final answer reads no list of them."""
         self.requests = 0
         self._ensured = False
         self.snapshot = ""
@@ -140,6 +144,7 @@ class RedisSpawner:
             self.requests += 1
             request_id = derive_id("q", self.agent_id, turn, "background",
                                    *(c.call_id for c in spawns))
+            self.background = True  # before: a park whose answer was lost may have written
             ride(self.outage, lambda: self.park(request_id, turn, spawns, {}, background=True))
             runs = self.ledger.runs(derive_id("r", self.agent_id, turn, c.call_id)
                                     for c in spawns)
@@ -153,10 +158,16 @@ class RedisSpawner:
                                       "agent_status shows how it does"}, indent=1)
         return results
 
+    def background_runs(self) -> list[RunRecord]:
+        """The runs of the parent's background children, oldest first (none read when its
+        record said it started none)."""
+        if self.background is False:
+            return []
+        return self.ledger.background_runs(self.agent_id)
+
     def status(self, ids: list[str]) -> str:
         """Each background child's (all, or ``ids``) state, last action, turns, tokens."""
-        runs = [r for r in self.ledger.background_runs(self.agent_id)
-                if not ids or r.agent in ids]
+        runs = [r for r in self.background_runs() if not ids or r.agent in ids]
         if not runs:
             return "no background children" + (f" among {', '.join(ids)}" if ids else "")
         agents = self.ledger.agents_by_id([r.agent for r in runs])
@@ -176,7 +187,7 @@ class RedisSpawner:
     def outstanding(self, ids: list[str]) -> tuple[dict[str, str], list[str]]:
         """The runs of background children whose results were not taken (agent id -> run
         id; all, or ``ids``), and a note for each of ``ids`` that is not one."""
-        runs = self.ledger.background_runs(self.agent_id)
+        runs = self.background_runs()
         pending = {r.agent: r.id for r in runs if not r.delivered}
         if not ids:
             return pending, []

@@ -166,7 +166,9 @@ def spawn_stream() -> str:
 
 
 def settle_stream() -> str:
-    """Stream of settled runs for the coordinators (field ``run``)."""
+    """Stream of settled runs for the coordinators (fields ``run``, its ``request`` and
+    ``held``, how many runs its swarm held then; ``freed`` instead: a swarm whose parent in
+    a worker gave its slot back)."""
     return f"{PREFIX}stream:settle"
 
 

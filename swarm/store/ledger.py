@@ -166,17 +166,19 @@ end
 # it. K: run, agent, inflight, settle (stream), leases, request, events.
 _SETTLE_FN = """
 local function settle(K, A)
-  local state = redis.call('HGET', K.run, 'state')
+  local row = redis.call('HMGET', K.run, 'state', 'lease')
+  local state = row[1]
   if state == false then return -1 end
   for _, s in ipairs(SETTLED_STATES) do
     if state == s then return 0 end
   end
-  if A.token ~= '' and redis.call('HGET', K.run, 'lease') ~= A.token then
+  if A.token ~= '' and row[2] ~= A.token then
     return -2  -- fenced: another worker took this run over; its settlement counts
   end
   redis.call('HSET', K.run, 'state', A.state, 'result', A.result, 'settled', A.ts, 'lease', '')
   if A.agent ~= '' then
-    redis.call('HSET', K.agent, 'state', A.state, 'settled', A.ts, 'usage', A.usage)
+    redis.call('HSET', K.agent, 'state', A.state, 'settled', A.ts, 'usage', A.usage,
+               unpack(A.place))
   end
   redis.call('SREM', K.inflight, A.run)
   redis.call('ZREM', K.leases, A.run)
@@ -185,7 +187,10 @@ local function settle(K, A)
     redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'settled',
                'agent', A.agent, 'state', A.state, 'ts', A.ts, 'error', A.error)
   end
-  redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'run', A.run)
+  -- 'held': how many runs of the swarm wait now. With none, the coordinator releases
+  -- none for this settlement: a run held later was held with this slot free already.
+  redis.call('XADD', K.settle, 'MAXLEN', '~', A.stream_maxlen, '*', 'run', A.run,
+             'request', A.request, 'held', redis.call('LLEN', K.waiting))
   return 1
 end
 """.replace("SETTLED_STATES", _SETTLED_LUA)
@@ -212,6 +217,10 @@ local function release(waiting, inflight, leases, max_parallel, A, now)
   if free <= 0 then return {} end
   local ids = redis.call('LPOP', waiting, free)
   if not ids then return {} end
+  if not now then  -- read the clock only for runs to release (most calls release none)
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
   redis.call('SADD', inflight, unpack(ids))
   redis.call('EXPIRE', inflight, A.ttl)
   for _, id in ipairs(ids) do
@@ -227,61 +236,102 @@ end
 
 # What a run's task message carries (:meth:`Ledger._described`): run id, agent, trace
 # context, swarm, depth, label, the parent's run, the host that must take it ("": any).
+# ``r``: the run's state, agent, trace context and swarm when read already (nil: read
+# here); a parent's run is read once a script (a request's runs share their parent).
 _DESCRIBE_FN = """
-local function describe(id, A)
-  local r = redis.call('HMGET', A.run_prefix .. id, 'agent', 'traceparent', 'swarm')
-  local agent = r[1] or ''
+local parent_runs = {}
+local function describe(id, A, r)
+  if not r then
+    r = redis.call('HMGET', A.run_prefix .. id, 'state', 'agent', 'traceparent', 'swarm')
+  end
+  local agent = r[2] or ''
   local a = redis.call('HMGET', A.agent_prefix .. agent, 'depth', 'label', 'parent',
                        'workspace', 'ws_state', 'ws_host', 'swarm')
   local parent_run = ''
   if a[3] and a[3] ~= '' then
-    parent_run = redis.call('HGET', A.agent_prefix .. a[3], 'run') or ''
+    if parent_runs[a[3]] == nil then
+      parent_runs[a[3]] = redis.call('HGET', A.agent_prefix .. a[3], 'run') or ''
+    end
+    parent_run = parent_runs[a[3]]
   end
   local host = ''
   if a[4] and a[4] ~= '' and not (a[5] and a[5] ~= '') then host = a[6] or '' end
-  return {id, agent, r[2] or '', r[3] or a[7] or '', a[1] or '?', a[2] or '', parent_run,
+  return {id, agent, r[3] or '', r[4] or a[7] or '', a[1] or '?', a[2] or '', parent_run,
           host}
 end
 """
 
-_RELEASE = _NOW + _RELEASE_FN + _DESCRIBE_FN + """
+_RELEASE = _RELEASE_FN + _DESCRIBE_FN + """
 local K = {waiting = KEYS[1], inflight = KEYS[2], leases = KEYS[3]}
 local A = cjson.decode(ARGV[1])
 local out = {}
-for _, id in ipairs(release(K.waiting, K.inflight, K.leases, A.max_parallel, A, now)) do
+for _, id in ipairs(release(K.waiting, K.inflight, K.leases, A.max_parallel, A, nil)) do
   table.insert(out, describe(id, A))
 end
 return out
 """
 
-# The claim, and in the same round trip what the worker reads next: the agent's record,
-# its session, whether it was cancelled while queued, what the swarm has spent.
+# The claim, and in the same round trip what the worker reads next: the run, the agent's
+# record, its session, whether it was cancelled while queued, what the swarm has spent.
 # A run's wall time ('used') counts only while it runs: a park adds the time since
 # 'running_since', and a takeover adds its dead predecessor's time up to its lease's end.
+# Each record is read once and written once (a field at a time cost ~7 commands a claim).
+# Its other keys are made here from the run's agent and swarm (A: their names, the swarm's
+# with _SWARM for its id). -3: no such run; -1: its agent has no record of its swarm.
 _START = _NOW + """
-if redis.call('HEXISTS', KEYS[2], 'swarm') == 0 then return {-1} end
-local state = redis.call('HGET', KEYS[1], 'state')
-local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') or 0
-if not (state == ARGV[4] or (state == 'running' and lease < now)) then return {0} end
-local used = tonumber(redis.call('HGET', KEYS[1], 'used') or '0') or 0
+local A = cjson.decode(ARGV[1])
+local function hash(key)
+  local flat, out = redis.call('HGETALL', key), {}
+  for i = 1, #flat, 2 do out[flat[i]] = flat[i + 1] end
+  return out, flat
+end
+local run, run_flat = hash(KEYS[1])
+local state = run.state
+if not state then return {-3} end
+for _, s in ipairs(SETTLED_STATES) do
+  if state == s then return {0, state} end
+end
+if not run.agent or run.agent == '' then return {-1} end
+local akey = A.agent_prefix .. run.agent
+local agent = hash(akey)
+if not agent.swarm then return {-1} end
+local swarm = run.swarm
+if not swarm or swarm == '' then swarm = agent.swarm end  -- a run from before runs had it
+local lease = tonumber(run.lease_until or '0') or 0
+if not (state == A.from_state or (state == 'running' and lease < now)) then
+  return {0, state}
+end
+local used = tonumber(run.used or '0') or 0
 if state == 'running' then
-  local since = tonumber(redis.call('HGET', KEYS[1], 'running_since') or '') or lease
+  local since = tonumber(run.running_since or '') or lease
   used = used + math.max(0, math.min(now, lease) - since)
 end
-local until_ = now + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'state', 'running', 'lease', ARGV[1], 'lease_until',
-           tostring(until_), 'running_since', tostring(now), 'used', tostring(used))
-redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-redis.call('HSET', KEYS[2], 'state', 'running', 'host', ARGV[5])
-if redis.call('HEXISTS', KEYS[2], 'started') == 0 then
-  redis.call('HSET', KEYS[2], 'started', string.format('%.3f', now))
+local until_ = now + tonumber(A.lease)
+redis.call('HSET', KEYS[1], 'state', 'running', 'lease', A.token, 'lease_until',
+           tostring(until_), 'running_since', tostring(now), 'used', tostring(used),
+           'attempts', tostring((tonumber(run.attempts or '0') or 0) + 1))
+agent.state, agent.host = 'running', A.host
+if agent.started then
+  redis.call('HSET', akey, 'state', 'running', 'host', A.host)
+else
+  agent.started = string.format('%.3f', now)
+  redis.call('HSET', akey, 'state', 'running', 'host', A.host, 'started', agent.started)
 end
-redis.call('ZADD', KEYS[3], until_, ARGV[6])
-if state == 'parked' then redis.call('SADD', KEYS[4], ARGV[6]) end
-return {1, redis.call('HGETALL', KEYS[2]), redis.call('HMGET', KEYS[5], 'meta', 'messages'),
-        redis.call('EXISTS', KEYS[6]), redis.call('HGET', KEYS[7], 'tokens') or '',
+redis.call('ZADD', KEYS[2], until_, A.run)
+if state == 'parked' then
+  redis.call('SADD', (string.gsub(A.inflight, '\\1', swarm, 1)), A.run)
+end
+local flat = {}
+for k, v in pairs(agent) do
+  flat[#flat + 1] = k
+  flat[#flat + 1] = v
+end
+return {1, flat, run_flat, swarm,
+        redis.call('HMGET', A.session_prefix .. run.agent, 'meta', 'messages'),
+        redis.call('EXISTS', A.cancel_prefix .. run.agent),
+        redis.call('HGET', (string.gsub(A.counters, '\\1', swarm, 1)), 'tokens') or '',
         tostring(used)}
-"""
+""".replace("SETTLED_STATES", _SETTLED_LUA)
 
 _RENEW = _NOW + """
 if redis.call('HGET', KEYS[1], 'lease') == ARGV[1] then
@@ -494,19 +544,20 @@ for _, r in ipairs(A.runs) do
   else
     local akey = A.agent_prefix .. run.agent
     if r.new_agent then
-      redis.call('HSETNX', akey, 'id', run.agent)
+      r.agent.id, r.agent.run, r.agent.state = run.agent, r.id, 'queued'
       hset_all(akey, r.agent)
       redis.call('EXPIRE', akey, A.ttl)
       redis.call('ZADD', K.agents, 'NX', now, run.agent)
       created, children = created + 1, children + 1
+    else
+      redis.call('HSET', akey, 'run', r.id, 'state', 'queued')
     end
-    redis.call('HSET', akey, 'run', r.id, 'state', 'queued')
     redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'queued',
                'agent', run.agent, 'ts', ts, 'parent', A.parent, 'depth', r.depth)
     table.insert(admitted, r.id)
   end
   local rkey = A.run_prefix .. r.id
-  redis.call('HSETNX', rkey, 'id', r.id)
+  run.id = r.id
   hset_all(rkey, run)
   redis.call('EXPIRE', rkey, A.ttl)
 end
@@ -522,6 +573,7 @@ redis.call('EXPIRE', K.request, A.ttl)
 if A.background ~= '' and #admitted > 0 then
   redis.call('RPUSH', K.background, unpack(admitted))
   redis.call('EXPIRE', K.background, A.ttl)
+  redis.call('HSET', K.parent, 'background', '1')
 end
 redis.call('XADD', K.spawn, 'MAXLEN', '~', A.stream_maxlen, '*', 'request', A.request)
 redis.call('XADD', K.events, 'MAXLEN', '~', A.events_maxlen, '*', 'kind', 'spawn',
@@ -548,7 +600,7 @@ end
 local function of_swarm(name) return (string.gsub(name, '\\1', row[7], 1)) end
 local K = {request = KEYS[1], leases = KEYS[2], inflight = of_swarm(A.inflight),
            waiting = of_swarm(A.waiting), events = of_swarm(A.events)}
-local send = {}
+local send, rows = {}, {}
 if state == 'new' or state == 'dispatching' then
   for _, id in ipairs(release(K.waiting, K.inflight, K.leases, row[3], A, now)) do
     table.insert(send, id)
@@ -558,16 +610,18 @@ if state == 'new' or state == 'dispatching' then
     state = 'dispatching'
     local free = tonumber(row[3]) - redis.call('SCARD', K.inflight)
     for _, id in ipairs(admitted) do
-      if redis.call('HGET', A.run_prefix .. id, 'state') == 'queued' then
+      local r = redis.call('HMGET', A.run_prefix .. id, 'state', 'agent', 'traceparent',
+                           'swarm')
+      if r[1] == 'queued' then
         if free > 0 then
           redis.call('SADD', K.inflight, id)
           redis.call('ZADD', K.leases, now + A.grace, id)
           table.insert(send, id)
+          rows[id] = r
           free = free - 1
         else
           redis.call('RPUSH', K.waiting, id)
-          local agent = redis.call('HGET', A.run_prefix .. id, 'agent')
-          redis.call('HSET', A.agent_prefix .. agent, 'state', 'waiting')
+          redis.call('HSET', A.agent_prefix .. r[2], 'state', 'waiting')
         end
       end
     end
@@ -590,7 +644,7 @@ if state == 'new' or state == 'dispatching' then
   end
 end
 local out = {}
-for _, id in ipairs(send) do table.insert(out, describe(id, A)) end
+for _, id in ipairs(send) do table.insert(out, describe(id, A, rows[id])) end
 local head = redis.call('HMGET', K.request, 'settled', 'count')
 local complete = (tonumber(head[1]) or 0) >= (tonumber(head[2]) or 0) and 1 or 0
 return {state, complete, row[7], out}
@@ -702,8 +756,8 @@ def joined_text(runs: list[RunRecord], pending: list[str], cap: int = 0) -> str:
 
 @dataclass
 class Start:
-    """What :meth:`Ledger.start` found: whether the run was claimed and, if so, its agent's
-    record, its session's raw fields (None when it has none), whether the agent was
+    """What :meth:`Ledger.start` found: whether the run was claimed and, if so, the run, its
+    agent's record, its session's raw fields (None when it has none), whether the agent was
     cancelled while it waited, and the tokens its swarm had spent."""
 
     claimed: bool
@@ -714,6 +768,10 @@ class Start:
     spent: int = 0
     used: float = 0.0
     """Seconds the run has run before this claim (earlier claims, on any host)."""
+    run: RunRecord | None = None
+    """The run as it was claimed (its swarm filled in from its agent's for an older one)."""
+    state: str = ""
+    """The run's state when it was not claimed (settled, or another worker's)."""
 
     @functools.cached_property
     def record(self) -> AgentRecord:
@@ -960,10 +1018,13 @@ class Ledger:
     def request(self, request_id: str) -> RequestRecord | None:
         return RequestRecord.from_hash(_h(self.redis, keys.request(request_id)))
 
-    def request_of(self, run_id: str) -> tuple[str, dict[str, str]]:
+    def request_of(self, run_id: str, request_id: str | None = None
+                   ) -> tuple[str, dict[str, str]]:
         """The request a run answers, and its small fields (swarm, state, settled, count):
-        what a settlement needs to know whether the request is complete."""
-        request_id = cast("str | None", self.redis.hget(keys.run(run_id), "request"))
+        what a settlement needs to know whether the request is complete. ``request_id``:
+        the run's request as its settlement named it (None: read from the run)."""
+        if request_id is None:  # a settlement written before they named it
+            request_id = cast("str | None", self.redis.hget(keys.run(run_id), "request"))
         if not request_id:
             return "", {}
         names = ["swarm", "state", "settled", "count", "kind"]
@@ -1052,7 +1113,7 @@ class Ledger:
                 "kind": "child", "workspace": "", "created": now, "host": "",
                 "label": item.label or label_of(call["message"]),
                 "parent_workspace": parent.workspace, "parent_host": parent.host,
-                "seed": str(call.get("seed") or ""),
+                "seed": str(call.get("seed") or ""), "background": "0",
                 **({"type": call["type"]} if call.get("type") else {})}
             runs.append({"id": run.id, "refusal": item.refusal, "new_agent": not item.continued,
                          "depth": str(parent.depth + 1),
@@ -1266,24 +1327,28 @@ class Ledger:
 
     # -- the worker: start, renew, settle ---------------------------------------------------
 
-    def start(self, run: RunRecord, swarm_id: str, token: str, lease: float, host: str,
+    def start(self, run_id: str, token: str, lease: float, host: str,
               from_state: str = "queued") -> Start | None:
         """Claim the run from ``from_state`` (or from an expired lease) into ``running`` (a
-        resumed parent counts as in flight again) and read what its worker needs next, in
-        one round trip; None (and nothing claimed) when its agent has no record of its
-        swarm."""
-        reply = self._start(
-            keys=[keys.run(run.id), keys.agent(run.agent), keys.leases(),
-                  keys.swarm_inflight(swarm_id), keys.session(run.agent),
-                  keys.cancel(run.agent), keys.swarm_counters(swarm_id)],
-            args=[token, "", lease, from_state, host, run.id])  # ARGV[2]: unused
-        if reply[0] == -1:
+        resumed parent counts as in flight again) and read it and what its worker needs
+        next, in one round trip; None (and nothing claimed) when there is no such run or its
+        agent has no record of its swarm."""
+        names = {"inflight": keys.swarm_inflight(_SWARM),
+                 "counters": keys.swarm_counters(_SWARM)}
+        reply = self._start(keys=[keys.run(run_id), keys.leases()], args=[json.dumps({
+            "token": token, "lease": lease, "from_state": from_state, "host": host,
+            "run": run_id, "agent_prefix": keys.agent(""), "session_prefix": keys.session(""),
+            "cancel_prefix": keys.cancel(""), **names})])
+        if reply[0] in (-1, -3):
             return None
         if reply[0] == 0:
-            return Start(False)
-        _, flat, (meta, messages), cancelled, tokens, used = reply
+            return Start(False, state=reply[1])
+        _, flat, run_flat, swarm, (meta, messages), cancelled, tokens, used = reply
+        run = RunRecord.from_hash(run_id, dict(zip(run_flat[::2], run_flat[1::2], strict=True)))
+        assert run is not None
+        run.swarm = swarm
         return Start(True, dict(zip(flat[::2], flat[1::2], strict=True)), meta, messages,
-                     bool(cancelled), int(tokens or 0), float(used or 0))
+                     bool(cancelled), int(tokens or 0), float(used or 0), run=run)
 
     def begin(self, run_id: str, start_turn: int, start_index: int,
               usage: dict[str, int]) -> None:
@@ -1294,13 +1359,20 @@ class Ledger:
 
     def place(self, agent_id: str, workspace: str, host: str = "", state: str = "") -> None:
         """The agent's workspace is at ``workspace`` on ``host`` (ready, or restored there);
-        with ``state``, the snapshot it can be restored from elsewhere (as it settled)."""
-        fields: dict[FieldT, EncodableT] = {"workspace": workspace}
+        with ``state``, the snapshot it can be restored from elsewhere (as it settled: a
+        settling run's goes with its settlement, :meth:`settle`)."""
+        self.redis.hset(keys.agent(agent_id), mapping=cast(
+            "dict[FieldT, EncodableT]", self.where(workspace, host, state)))
+
+    @staticmethod
+    def where(workspace: str, host: str = "", state: str = "") -> dict[str, str]:
+        """The fields of an agent's record that say where its workspace is (:meth:`place`)."""
+        fields = {"workspace": workspace}
         if host:
             fields["ws_host"] = host
         if state:
             fields["ws_state"] = state
-        self.redis.hset(keys.agent(agent_id), mapping=fields)
+        return fields
 
     def reseed(self, agent_id: str, seed: str) -> None:
         """A continued child's workspace now starts from the snapshot ``seed`` (its
@@ -1388,14 +1460,16 @@ class Ledger:
             pipe.execute()
 
     def settle(self, run: RunRecord, swarm_id: str, state: str, result: dict[str, Any],
-               usage: dict[str, int], token: str = "") -> bool:
+               usage: dict[str, int], token: str = "",
+               place: dict[str, str] | None = None) -> bool:
         """Record a run's outcome once and announce it (on the settle stream, and as a
         ``settled`` progress event, before anyone can be woken by it); False if it had
         settled already, or if ``token`` is given and no longer holds the run's lease
-        (a worker that lost its lease never overwrites its successor's result)."""
+        (a worker that lost its lease never overwrites its successor's result). ``place``:
+        where its workspace is as it settles (:meth:`where`), written with the outcome."""
         assert state in SETTLED, state
         done = self._settle(keys=self._settle_keys(run, swarm_id),
-                            args=[self._settle_args(run, state, result, usage, token)])
+                            args=[self._settle_args(run, state, result, usage, token, place)])
         return bool(done == 1)
 
     @staticmethod
@@ -1406,13 +1480,15 @@ class Ledger:
                 keys.events(swarm_id), keys.swarm_waiting(swarm_id)]
 
     def _settle_args(self, run: RunRecord, state: str, result: dict[str, Any],
-                     usage: dict[str, int], token: str = "") -> str:
+                     usage: dict[str, int], token: str = "",
+                     place: dict[str, str] | None = None) -> str:
         """ARGV[1] of _SETTLE and _CANCEL_HELD: their table A."""
         return json.dumps({
             "state": state, "result": json.dumps(result, ensure_ascii=False),
             "ts": f"{time.time():.3f}", "usage": json.dumps(usage), "agent": run.agent,
             "run": run.id, "request": run.request, "token": token,
-            "error": str(result.get("error", ""))[:500], **self._names()})
+            "error": str(result.get("error", ""))[:500],
+            "place": [x for kv in (place or {}).items() for x in kv], **self._names()})
 
     # -- the coordinator: reap, join, wake --------------------------------------------------
 
@@ -1632,8 +1708,18 @@ class Ledger:
             out += [(stream, entry_id, fields) for entry_id, fields in reply[1] if fields]
         return out
 
-    def ack(self, stream: str, entry_id: str) -> None:
-        self.redis.xack(stream, keys.COORDINATORS, entry_id)
+    def ack(self, entries: list[tuple[str, str]]) -> None:
+        """Acknowledge handled entries, given as (stream, entry id): one XACK a stream, in
+        one round trip."""
+        ids: dict[str, list[str]] = {}
+        for stream, entry_id in entries:
+            ids.setdefault(stream, []).append(entry_id)
+        if not ids:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            for stream, entry_ids in ids.items():
+                pipe.xack(stream, keys.COORDINATORS, *entry_ids)
+            pipe.execute()
 
     # -- events -----------------------------------------------------------------------------
 

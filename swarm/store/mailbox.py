@@ -3,10 +3,11 @@ stream per agent (:func:`keys.mailbox`).
 
 :meth:`Mailbox.send` adds one unless the agent has settled (in one script with the check,
 so a settled agent never gets a message it would not read) and tells the swarm's event
-stream. The agent's loop reads those after its session's ``said`` at its next turn boundary,
-adds them to its conversation and saves it with ``said`` moved on, then deletes them: a
-crash before that save leaves them to be read again, one after it leaves them skipped, so a
-message is neither lost nor added twice.
+stream. The agent's loop reads those after its session's ``said`` at its next turn boundary
+(a worker's, in the round trip of the save just before it), adds them to its conversation
+and saves it with ``said`` moved on, then deletes them: a crash before that save leaves them
+to be read again, one after it leaves them skipped, so a message is neither lost nor added
+twice.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from swarm.domain.records import SETTLED
 from swarm.errors import RequestError
 from swarm.store import keys
 from swarm.store.connection import Outage, ride
+from swarm.store.sessions import RedisSessionStore, stream_after
 
 #: Longest message, in characters (the API's task limit; a smaller context refuses sooner).
 MAX_MESSAGE = 256 * 1024
@@ -43,12 +45,16 @@ class Mailbox:
     :meth:`delivered` from the agent's own loop."""
 
     def __init__(self, redis_: redis.Redis, agent_id: str,
-                 outage: Outage | None = None) -> None:
+                 outage: Outage | None = None,
+                 sessions: RedisSessionStore | None = None) -> None:
         self.redis = redis_
         self.agent_id = agent_id
         self.key = keys.mailbox(agent_id)
         self.outage = outage
         """Rides out a Redis restart in the loop's reads (a root in a terminal)."""
+        self.sessions = sessions
+        """The agent's session store when it reads this mailbox with each save (its
+        ``mail``): a turn boundary right after a save reads nothing more."""
 
     def send(self, text: str, sender: str = "") -> str:
         """Queue ``text`` for the agent's next turn; returns the message's id. Raises
@@ -79,9 +85,12 @@ class Mailbox:
 
     def unread(self, after: str) -> list[tuple[str, str]]:
         """(id, text) of the messages after id ``after`` ("": all), oldest first."""
-        start = f"({after}" if after else "-"
-        entries = ride(self.outage, lambda: cast(
-            "list[tuple[str, dict[str, str]]]", self.redis.xrange(self.key, start, "+")))
+        entries = self.sessions.unread_mail(self.agent_id, after) \
+            if self.sessions is not None else None
+        if entries is None:
+            entries = ride(self.outage, lambda: cast(
+                "list[tuple[str, dict[str, str]]]",
+                self.redis.xrange(self.key, stream_after(after), "+")))
         return [(mid, fields.get("text", "")) for mid, fields in entries]
 
     def delivered(self, ids: list[str]) -> None:

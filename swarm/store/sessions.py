@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 REFRESH = 60.0
 #: Sessions whose last refresh a store remembers (forgotten all at once past it).
 REFRESHED_MAX = 10_000
+#: Seconds a mailbox read with a save stands for a read at the next turn boundary (which
+#: follows the save at once; a later boundary reads again).
+MAIL_FRESH = 1.0
 
 
 @dataclass
@@ -47,7 +50,7 @@ class RedisSessionStore:
     def __init__(self, redis: redis.Redis, ttl: int = keys.SESSION_TTL,
                  index: bool = True, outage: Outage | None = None,
                  fence: Callable[[], None] | None = None,
-                 refresh: float | None = None) -> None:
+                 refresh: float | None = None, mail: bool = False) -> None:
         self.redis = redis
         self.ttl = ttl
         self.refresh = min(REFRESH, ttl / 100) if refresh is None else refresh
@@ -62,6 +65,11 @@ class RedisSessionStore:
         self.fence = fence
         """Called before every try of :meth:`save`; raises to stop a save whose session lock
         was lost (a try after an outage must not overwrite another process's work)."""
+        self.mail = mail
+        """Read the agent's unread messages (``swarm say``) in the round trip of each save
+        a turn boundary follows (none while calls wait for results): the agent's loop
+        reads them there (:meth:`unread_mail`)."""
+        self._mail: dict[str, tuple[str, float, list[Any]]] = {}
 
     def save(self, session: Session) -> None:
         """Replace the stored session whole, index it by ``session.updated``, refresh its TTL
@@ -76,15 +84,30 @@ class RedisSessionStore:
             with store_errors(f"saving session {session.id}"), \
                     self.redis.pipeline(transaction=False) as pipe:
                 write_session(pipe, session, self.ttl if refresh else None, self.index)
-                added = pipe.execute()[0]
-                if not refresh and added:  # deleted meanwhile: made again, with no TTL
+                mail = self.mail and not calls_open(session.messages)
+                if mail:
+                    pipe.xrange(keys.mailbox(session.id), stream_after(session.said), "+")
+                replies = pipe.execute()
+                if not refresh and replies[0]:  # deleted meanwhile: made again, with no TTL
                     self.redis.expire(keys.session(session.id), self.ttl)
+            if mail:
+                if len(self._mail) >= REFRESHED_MAX:
+                    self._mail.clear()
+                self._mail[session.id] = (session.said, time.monotonic(), replies[-1])
             if refresh:
                 if len(self._refreshed) >= REFRESHED_MAX:
                     self._refreshed.clear()
                 self._refreshed[session.id] = now
 
         ride(self.outage, save)  # replaces it whole: safe to repeat
+
+    def unread_mail(self, session_id: str, said: str) -> list[Any] | None:
+        """The mailbox's entries after ``said`` as the session's last save read them (once,
+        and within :data:`MAIL_FRESH` seconds of it); None: read them now."""
+        got = self._mail.pop(session_id, None)
+        if got is None or got[0] != said or time.monotonic() - got[1] > MAIL_FRESH:
+            return None
+        return got[2]
 
     def load(self, session_id: str) -> LoadedSession | None:
         """The session, with a dangling tool call repaired; None when absent or expired."""
@@ -220,6 +243,23 @@ def _decode(session_id: str, meta_raw: str, messages_raw: str | None) -> LoadedS
     return LoadedSession(id=session_id, workspace=meta.workspace, messages=messages,
                          usage=meta.usage, created=meta.created, updated=meta.updated,
                          turns=meta.turns, parked=meta.parked, said=meta.said, repairs=found)
+
+
+def calls_open(messages: builtins.list[dict[str, Any]]) -> bool:
+    """Whether calls of the last assistant message still wait for results (no turn
+    boundary comes next)."""
+    answered: set[str] = set()
+    for message in reversed(messages):
+        if message.get("role") != "tool":
+            return message.get("role") == "assistant" and \
+                not set(history.call_ids(message)) <= answered
+        answered.add(str(message.get("tool_call_id")))
+    return False
+
+
+def stream_after(message_id: str) -> str:
+    """XRANGE's start for the entries after ``message_id`` ("": all of them)."""
+    return f"({message_id}" if message_id else "-"
 
 
 def session_fields(session: Session) -> dict[str, str]:

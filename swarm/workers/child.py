@@ -78,7 +78,8 @@ class ChildRunner:
 
     def __post_init__(self) -> None:
         self.ledger = Ledger(self.redis)
-        self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl, index=False)
+        self.sessions = RedisSessionStore(self.redis, ttl=self.settings.session_ttl,
+                                          index=False, mail=True)
         self.supervisor = Supervisor(self.redis, self.settings.lease)
         self.models = ModelClients()
         self.snapshots = SnapshotStore(self.redis)
@@ -95,27 +96,21 @@ class ChildRunner:
         resumed from its last saved step.
         """
         sweep.soon(self.settings.home, self.redis)  # what finished swarms left on this host
-        run = self.ledger.run(run_id)
-        if run is None:
-            log.warning("run %s is not in the ledger; nothing to do", run_id)
-            return {"run": run_id, "state": "missing"}
-        if run.state in SETTLED:
-            return {"run": run_id, "state": run.state}
         token = secrets.token_hex(8)
-        swarm_id = run.swarm
-        if run.agent and not swarm_id:  # a record from before runs carried their swarm
-            swarm_id = (self.ledger.agent(run.agent) or AgentRecord("", "")).swarm
         claimed_at = time.monotonic()
         if resume:
             faults.point("worker-before-resume-claim")
-        start = self.ledger.start(run, swarm_id, token, self.settings.lease, self.host,
-                                  "parked" if resume else "queued") \
-            if run.agent and swarm_id else None
+        # The claim reads the run too: one round trip.
+        start = self.ledger.start(run_id, token, self.settings.lease, self.host,
+                                  "parked" if resume else "queued")
         if start is None:
-            log.warning("run %s has no agent in the ledger; nothing to do", run_id)
+            log.warning("run %s (or its agent) is not in the ledger; nothing to do", run_id)
             return {"run": run_id, "state": "missing"}
         if not start.claimed:
-            return {"run": run_id, "state": "skipped (another worker has it)"}
+            return {"run": run_id, "state": start.state if start.state in SETTLED
+                    else "skipped (another worker has it)"}
+        assert start.run is not None
+        run, swarm_id = start.run, start.run.swarm
         # The run's own limit (a swarm may set a shorter one) is applied in _work; its
         # wall time counts what earlier claims of it used, on any host.
         watched = self.supervisor.watch(
@@ -272,9 +267,11 @@ class ChildRunner:
         changed_files, exact = changed(workspace, seeds, here.before, record)
         result.update(agent_id=run.agent, workspace=str(workspace.path),
                       files_changed=changed_files, usage=usage_since(session.usage, start_usage))
-        self._send_home(workspace, seeds, claimed, result, bool(changed_files) or not exact)
+        place = self._send_home(workspace, seeds, claimed, result,
+                                bool(changed_files) or not exact)
         self.supervisor.flush()  # its progress goes before its settlement
-        self.ledger.settle(run, swarm_id, state, result, session.usage, token=watched.token)
+        self.ledger.settle(run, swarm_id, state, result, session.usage, token=watched.token,
+                           place=place)
         if record.kind == "job":
             self.ledger.finish_swarm(swarm_id, state)
         return {"run": run.id, "state": state}
@@ -293,9 +290,10 @@ class ChildRunner:
             agent.env.linked = None
 
     def _send_home(self, workspace: Workspace, seeds: Seeds, claimed: Claimed,
-                   result: dict[str, Any], changes: bool) -> None:
+                   result: dict[str, Any], changes: bool) -> dict[str, str] | None:
         """Store the workspace's changes (a workspace as it was seeded has nothing to send
-        home) and say in ``result`` where they are."""
+        home) and say in ``result`` where they are; where the workspace is now, for its
+        record (written with the settlement), when they were stored."""
         state_id = ""
         if changes:
             try:
@@ -307,9 +305,10 @@ class ChildRunner:
             # to a parent on this host.
             result.update(delta=state_id, seed=workspace.seed,
                           host=self.host if workspace.view is None else "")
-            self.ledger.place(claimed.run.agent, str(workspace.path), self.host, state_id)
-        elif "home_error" not in result:
+            return Ledger.where(str(workspace.path), self.host, state_id)
+        if "home_error" not in result:
             result["changes"] = NO_CHANGES
+        return None
 
     _changed = staticmethod(changed)
 
