@@ -26,7 +26,7 @@ from swarm.store.connection import connect
 from swarm.store.ledger import AgentRecord, Ledger
 from swarm.store.sessions import RedisSessionStore
 from swarm.testing.cluster import local_swarm
-from swarm.testing.scripts import ByTask, task_of, tool_results
+from swarm.testing.scripts import ByTask, task_of, tool_results, turn_of
 from swarm.testing.server import Reply, ScriptedModelServer, ToolCall
 from tests.helpers import wait_until
 
@@ -363,16 +363,24 @@ def test_a_parent_holds_its_slot_while_it_works_and_gives_it_back_when_it_joins(
     child waits; its join parks it and frees the slot, and the child runs."""
     seen: dict[str, Any] = {}
 
-    def peeked(request: dict[str, Any]) -> Reply:
-        seen["status"] = json.loads(tool_results(request)[0])
-        return Reply(tool_calls=[ToolCall("agent_join", {}, id="j")])
+    def parent(request: dict[str, Any]) -> Reply:
+        """Spawns, peeks until the coordinator has taken the request (its child "queued"
+        till then), joins, answers."""
+        if turn_of(request) == 0:
+            return Reply(tool_calls=[background("SLOT-CHILD", "c")])
+        if "status" in seen:
+            return answer_with(request)
+        if turn_of(request) > 1:
+            rows = json.loads(tool_results(request)[0])
+            if [row["state"] for row in rows] != ["queued"]:
+                seen["status"] = rows
+                return Reply(tool_calls=[ToolCall("agent_join", {}, id="j")])
+        return Reply(tool_calls=[ToolCall("agent_status", {}, id=f"s{turn_of(request)}")])
 
     model.responder = ByTask({
         "SLOT-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "SLOT-PARENT"}, id="p")]),
                       answer_with],
-        "SLOT-PARENT": [Reply(tool_calls=[background("SLOT-CHILD", "c")]),
-                        Reply(tool_calls=[ToolCall("agent_status", {}, id="s")]),
-                        peeked, answer_with],
+        "SLOT-PARENT": [parent],
         "SLOT-CHILD": [Reply(content="ran once the slot was free")],
     })
     result = swarm_run(cluster, model, tmp_path, "SLOT-ROOT", SWARM_MAX_PARALLEL="1")
