@@ -86,8 +86,9 @@ def measure_job(cluster: Cluster, model: Any, n: int, turns: int, latency: float
     by_kind: dict[str, float] = {}
     for k, v in cpu.items():
         by_kind[kind_of(k)] = by_kind.get(kind_of(k), 0.0) + v
-    # What the machine spent beyond the processes counted: the kernel's threads (a box's
-    # namespaces and cgroup torn down), box processes no worker reaped, other work.
+    # What the machine spent beyond the processes counted: with the sandbox, mostly the
+    # boxes' own processes (their runners, bubblewrap), which no worker reaps; then the
+    # kernel's threads and any other work.
     by_kind["rest of the machine"] = max(0.0, busy - sum(cpu.values()))
     return {
         "n": n, "turns": turns, "latency": latency, "wall": run.wall, "ideal": ideal,
