@@ -150,9 +150,60 @@ def test_idle_slots_are_closed_with_their_processes(outside_tmp: Path) -> None:
     netns(env)
     env.close()
     (slot,) = [s for free in netslots.POOL._free.values() for s in free]
+    slirp = slot.slirp.proc
+    assert slirp is not None
     assert netslots.POOL.sweep(idle=3600) == 0 and slot.alive
     assert netslots.POOL.sweep(idle=0) == 1
     assert slot.holder.poll() is not None
-    assert slot.slirp.proc is None  # stopped, reaped by a thread
-    assert not os.path.exists(f"/proc/{slot.holder.pid}/ns/net") or \
-        slot.holder.returncode is not None
+    wait_until(lambda: slirp.poll() is not None, "the slot's slirp4netns to end")
+
+
+def test_a_box_killed_from_outside_does_not_lend_its_slot_again(outside_tmp: Path) -> None:
+    """A command timed out in a box of its own is killed from outside (bubblewrap first):
+    what it started dies a moment later, so its namespace is closed, never lent again."""
+    env = env_in(outside_tmp, "a")
+    env.lasting = False
+    result = env.execute(f"{NETNS}; sleep 30", 1)
+    assert result.timed_out and result.output.startswith("net:["), result.output
+    killed = result.output.split()[0]
+    assert not [s for free in netslots.POOL._free.values() for s in free]
+    after = env_in(outside_tmp, "b")
+    try:
+        assert netns(after) != killed
+    finally:
+        after.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a run's own mount namespace needs root")
+def test_a_slot_made_by_a_run_in_its_own_mount_namespace_holds_the_workers(
+        outside_tmp: Path) -> None:
+    """A run's thread may work in a mount namespace of its own (its view mounted there); a
+    slot it makes outlives it, so its processes start in the worker's namespace instead."""
+    from swarm.workspace import views
+
+    seen: dict[str, object] = {}
+
+    def run() -> None:
+        if not views.isolate(outside_tmp / "views", outside_tmp):
+            seen["error"] = "isolate refused"
+            return
+        try:
+            env = env_in(outside_tmp, "a")
+            try:
+                netns(env)
+            finally:
+                env.close()
+            seen["thread"] = os.stat(
+                f"/proc/self/task/{threading.get_native_id()}/ns/mnt").st_ino
+        finally:
+            views.rejoin()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert "error" not in seen, seen
+    (slot,) = [s for free in netslots.POOL._free.values() for s in free]
+    assert slot.slirp.proc is not None
+    process = os.stat(f"/proc/{os.getpid()}/ns/mnt").st_ino
+    assert seen["thread"] != process
+    assert os.stat(f"/proc/{slot.holder.pid}/ns/mnt").st_ino == process

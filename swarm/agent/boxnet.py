@@ -168,10 +168,12 @@ def wrapper(up: int, go: int, net: Network | None, holder: int = 0) -> list[str]
 class Slirp:
     """slirp4netns serving the network namespace of process ``pid``."""
 
-    def __init__(self, pid: int, *, lasting: bool = False) -> None:
+    def __init__(self, pid: int, *, lasting: bool = False, prefix: list[str] | None = None
+                 ) -> None:
         """Serve ``pid``'s namespace; ``lasting``: for as long as a slot lives
         (:mod:`~swarm.agent.sandbox.netslots`), where what it says is not read (a pipe
-        nobody reads would stop it once full): a failure then says only its exit code."""
+        nobody reads would stop it once full): a failure then says only its exit code.
+        ``prefix``: what it starts under (``nsenter`` into the worker's mount namespace)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.error = ""
         binary = shutil.which("slirp4netns")
@@ -183,7 +185,7 @@ class Slirp:
         own = [f"--userns-path=/proc/{pid}/ns/user"] if os.geteuid() != 0 else []
         try:
             self.proc = subprocess.Popen(
-                [binary, "--configure", "--mtu=65520", "--disable-host-loopback",
+                [*(prefix or []), binary, "--configure", "--mtu=65520", "--disable-host-loopback",
                  "--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}",
                  f"--exit-fd={self.exit_r}", *own, str(pid), "tap0"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -192,6 +194,7 @@ class Slirp:
         except OSError as exc:
             self.error = f"slirp4netns did not start ({exc})"
             os.close(ready_r)
+            os.close(self.exit_w)
             return
         finally:
             os.close(ready_w)

@@ -170,6 +170,11 @@ class Tree:
             if reused is None:
                 break
             if all(p.is_dir() for p in reused.paths.values()) and not reused._pids():
+                try:  # its limits as set, whatever became of them
+                    reused.configure()
+                except OSError:
+                    reused.remove_soon()
+                    continue
                 return reused
             reused.remove_soon()
         with self._lock:

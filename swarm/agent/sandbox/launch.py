@@ -110,13 +110,16 @@ class Launch:
             self.slirp.stop()
             self.slirp = None
         if self.slot is not None:
-            # Lent again only once the box is gone: with it, all it started (its pid
-            # namespace's processes die with its init).
+            # Lent again only once the box ended on its own: bubblewrap exits after its
+            # init, whose end the kernel holds until every process of its pid namespace
+            # is gone. A box killed from outside (a timeout, a close that waited too long)
+            # leaves its processes to die a moment later: its slot is closed instead.
             slot, self.slot = self.slot, None
-            if self.proc.poll() is None:
-                slot.close()
-            else:
+            code = self.proc.poll()
+            if code is not None and code >= 0:
                 netslots.POOL.give(slot)
+            else:
+                slot.close()
         verdict = self.group.verdict(self.since) if self.group is not None else ""
         if self.group is not None:
             if self.proc.poll() is None:  # what is in it may still run

@@ -9,18 +9,27 @@ the end of its stdin (the worker closing it, or dying). A box enters it with ``n
 (:func:`~swarm.agent.boxnet.wrapper`) and waits for its worker as before
 (:class:`~swarm.agent.sandbox.Launch`).
 
-A slot goes back to its pool only once the box that had it is gone: every process that was
-in the namespace but the holder was the box's, in the box's own pid namespace, so nothing a
-box started is left in it for the next (a socket dies with its process; the box has no
-capability over the namespace: it cannot change its routes, rules or addresses). Two boxes
-never hold one slot at once. Slots idle for :data:`IDLE` seconds are closed; a slot whose
-holder or slirp4netns died is dropped.
+A slot goes back to its pool only once the box that had it ended on its own: every process
+that was in the namespace but the holder was the box's, in the box's own pid namespace,
+gone before bubblewrap exits, so nothing a box started is left in it for the next (a
+socket dies with its process; the box has no capability over the namespace: it cannot
+change its routes, rules or addresses). A box killed from outside closes its slot. Two
+boxes never hold one slot at once. Slots idle for :data:`IDLE` seconds are closed; a slot
+whose holder or slirp4netns died is dropped; where none can be made, boxes make their own
+network for :data:`IDLE` seconds before a slot is tried again. What does carry over:
+connections the kernel still keeps closing (``TIME_WAIT``, seen in ``/proc/net/tcp``), the
+interface's counters, and slirp4netns's memory of recent flows.
+
+A slot's processes start in the worker's own mount namespace, even when a run's thread
+that makes it works in one of its own (:func:`_worker_mounts`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -29,6 +38,8 @@ from dataclasses import dataclass, field
 from swarm.agent import boxnet
 from swarm.agent.boxnet import Network
 from swarm.agent.fds import readable
+
+log = logging.getLogger(__name__)
 
 #: Seconds a slot may stay unused before it is closed.
 IDLE = 60.0
@@ -62,23 +73,43 @@ class Slot:
 
     def close(self) -> None:
         self.slirp.stop()
-        for pipe in (self.holder.stdin, self.holder.stdout, self.holder.stderr):
-            with contextlib.suppress(OSError):
-                if pipe is not None:
-                    pipe.close()
+        _end(self.holder)
+
+
+def _end(holder: subprocess.Popen[bytes]) -> None:
+    for pipe in (holder.stdin, holder.stdout, holder.stderr):
         with contextlib.suppress(OSError):
-            self.holder.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.holder.wait(timeout=5)
+            if pipe is not None:
+                pipe.close()
+    with contextlib.suppress(OSError):
+        holder.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        holder.wait(timeout=5)
+
+
+def _worker_mounts() -> list[str]:
+    """How a slot's processes start in the worker's own mount namespace when the calling
+    thread works in one of its own (a run's, :func:`swarm.workspace.views.isolate`): a
+    slot outlives the run, and would keep that namespace, and the run's view, alive."""
+    try:
+        mine = os.stat(f"/proc/self/task/{threading.get_native_id()}/ns/mnt").st_ino
+        process = os.stat(f"/proc/{os.getpid()}/ns/mnt").st_ino
+    except OSError:
+        return []
+    return [] if mine == process else ["nsenter", f"--mount=/proc/{os.getpid()}/ns/mnt", "--"]
 
 
 def make(net: Network) -> Slot:
     """A new slot for boxes with the network ``net``; :class:`Unavailable` when it fails."""
+    missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
+    if missing:
+        raise Unavailable(f"{' and '.join(missing)} not found (util-linux)")
     own = ["--user", "--map-root-user"] if os.geteuid() != 0 else []
+    mounts = _worker_mounts()
     try:
         holder = subprocess.Popen(
-            ["unshare", *own, "--net", "--", "/bin/sh", "-c", HOLD, "sh", net.routes(),
-             net.rules()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [*mounts, "unshare", *own, "--net", "--", "/bin/sh", "-c", HOLD, "sh",
+             net.routes(), net.rules()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True, bufsize=0, cwd="/")
     except OSError as exc:
         raise Unavailable(f"unshare did not start ({exc})") from exc
@@ -87,7 +118,7 @@ def make(net: Network) -> Slot:
     try:
         if _line(holder) != b"up":
             raise Unavailable(f"its namespace was not made: {_said(holder)}")
-        slirp = boxnet.Slirp(holder.pid, lasting=True)
+        slirp = boxnet.Slirp(holder.pid, lasting=True, prefix=mounts)
         if slirp.error:
             raise Unavailable(slirp.error)
         holder.stdin.write(b"go\n")
@@ -96,9 +127,7 @@ def make(net: Network) -> Slot:
     except (Unavailable, OSError) as exc:
         if slirp is not None:
             slirp.stop()
-        with contextlib.suppress(OSError):
-            holder.kill()
-        holder.wait()
+        _end(holder)
         raise Unavailable(str(exc)) from exc
     return Slot(net, holder, slirp)
 
@@ -134,9 +163,15 @@ class Pool:
     def __init__(self) -> None:
         self._free: dict[Network, list[Slot]] = {}
         self._lock = threading.Lock()
+        self._failed: dict[Network, float] = {}
+        """When making a slot for a network last failed: none is tried for :data:`IDLE`
+        seconds after (each box makes its own network meanwhile)."""
 
     def take(self, net: Network) -> Slot:
         """A free slot for ``net`` (a new one when none is); :class:`Unavailable`."""
+        failed = self._failed.get(net)
+        if failed is not None and time.monotonic() - failed < IDLE:
+            raise Unavailable("making one failed a moment ago")
         dead: list[Slot] = []
         with self._lock:
             free = self._free.get(net, [])
@@ -149,7 +184,15 @@ class Pool:
                 slot = None
         for gone in dead:
             gone.close()
-        return slot if slot is not None else make(net)
+        if slot is not None:
+            return slot
+        try:
+            return make(net)
+        except Unavailable as exc:
+            self._failed[net] = time.monotonic()
+            log.warning("boxes make their own network namespaces for a while: no network "
+                        "slot could be made (%s)", exc)
+            raise
 
     def give(self, slot: Slot) -> None:
         """``slot`` back, once the box that had it is gone (closed when it died)."""
