@@ -244,14 +244,20 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 
 def await_word(fd: int, timeout: float = 30.0) -> bool:
     """Whether the box said "up" on ``fd`` within ``timeout`` (False: it died first)."""
+    return read_line(fd, timeout) == b"up"
+
+
+def read_line(fd: int, timeout: float) -> bytes:
+    """The line a helper process says on ``fd`` within ``timeout`` seconds, without its end
+    (b"" when it ended, or said nothing whole in time)."""
     deadline = time.monotonic() + timeout
     data = b""
     while not data.endswith(b"\n"):
         left = deadline - time.monotonic()
         if left <= 0 or not readable(fd, left):
-            return False
-        chunk = os.read(fd, 8)
+            return b""
+        chunk = os.read(fd, 64)
         if not chunk:
-            return False
+            return b""
         data += chunk
-    return data == b"up\n"
+    return data[:-1]

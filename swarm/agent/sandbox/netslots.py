@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 from swarm.agent import boxnet
 from swarm.agent.boxnet import Network
-from swarm.agent.fds import readable
 
 log = logging.getLogger(__name__)
 
@@ -135,17 +134,7 @@ def make(net: Network) -> Slot:
 def _line(holder: subprocess.Popen[bytes]) -> bytes:
     """The holder's next line (b"" when it ended or said nothing in time)."""
     assert holder.stdout is not None
-    data = b""
-    deadline = time.monotonic() + boxnet.READY_TIMEOUT
-    while not data.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0 or not readable(holder.stdout, left):
-            return b""
-        chunk = os.read(holder.stdout.fileno(), 64)
-        if not chunk:
-            return b""
-        data += chunk
-    return data.strip()
+    return boxnet.read_line(holder.stdout.fileno(), boxnet.READY_TIMEOUT)
 
 
 def _said(holder: subprocess.Popen[bytes]) -> str:
