@@ -543,6 +543,8 @@ class JobTimes:
     """Fan-out answer sent -> each child's first request arrived."""
     turn_gaps: list[float]
     """A child's answer sent -> its next request arrived (command, saves, progress)."""
+    first_gaps: list[float]
+    """The same after a child's first answer only: its first command (its box's start)."""
     fanin: float
     startup: float
     models_requests: int
@@ -574,6 +576,7 @@ def analyse(script: JobScript, run: RootRun, invoked_at: float | None = None) ->
         now += d
         peak = max(peak, now)
     return JobTimes(phase=root[1].arrived - root[0].sent, spawn=spawn, turn_gaps=gaps,
+                    first_gaps=gaps[::script.turns] if script.turns else [],
                     fanin=root[1].arrived - last,
                     startup=(root[0].arrived - invoked_at) if invoked_at else 0.0,
                     models_requests=sum(1 for s in run.stamps if s.kind == "models"),

@@ -99,6 +99,8 @@ def measure_job(cluster: Cluster, model: Any, n: int, turns: int, latency: float
                   "max": max(times.spawn)},
         "turn_gap": {"median": median(times.turn_gaps), "p95": p95(times.turn_gaps),
                      "max": max(times.turn_gaps)},
+        "first_gap": {"median": median(times.first_gaps), "p95": p95(times.first_gaps),
+                      "max": max(times.first_gaps)} if times.first_gaps else None,
         "fanin": times.fanin, "root_startup": times.startup,
         "models_requests": times.models_requests,
         "peak_concurrent_model_requests": times.peak_concurrent_requests,
@@ -210,6 +212,11 @@ def report(out: dict[str, Any]) -> list[str]:
             f"{k} {v:.1f}" for k, v in big["cpu_seconds"].items())
             + (f"; the whole machine {big['machine_cpu_seconds']:.1f} (/proc/stat)"
                if "machine_cpu_seconds" in big else ""))
+        lines.append("  the turn gap after a child's first answer (its first command, and its "
+                     "box's start), median / p95 / max ms: " + "; ".join(
+                         f"N={j['n']}: " + " / ".join(fmt_ms(j['first_gap'][k]).strip()
+                                                      for k in ("median", "p95", "max"))
+                         for j in out["jobs"] if j.get("first_gap")))
         lines.append("  CPU ms a child, by kind of process: " + "; ".join(
             f"N={j['n']}: " + ", ".join(f"{k} {v:.1f}" for k, v in j["cpu_ms_per_child"].items())
             for j in out["jobs"] if "cpu_ms_per_child" in j))

@@ -276,3 +276,54 @@ def test_waiting_on_a_box_leaves_no_more_on_the_threads_stack_than_a_command_out
     finally:
         threading.stack_size(default)
     assert found["boxed"] <= found["outside"] + 8, found
+
+
+def test_a_box_started_ahead_outlives_the_thread_that_asked_and_runs_the_commands(
+        env: LocalEnvironment) -> None:
+    """A child's box starts while its model thinks (:meth:`LocalEnvironment.warm`), on a
+    thread that lasts: a box dies with the thread that started it, and the run's thread
+    that asks may be gone before the first command (here it is)."""
+    asker = threading.Thread(target=env.warm)
+    asker.start()
+    asker.join()
+    wait_until(lambda: host_processes(str(env.workspace)) != [], "the box to start")
+    boxes = host_processes(str(env.workspace))
+    for _ in range(3):
+        done = env.execute("echo ran", 30)
+        assert (done.output, done.exit_code) == ("ran\n", 0)
+    assert host_processes(str(env.workspace)) == boxes  # the first command ran in it
+    env.close()
+    wait_until(lambda: host_processes(str(env.workspace)) == [], "the box to end")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_a_run_in_its_own_mount_namespace_starts_its_box_there(outside_tmp: Path) -> None:
+    """A run working in a view has a mount namespace of its own, which its box must copy:
+    its box is not started ahead on another thread (in the process's namespace)."""
+    from swarm.workspace import views
+
+    ws = outside_tmp / "ws"
+    (ws / "inner").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(ws / "inner")], check=True)
+    try:
+        (ws / "inner" / "seen-outside-the-run").write_text("x")
+        env = LocalEnvironment(ws, sandbox="bwrap", die_with_runner=True)
+        out: list[str] = []
+
+        def run() -> None:
+            assert views.isolate(ws, ws / "kept")  # unmounts inner, for this thread only
+            try:
+                env.warm()
+                if env._warming is not None:  # started ahead after all: it ran first
+                    env._warming.result()
+                out.append(env.execute("ls inner", 30).output)
+                env.close()
+            finally:
+                views.rejoin()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        assert out == [""]
+    finally:
+        subprocess.run(["umount", "-l", str(ws / "inner")], check=True)

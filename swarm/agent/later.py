@@ -1,5 +1,6 @@
-"""Work done soon, off the calling thread, by one thread made when this module is first
-imported (by the worker's main thread, as it imports the sandbox).
+"""Work done soon, off the calling thread, by threads this module makes: one made when it
+is first imported (by the worker's main thread, as it imports the sandbox), and a few for
+boxes (:data:`BOXES`), which that one makes on first use.
 
 Not a thread per job: a thread started by a run's thread shares that thread's filesystem
 context, and while it lives the run's thread cannot go back to the worker's mount
@@ -13,29 +14,79 @@ import os
 import queue
 import threading
 from collections.abc import Callable
+from concurrent import futures
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
-_JOBS: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+T = TypeVar("T")
+
+
+class Threads:
+    """``count`` threads that run the jobs given them, in turn; made by the thread that
+    makes this object (``eager``) or, on first use, by :func:`soon`'s."""
+
+    def __init__(self, count: int, name: str, eager: bool = False) -> None:
+        self.count, self.name = count, name
+        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self._started = False
+        self._lock = threading.Lock()
+        if eager:
+            self._start()
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _start(self) -> None:
+        for i in range(self.count):
+            threading.Thread(target=self._run, daemon=True, name=f"{self.name}-{i}").start()
+
+    def _forked(self) -> None:  # a forked child has no thread of its parent's
+        self._lock = threading.Lock()
+        self._jobs = queue.SimpleQueue()
+        self._started = False
+        if self is _LATER:
+            self._start()
+            self._started = True
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            except Exception:
+                log.exception("a background job failed")
+
+    def soon(self, job: Callable[[], object]) -> None:
+        """Run ``job`` on one of the threads (errors are logged)."""
+        with self._lock:
+            if not self._started:
+                self._started = True
+                _LATER.soon(self._start)
+        self._jobs.put(job)
+
+    def submit(self, job: Callable[[], T]) -> futures.Future[T]:
+        """Run ``job`` on one of the threads; its future (cancelled while still queued,
+        it does not run)."""
+        future: futures.Future[T] = futures.Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(job())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+        self.soon(run)
+        return future
+
+
+_LATER = Threads(1, "swarm-later", eager=True)
+_LATER._started = True
+
+BOXES = Threads(8, "swarm-box")
+"""Threads that start and close the sandbox's lasting boxes for runs (a box dies with the
+thread that started it: its parent-death signal is the thread's)."""
 
 
 def soon(job: Callable[[], object]) -> None:
     """Run ``job`` on the background thread (errors are logged)."""
-    _JOBS.put(job)
-
-
-def _run() -> None:
-    while True:
-        job = _JOBS.get()
-        try:
-            job()
-        except Exception:
-            log.exception("a background job failed")
-
-
-def _start() -> None:
-    threading.Thread(target=_run, daemon=True, name="swarm-later").start()
-
-
-_start()
-os.register_at_fork(after_in_child=_start)  # a forked child has no thread of its parent's
+    _LATER.soon(job)

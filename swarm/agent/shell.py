@@ -20,9 +20,11 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from concurrent import futures
 from pathlib import Path
 
 from swarm import procs
+from swarm.agent import later
 from swarm.agent.boxnet import Network
 from swarm.agent.cgroups import Limits
 from swarm.agent.protocols import CommandResult
@@ -33,6 +35,7 @@ from swarm.agent.sandbox import (
     add_git_stat_check,
     choose,
     environment,
+    netslots,
     pdeathsig_setpriv,
     program_fd,
     runner_pipe,
@@ -270,9 +273,41 @@ class LocalEnvironment:
         python3 for its runner, or its runner fails to start, it is so anyway)."""
         self._box: LastingBox | None = None
         self._box_lock = threading.Lock()
+        self._warming: futures.Future[None] | None = None
+
+    def warm(self) -> None:
+        """Start the lasting box now, before any command (a child's model thinks
+        meanwhile), on one of this process's threads for boxes
+        (:data:`~swarm.agent.later.BOXES`: a box dies with the thread that started it,
+        whose parent-death signal it has, so never on a thread that ends); its first
+        command waits for it, or starts it itself while it is still queued. Nothing to do
+        unconfined, for a box per command, or on a thread in a mount namespace of its own
+        (a run's, with its view), which the box must copy: the first command starts it
+        there."""
+        if self.choice.box is None or not self.lasting or self._warming is not None \
+                or netslots.own_mounts():
+            return
+        self._warming = later.BOXES.submit(self._warm)
+
+    def _warm(self) -> None:
+        box = self.choice.box
+        assert box is not None
+        with self._box_lock:
+            if self._box is None:
+                # A failure here is the first command's to report: it tries again.
+                with contextlib.suppress(ToolError, OSError):
+                    self._prepare(box)
+                    self._lasting(box)
+
+    def _warmed(self) -> None:
+        """:meth:`warm`'s start withdrawn while still queued, else waited for."""
+        warming, self._warming = self._warming, None
+        if warming is not None and not warming.cancel():
+            futures.wait([warming])
 
     def close(self) -> None:
         """End the box the commands ran in, and whatever is left in it (idempotent)."""
+        self._warmed()  # a box starting now would outlive the close
         with self._box_lock:
             box, self._box = self._box, None
         if box is not None:
@@ -314,17 +349,9 @@ class LocalEnvironment:
                 "remove it, or produce the byte inside the command, e.g. printf '\\0'"
             )
         box = self.choice.box
-        if box is not None and not self._prepared:
-            try:
-                box.prepare(self.workspace, self.linked, self.beneath)
-            except PathRefused as exc:
-                raise ToolError(f"the workspace is refused: {exc}") from exc
-            except OSError as exc:
-                raise ToolError(f"cannot give the sandbox's uid {box.run_as} the workspace "
-                                f"{self.workspace}: {exc}; put SWARM_HOME and the workspace on "
-                                "a filesystem with POSIX ACLs (ext4, xfs, btrfs, tmpfs), or "
-                                "run the worker as a user of its own") from exc
-            self._prepared = True
+        if box is not None:
+            self._warmed()
+            self._prepare(box)
         if box is not None and self.lasting and self._box_lock.acquire(blocking=False):
             try:  # a command started while another runs (another thread) gets a box of its own
                 result = self._execute_in(box, command, timeout, output_cap or self.output_cap)
@@ -360,6 +387,21 @@ class LocalEnvironment:
             sep = "" if not result.output or result.output.endswith("\n") else "\n"
             result = dataclasses.replace(result, output=f"{result.output}{sep}{said}")
         return result
+
+    def _prepare(self, box: Box) -> None:
+        """Give the box's uid the workspace, once (:meth:`Box.prepare`); ToolError."""
+        if self._prepared:
+            return
+        try:
+            box.prepare(self.workspace, self.linked, self.beneath)
+        except PathRefused as exc:
+            raise ToolError(f"the workspace is refused: {exc}") from exc
+        except OSError as exc:
+            raise ToolError(f"cannot give the sandbox's uid {box.run_as} the workspace "
+                            f"{self.workspace}: {exc}; put SWARM_HOME and the workspace on "
+                            "a filesystem with POSIX ACLs (ext4, xfs, btrfs, tmpfs), or "
+                            "run the worker as a user of its own") from exc
+        self._prepared = True
 
     def _lasting(self, box: Box) -> LastingBox | None:
         """The lasting box, started when there is none (or it ended); None where it cannot

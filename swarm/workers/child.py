@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import Any
 import redis
 
 from swarm import faults, telemetry
-from swarm.agent import sandbox
+from swarm.agent import later, sandbox
 from swarm.agent.agent_types import AgentTypes
 from swarm.agent.loop import Agent
 from swarm.agent.shell import LocalEnvironment
@@ -259,9 +258,9 @@ class ChildRunner:
             self.models.close(model)
             if agent is not None:
                 # Its box lasts as long as its turn here; it ends beside the settlement (its
-                # commands' processes are gone already: the runner kills them after each).
-                threading.Thread(target=agent.env.close, name="box-close",
-                                 daemon=True).start()
+                # commands' processes are gone already: the runner kills them after each),
+                # on a thread the run's did not start (see swarm.agent.later).
+                later.BOXES.soon(agent.env.close)
         workspace = arrival.arrive()  # an agent that called no tool did not wait for it
         start_usage = run.result.get("usage_at_start") or {}
         changed_files, exact = changed(workspace, seeds, here.before, record)
@@ -288,6 +287,10 @@ class ChildRunner:
         if workspace.view != expected.view and isinstance(agent.env, LocalEnvironment):
             # No view could be made after all: a full checkout, no view's git to bind.
             agent.env.linked = None
+        if isinstance(agent.env, LocalEnvironment):
+            # Its box starts while its model thinks (a new child's workspace is there before
+            # its first request): its first command does not wait for it.
+            agent.env.warm()
 
     def _send_home(self, workspace: Workspace, seeds: Seeds, claimed: Claimed,
                    result: dict[str, Any], changes: bool) -> dict[str, str] | None:

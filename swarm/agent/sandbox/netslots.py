@@ -86,16 +86,22 @@ def _end(holder: subprocess.Popen[bytes]) -> None:
         holder.wait(timeout=5)
 
 
-def _worker_mounts() -> list[str]:
-    """How a slot's processes start in the worker's own mount namespace when the calling
-    thread works in one of its own (a run's, :func:`swarm.workspace.views.isolate`): a
-    slot outlives the run, and would keep that namespace, and the run's view, alive."""
+def own_mounts() -> bool:
+    """Whether the calling thread works in a mount namespace other than its process's (a
+    run's, :func:`swarm.workspace.views.isolate`)."""
     try:
         mine = os.stat(f"/proc/self/task/{threading.get_native_id()}/ns/mnt").st_ino
         process = os.stat(f"/proc/{os.getpid()}/ns/mnt").st_ino
     except OSError:
-        return []
-    return [] if mine == process else ["nsenter", f"--mount=/proc/{os.getpid()}/ns/mnt", "--"]
+        return False
+    return mine != process
+
+
+def _worker_mounts() -> list[str]:
+    """How a slot's processes start in the worker's own mount namespace when the calling
+    thread works in one of its own (:func:`own_mounts`): a slot outlives the run, and
+    would keep that namespace, and the run's view, alive."""
+    return ["nsenter", f"--mount=/proc/{os.getpid()}/ns/mnt", "--"] if own_mounts() else []
 
 
 def make(net: Network) -> Slot:
