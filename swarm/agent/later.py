@@ -28,8 +28,9 @@ class Threads:
 
     def __init__(self, count: int, name: str, eager: bool = False) -> None:
         self.count, self.name = count, name
+        self.eager = eager
         self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
-        self._started = False
+        self._started = eager
         self._lock = threading.Lock()
         if eager:
             self._start()
@@ -42,10 +43,9 @@ class Threads:
     def _forked(self) -> None:  # a forked child has no thread of its parent's
         self._lock = threading.Lock()
         self._jobs = queue.SimpleQueue()
-        self._started = False
-        if self is _LATER:
+        self._started = self.eager
+        if self.eager:
             self._start()
-            self._started = True
 
     def _run(self) -> None:
         while True:
@@ -80,7 +80,6 @@ class Threads:
 
 
 _LATER = Threads(1, "swarm-later", eager=True)
-_LATER._started = True
 
 BOXES = Threads(8, "swarm-box")
 """Threads that start and close the sandbox's lasting boxes for runs (a box dies with the
