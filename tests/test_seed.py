@@ -20,7 +20,7 @@ from swarm.agent.folder import AgentFolder
 from swarm.agent.probe import workspace_listing
 from swarm.domain.records import AgentRecord
 from swarm.domain.session import Session
-from swarm.errors import SnapshotTooLarge, WorkspaceLost
+from swarm.errors import SnapshotTooLarge, WorkspaceError, WorkspaceLost
 from swarm.store import keys
 from swarm.store.snapshots import SnapshotMeta, SnapshotStore
 from swarm.workers.child import ChildRunner
@@ -362,8 +362,10 @@ def test_a_capture_leaves_no_ref_where_it_is_made_and_lands_after_a_gc_took_it(
     assert (repo / "new.txt").read_text() == "from the child\n"
 
 
-def test_a_captures_bundle_is_one_git_reads_for_a_child_started_empty_or_seeded(
+def test_a_capture_is_stored_as_git_writes_and_reads_it_for_a_child_started_empty_or_seeded(
         redis: redis_lib.Redis, tmp_path: Path) -> None:
+    """A whole snapshot is a pack and its index as git made them (a host writes both as they
+    are: git must read them as its own); a delta is a bundle git verifies and fetches."""
     repo = make_repo(tmp_path / "repo")
     sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
     far = seeds(redis, tmp_path / "home-b", "hostb")
@@ -374,17 +376,38 @@ def test_a_captures_bundle_is_one_git_reads_for_a_child_started_empty_or_seeded(
         delta = far.capture(child, SWARM)
         other = tmp_path / f"other-{name}.git"
         sh(tmp_path, "init", "-q", "--bare", str(other))
+        data = store.get(delta)[1]
         if seed:  # a delta: its base is there first
             g.unbundle(other, sid, store.get(sid)[1])
-        bundle = tmp_path / f"{name}.bundle"
-        bundle.write_bytes(store.get(delta)[1])
-        sh(other, "bundle", "verify", "-q", str(bundle))
-        assert sh(other, "bundle", "list-heads", str(bundle)).split() == \
-            [delta, f"refs/swarm/snap/{delta}"]
-        sh(other, "fetch", "-q", str(bundle), f"refs/swarm/snap/{delta}:refs/got")
+            bundle = tmp_path / f"{name}.bundle"
+            bundle.write_bytes(data)
+            sh(other, "bundle", "verify", "-q", str(bundle))
+            assert sh(other, "bundle", "list-heads", str(bundle)).split() == \
+                [delta, f"refs/swarm/snap/{delta}"]
+            sh(other, "fetch", "-q", str(bundle), f"refs/swarm/snap/{delta}:refs/got")
+        else:
+            assert data.startswith(g.PACK_HEAD)
+            g.unbundle(other, delta, data)
+            packs = list((other / "objects" / "pack").glob("pack-*.idx"))
+            assert len(packs) == 1
+            sh(other, "verify-pack", str(packs[0]))
+            sh(other, "update-ref", "refs/got", f"refs/swarm/snap/{delta}")
         got = sh(other, "ls-tree", "-r", "--name-only", "refs/got").split()
         assert "out.txt" in got and sh(other, "show", "refs/got:out.txt") == f"{name}\n"
         assert ("committed.txt" in got) == bool(seed)
+        sh(other, "fsck", "--no-dangling")
+
+
+def test_a_whole_snapshot_that_is_not_what_it_says_is_refused(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
+    data = SnapshotStore(redis).get(sid)[1]
+    other = tmp_path / "other.git"
+    sh(tmp_path, "init", "-q", "--bare", str(other))
+    with pytest.raises(WorkspaceError, match="not what it says"):
+        g.unbundle(other, "f" * 40, data)
+    assert not g.has(other, sid)
 
 
 def test_secrets_stay_out_of_captures_whatever_became_of_the_excludes_file(
@@ -558,3 +581,26 @@ def test_children_with_nothing_to_land_make_no_cache_for_a_new_plain_folder(
     assert landing is not None and landing.children == [("a1", "kept"), ("a2", "no changes")]
     assert json.loads(session.messages[1]["content"])["files_at"] == str(child.path)
     assert not folder_cache(home, folder).exists()
+
+
+def test_a_childs_own_repository_is_the_one_git_init_makes_on_its_seed(tmp_path: Path) -> None:
+    """Written without a git process (one a child at width): git reads it as its own."""
+    repo = make_repo(tmp_path / "repo")
+    start = sh(repo, "rev-parse", "HEAD").strip()
+    child = tmp_path / "child"
+    dot = g.own_repository(child, repo / ".git", "swarm/c1", start)
+    made = tmp_path / "made"
+    sh(tmp_path, "init", "-q", "--template=", str(made))
+
+    def listing(top: Path) -> set[str]:
+        return {str(p.relative_to(top)) for p in top.rglob("*")}
+
+    assert listing(dot) - listing(made / ".git") == \
+        {"objects/info/alternates", "refs/heads/swarm", "refs/heads/swarm/c1"}
+    assert listing(made / ".git") <= listing(dot)
+    assert sh(child, "config", "--local", "--list") == sh(made, "config", "--local", "--list")
+    assert sh(child, "rev-parse", "--abbrev-ref", "HEAD").strip() == "swarm/c1"
+    sh(child, "read-tree", "--reset", "-u", "HEAD")
+    assert (child / "committed.txt").read_text() == "base\n"
+    assert sh(child, "status", "--porcelain") == ""
+    sh(child, "fsck", "--no-dangling")

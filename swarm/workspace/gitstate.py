@@ -149,17 +149,38 @@ def own_repository(top: Path, odb: Path, branch: str, start: str) -> Path:
     commit ``start`` of ``odb``, whose objects it borrows (read-only, through
     ``objects/info/alternates``); no index yet. Made by the worker before any command
     runs there; the worker's git never uses it afterwards (its config is the child's)."""
-    top.mkdir(parents=True, exist_ok=True)
-    git("init", "-q", "--template=", str(top), cwd=top)
+    # What `git init --template=` writes, without a git process (one a child at width).
     dot = top / ".git"
     info = dot / "objects" / "info"
     info.mkdir(parents=True, exist_ok=True)
+    (dot / "objects" / "pack").mkdir(exist_ok=True)
+    (dot / "refs" / "tags").mkdir(parents=True, exist_ok=True)
+    sha256 = len(start) == 64
+    (dot / "config").write_text(
+        f"[core]\n\trepositoryformatversion = {1 if sha256 else 0}\n"
+        f"\tfilemode = {'true' if _exec_bits(dot) else 'false'}\n"
+        "\tbare = false\n\tlogallrefupdates = true\n"
+        + ("[extensions]\n\tobjectformat = sha256\n" if sha256 else ""))
     (info / "alternates").write_text(f"{(odb / 'objects').resolve()}\n")
     ref = dot / "refs" / "heads" / branch
     ref.parent.mkdir(parents=True, exist_ok=True)
     ref.write_text(f"{start}\n")
     (dot / "HEAD").write_text(f"ref: refs/heads/{branch}\n")
     return dot
+
+
+def _exec_bits(folder: Path) -> bool:
+    """Whether files in ``folder`` keep an executable bit (git's ``core.filemode`` probe)."""
+    probe = folder / f".filemode-{os.getpid()}-{threading.get_ident()}"
+    try:
+        probe.touch(0o644)
+        probe.chmod(0o755)
+        return bool(probe.stat().st_mode & 0o100)
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
 
 
 def ok(*args: str, repo: Path | None = None, cwd: Path | None = None,
@@ -395,44 +416,81 @@ def preface(repo: Path, tree: str) -> tuple[list[str], dict[str, str]] | None:
             for mode, _sha, name in top], files
 
 
+#: The first line of a whole snapshot's stored form (:func:`bundle`): a pack and its index.
+PACK_HEAD = b"# swarm pack v1\n"
+
+
 def bundle(repo: Path, sha: str, base: str = "") -> bytes:
-    """A bundle of commit ``sha`` (as ref ``refs/swarm/snap/<sha>``: :func:`unbundle`
-    keeps it by that ref), with only the objects ``base`` lacks (those of its tree too,
-    whether or not ``base`` is an ancestor: a snapshot is a commit without parents, and
+    """Commit ``sha`` as stored (:func:`unbundle` reads it; it keeps it by the ref
+    ``refs/swarm/snap/<sha>``). Whole (no ``base``): a pack of its objects with the pack's
+    index (:data:`PACK_HEAD`, then ``SHA PACKNAME INDEXSIZE``, the index, the pack), which a
+    host writes into its repository as it is: no ``index-pack`` reads every object again
+    there. Over ``base``: a git bundle of only the objects ``base`` lacks (those of its tree
+    too, whether or not ``base`` is an ancestor: a snapshot is a commit without parents, and
     two snapshots of one repository share most of their files), a changed file as a delta
-    over its version in ``base``. One ``pack-objects`` behind a header written here (what
-    ``git bundle create`` writes); nothing is written in ``repo``: :func:`keep` the
-    commit there if it must outlive a ``git gc``."""
-    if base:
-        # `git bundle create ref ^base` leaves out what is reachable from base only
-        # through history; --shallow marks every tree of base as there (git's "aggressive
-        # edges"), --thin lets a changed file travel as a delta (the fetch's index-pack
-        # completes it).
-        args, revs = ["-c", "pack.compression=1", "pack-objects", "--revs", "--thin",
-                      "--shallow"], f"{sha}\n^{base}\n"
-    else:
-        args, revs = ["-c", "pack.compression=1", "-c", "pack.window=0", "pack-objects",
-                      "--revs"], f"{sha}\n"
-    try:
-        pack = subprocess.run(
-            ["git", *args, "--delta-base-offset", "--stdout", "-q"], input=revs.encode(),
-            capture_output=True, timeout=300,
-            env=_environ({"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo)}), cwd=repo)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise WorkspaceError(f"git pack-objects failed: {exc}") from None
-    if pack.returncode != 0:
-        raise WorkspaceError("git pack-objects failed: "
-                             f"{pack.stderr.decode(errors='replace').strip()[-500:]}")
+    over its version in ``base``, one ``pack-objects`` behind a header written here (what
+    ``git bundle create`` writes). Nothing is written in ``repo``: :func:`keep` the commit
+    there if it must outlive a ``git gc``."""
+    if not base:
+        return _whole(repo, sha)
+    # `git bundle create ref ^base` leaves out what is reachable from base only through
+    # history; --shallow marks every tree of base as there (git's "aggressive edges"),
+    # --thin lets a changed file travel as a delta (the fetch's index-pack completes it).
+    pack = _pack_objects(repo, ["--thin", "--shallow", "--stdout"], f"{sha}\n^{base}\n")
     # v2 for SHA-1 ids; v3 names the object format otherwise.
     head = "# v2 git bundle\n" if len(sha) == 40 else \
         "# v3 git bundle\n@object-format=sha256\n"
-    prerequisite = f"-{base} swarm base\n" if base else ""
-    return f"{head}{prerequisite}{sha} refs/swarm/snap/{sha}\n\n".encode() + pack.stdout
+    return f"{head}-{base} swarm base\n{sha} refs/swarm/snap/{sha}\n\n".encode() + pack
+
+
+def _pack_objects(repo: Path, args: list[str], revs: str, cwd: Path | None = None) -> bytes:
+    window = [] if "--thin" in args else ["-c", "pack.window=0"]
+    try:
+        done = subprocess.run(
+            ["git", "-c", "pack.compression=1", *window, "pack-objects", "--revs",
+             "--delta-base-offset", "-q", *args], input=revs.encode(), capture_output=True,
+            timeout=300, env=_environ({"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo)}),
+            cwd=cwd or repo)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WorkspaceError(f"git pack-objects failed: {exc}") from None
+    if done.returncode != 0:
+        raise WorkspaceError("git pack-objects failed: "
+                             f"{done.stderr.decode(errors='replace').strip()[-500:]}")
+    return done.stdout
+
+
+def _whole(repo: Path, sha: str) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="swarm-pack-") as tmp:
+        name = _pack_objects(repo, [str(Path(tmp) / "p")], f"{sha}\n", cwd=Path(tmp))
+        name_ = name.decode().strip()
+        index = (Path(tmp) / f"p-{name_}.idx").read_bytes()
+        pack = (Path(tmp) / f"p-{name_}.pack").read_bytes()
+    return PACK_HEAD + f"{sha} {name_} {len(index)}\n".encode() + index + pack
 
 
 def unbundle(repo: Path, sha: str, data: bytes) -> None:
-    """Put the bundle's commit ``sha`` (and its objects) into ``repo``, kept by a ref."""
+    """Put the stored commit ``sha`` (and its objects: :func:`bundle`) into ``repo``, kept
+    by a ref. A whole one's pack and index are written there as they are (the pack
+    first: git sees a pack once its index is there); WorkspaceError when they are not
+    ``sha``'s."""
     ref = f"refs/swarm/snap/{sha}"
+    if data.startswith(PACK_HEAD):
+        end = data.index(b"\n", len(PACK_HEAD))
+        commit, name, size = data[len(PACK_HEAD):end].decode().split()
+        if commit != sha or not all(c in "0123456789abcdef" for c in name) or \
+                len(name) not in (40, 64):
+            raise WorkspaceError(f"the stored snapshot {sha[:12]} is not what it says")
+        body = memoryview(data)[end + 1:]
+        packs = repo / "objects" / "pack"
+        packs.mkdir(parents=True, exist_ok=True)
+        for suffix, part in ((".pack", body[int(size):]), (".idx", body[:int(size)])):
+            final = packs / f"pack-{name}{suffix}"
+            if not final.exists():
+                temp = packs / f".tmp-{os.getpid()}-{threading.get_ident()}-{name}{suffix}"
+                temp.write_bytes(part)
+                os.replace(temp, final)
+        keep(repo, sha)  # git checks there that the commit is in the pack
+        return
     with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
         path = Path(tmp) / "b.bundle"
         path.write_bytes(data)
