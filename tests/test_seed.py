@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -604,3 +605,26 @@ def test_a_childs_own_repository_is_the_one_git_init_makes_on_its_seed(tmp_path:
     assert (child / "committed.txt").read_text() == "base\n"
     assert sh(child, "status", "--porcelain") == ""
     sh(child, "fsck", "--no-dangling")
+
+
+def test_a_hosts_threads_asking_for_one_seed_at_once_look_for_it_once_and_fetch_it_once(
+        redis: redis_lib.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wide fan-out's children on one worker wait for the one that fetches, instead of
+    each starting a git process to look, then queueing on the host's lock."""
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
+    far = seeds(redis, tmp_path / "home-b", "hostb")
+    into = far.cache_for(sid)
+    looked: list[str] = []
+    has = g.has
+    monkeypatch.setattr(g, "has", lambda r, s: looked.append(s) or has(r, s))
+    got: list[int] = []
+    threads = [threading.Thread(target=lambda: got.append(far.fetch(sid, into)))
+               for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(got)[:-1] == [0] * 19 and got.count(0) == 19  # one fetched
+    assert len(looked) <= 2, looked
+    assert g.has(into, sid)

@@ -132,6 +132,18 @@ def upper(view: Path) -> Path:
 
 #: (repository, commit) pairs this process found present: a wide fan-out asks git once.
 _PRESENT: set[tuple[str, str]] = set()
+#: The same pairs -> the lock this process's threads wait on while one of them fetches.
+_FETCHING: dict[tuple[str, str], threading.Lock] = {}
+_PRESENT_LOCK = threading.Lock()
+
+
+def _forget_fetching() -> None:  # a forked child: no other thread holds them there
+    global _PRESENT_LOCK
+    _PRESENT_LOCK = threading.Lock()
+    _FETCHING.clear()
+
+
+os.register_at_fork(after_in_child=_forget_fetching)
 
 
 #: A store's snapshot ids -> their lineages (:attr:`SnapshotMeta.lineage`), as this
@@ -277,20 +289,31 @@ class Seeds:
         """Make commit ``sid`` (and the snapshots it is a delta over) present in the
         repository ``into``: once per host, whoever asks at the same time; the bytes this
         call fetched (0 when it was there)."""
-        if (str(into), sid) in _PRESENT or g.has(into, sid):
-            _PRESENT.add((str(into), sid))
+        key = (str(into), sid)
+        if key in _PRESENT:
             return 0
-        with _locked(self.home / "seeds" / "locks" / f"{sid}.lock"):
-            if g.has(into, sid):
-                _PRESENT.add((str(into), sid))
+        # This process's threads wait for the one that asks (a wide fan-out's children
+        # would each start a git process to look, then queue on the host's lock).
+        with _PRESENT_LOCK:
+            asking = _FETCHING.setdefault(key, threading.Lock())
+        with asking:
+            if key in _PRESENT:
                 return 0
-            meta, data = self.store.get(sid)
-            fetched = self.fetch(meta.base, into) if meta.base else 0
-            if meta.base:  # the delta's bundle needs its base reachable from a ref
-                g.keep(into, meta.base)
-            g.unbundle(into, sid, data)
-            self.store.fetched(sid, self.host, len(data))
-            return fetched + len(data)
+            if g.has(into, sid):
+                _PRESENT.add(key)
+                return 0
+            with _locked(self.home / "seeds" / "locks" / f"{sid}.lock"):
+                if g.has(into, sid):
+                    _PRESENT.add(key)
+                    return 0
+                meta, data = self.store.get(sid)
+                fetched = self.fetch(meta.base, into) if meta.base else 0
+                if meta.base:  # the delta's bundle needs its base reachable from a ref
+                    g.keep(into, meta.base)
+                g.unbundle(into, sid, data)
+                self.store.fetched(sid, self.host, len(data))
+                _PRESENT.add(key)
+                return fetched + len(data)
 
     def child(self, swarm_id: str, agent_id: str, seed: str) -> Workspace:
         """A new child's workspace: its parent's snapshot ``seed`` checked out with a
