@@ -197,3 +197,4 @@ if __name__ == "__main__":
     finally:
         if os.getpid() == 2:
             sweep()
+    os._exit(0)  # no interpreter teardown (~1 ms a box): nothing is left to flush
