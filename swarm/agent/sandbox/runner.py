@@ -43,7 +43,7 @@ def prctl(option: int) -> int:
         return int(_ctypes.call_function(
             _ctypes.dlsym(_ctypes.dlopen(None, 0), "prctl"),  # type: ignore[arg-type]
             (option, 0, 0, 0, 0)))
-    except (ImportError, AttributeError, OSError):
+    except (ImportError, AttributeError, OSError, TypeError):
         import ctypes
 
         return int(ctypes.CDLL(None).prctl(option, 0, 0, 0, 0))
