@@ -552,6 +552,47 @@ def test_a_boxed_command_whose_runner_died_before_it_started_does_not_run(
     assert not (ws / "ran").exists(), "the command ran after its runner had died"
 
 
+@needs_sandbox
+@pytest.mark.skipif(not sandbox.pdeathsig_setpriv(), reason="setpriv with --pdeathsig is not here")
+def test_a_box_that_waits_for_its_worker_never_runs_once_the_worker_died_before_its_guard(
+        outside_tmp: Path) -> None:
+    """A box that waits for its worker (its network slot, its cgroup) says "up" only after
+    ``setpriv`` set its parent-death signal, and runs only at the worker's "go": that
+    handshake is its guard (no RUNNER_GUARD shell). Here the worker dies while the box is
+    still in ``setpriv`` (a stand-in that waits for that, then runs the real one), without
+    the runner's pipe; the command must not run."""
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    fake, started = outside_tmp / "bin", outside_tmp / "started"
+    fake.mkdir()
+    (fake / "setpriv").write_text(
+        "#!/bin/sh\n"
+        f"echo $$ > {started}.new && mv {started}.new {started}\n"
+        "while [ \"$(cut -d' ' -f4 /proc/$$/stat)\" = \"$PPID\" ]; do sleep 0.01; done\n"
+        f"exec {sandbox.pdeathsig_setpriv()} \"$@\"\n")
+    (fake / "setpriv").chmod(0o755)
+    runner = (
+        "import os, threading, time\n"
+        "from pathlib import Path\n"
+        "from swarm.agent.sandbox import Launch, program_fd\n"
+        "from swarm.agent.shell import LocalEnvironment\n"
+        f"ws = Path({str(ws)!r})\n"
+        "env = LocalEnvironment(ws, sandbox='bwrap', die_with_runner=True)\n"
+        "assert env.execute('true', 30).exit_code == 0\n"  # its grants and slot made
+        "box, fd = env.choice.box, program_fd()\n"
+        f"environ = dict(env.env(), PATH={str(fake)!r} + ':' + env.env()['PATH'])\n"
+        "threading.Thread(target=Launch, daemon=True, args=(box, lambda hs: box.argv(\n"
+        "    'echo ran > ran', ws, fd, runner=os.getpid(), handshake=hs)),\n"
+        "    kwargs=dict(pass_fds=(fd,), cwd=ws, env=environ)).start()\n"
+        f"while not os.path.exists({str(started)!r}):\n"
+        "    time.sleep(0.01)\n"
+        "os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", runner], check=True, timeout=60, cwd=ROOT)
+    orphan = Path(f"/proc/{int(started.read_text())}")
+    wait_until(lambda: not orphan.exists(), "the orphaned box to end", timeout=30)
+    assert not (ws / "ran").exists(), "the command ran after its worker had died"
+
+
 def _children(pid: int) -> list[str]:
     try:
         return [c for t in Path(f"/proc/{pid}/task").iterdir()

@@ -14,7 +14,8 @@ every address to deny (:func:`deny_list`: the host's own addresses, the Redis ho
 link-local addresses as a cloud's metadata service, the operator's ``SWARM_SANDBOX_DENY``),
 routes and nftables rules for what ``SWARM_SANDBOX_ALLOW`` lets through, and only then
 runs the box, which drops every capability: it cannot change them. The box's own
-loopback is its own.
+loopback is its own. (A box in a slot, or with no network of its own to set up, runs
+:data:`WRAPPER` after ``setpriv``, unprivileged: :meth:`~swarm.agent.sandbox.Box.argv`.)
 """
 
 from __future__ import annotations
@@ -148,21 +149,23 @@ def deny_list(redis_url: str = "", extra: Iterable[str] = ()) -> tuple[str, ...]
                                 *ALWAYS_DENIED, *extra]))
 
 
-def wrapper(up: int, go: int, net: Network | None, holder: int = 0) -> list[str]:
+def wrapper(up: int, go: int, net: Network | None) -> list[str]:
     """The start of a box command that waits for the worker (:data:`WRAPPER`), in a new
-    network namespace when ``net`` says so, or in that of the network slot ``holder``
-    holds (its pid: :mod:`~swarm.agent.sandbox.netslots`, whose routes are set already)."""
-    if net is not None and holder:
-        ns = f"/proc/{holder}/ns"
-        own = [f"--user={ns}/user"] if os.geteuid() != 0 else []
-        return ["nsenter", *own, f"--net={ns}/net", "--",
-                "bash", "-c", WRAPPER, "bash", str(up), str(go), "", ""]
+    network namespace when ``net`` says so (whose routes it sets, privileged there)."""
     argv = ["bash", "-c", WRAPPER, "bash", str(up), str(go),
             net.routes() if net is not None else "", net.rules() if net is not None else ""]
     if net is None:
         return argv
     own = ["--user", "--map-root-user"] if os.geteuid() != 0 else []
     return ["unshare", *own, "--net", "--", *argv]
+
+
+def enter(holder: int) -> list[str]:
+    """The start of a box command in the network namespace of the slot ``holder`` holds (its
+    pid: :mod:`~swarm.agent.sandbox.netslots`, whose routes are set already)."""
+    ns = f"/proc/{holder}/ns"
+    own = [f"--user={ns}/user"] if os.geteuid() != 0 else []
+    return ["nsenter", *own, f"--net={ns}/net", "--"]
 
 
 class Slirp:

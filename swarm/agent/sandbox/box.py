@@ -124,20 +124,33 @@ class Box:
         with it (:data:`RUNNER_ALIVE`). With ``handshake`` (the write end of the "up" pipe,
         the read end of the "go" one and one holding its ``/etc/resolv.conf``:
         :class:`.Launch`), it starts in :func:`~swarm.agent.boxnet.wrapper`, which waits
-        for the worker. With ``program`` (a lasting box's runner), bubblewrap runs that
-        instead of ``bash -c command``: it must set the :data:`PIDS` limit itself."""
+        for the worker: after ``setpriv`` when it has no routes to set (in a network slot,
+        or no network of its own), where it is the guard too (the worker's "go" comes only
+        after its "up", said once the parent-death signal is set); else before ``setpriv``,
+        root in its new network namespace. With ``program`` (a lasting box's runner),
+        bubblewrap runs that instead of ``bash -c command``: it must set the :data:`PIDS`
+        limit itself."""
         ws = str(workspace.resolve())
         drop = [] if self.run_as is None else [
             f"--reuid={self.run_as}", f"--regid={self.run_as}", "--clear-groups"]
         guard = runner is not None and bool(pdeathsig_setpriv())
         # The parent-death signal is set after the uid change, which would clear it.
-        box = [] if handshake is None else boxnet.wrapper(
-            handshake.up, handshake.go, self.net if self.net.mode == "user" else None,
-            holder=handshake.holder)
-        box += ["setpriv", *drop, *(["--pdeathsig", "KILL"] if guard else []), "--"] \
+        setpriv = ["setpriv", *drop, *(["--pdeathsig", "KILL"] if guard else []), "--"] \
             if drop or guard else []
-        if guard:
-            box += ["/bin/sh", "-c", RUNNER_GUARD, "sh", str(runner)]
+        user = self.net.mode == "user"
+        if handshake is not None and (not user or handshake.holder):
+            # No route to set: the box waits for its worker after setpriv, unprivileged,
+            # which makes it the guard too: the worker says "go" only once the box said
+            # "up", after the parent-death signal was set (one shell less than
+            # RUNNER_GUARD's).
+            box = boxnet.enter(handshake.holder) if user else []
+            box += [*setpriv, *boxnet.wrapper(handshake.up, handshake.go, None)]
+        else:
+            box = [] if handshake is None else boxnet.wrapper(
+                handshake.up, handshake.go, self.net if user else None)
+            box += setpriv
+            if guard:
+                box += ["/bin/sh", "-c", RUNNER_GUARD, "sh", str(runner)]
         box += [self.binary, "--unshare-user", "--uid", str(UID), "--gid", str(UID),
                # No UTS namespace of its own: the host's belongs to the host's user namespace,
                # where the box has no capability, so it cannot set the host's name either way.

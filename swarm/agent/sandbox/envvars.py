@@ -5,7 +5,9 @@ worker's files."""
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping
+import functools
+import re
+from collections.abc import Callable, Iterable, Mapping
 
 PASSED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TZ",
           "TERM", "COLORTERM", "TMPDIR", "EDITOR", "VISUAL",
@@ -21,8 +23,18 @@ PASSED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*"
 
 def environment(source: Mapping[str, str], extra_names: Iterable[str] = ()) -> dict[str, str]:
     """The variables of ``source`` that :data:`PASSED` or ``extra_names`` name."""
-    patterns = (*PASSED, *extra_names)
-    return {k: v for k, v in source.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    named = _named((*PASSED, *extra_names))
+    return {k: v for k, v in source.items() if named(k)}
+
+
+@functools.lru_cache(maxsize=32)
+def _named(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a name matches one of ``patterns`` (a set and one regular expression:
+    ``fnmatch`` for each pattern and each variable was ~0.3 ms a box)."""
+    exact = frozenset(p for p in patterns if not any(c in p for c in "*?["))
+    wild = re.compile("|".join(fnmatch.translate(p) for p in patterns if p not in exact)
+                      or "(?!)")
+    return lambda name: name in exact or wild.match(name) is not None
 
 
 #: The box's git tells a file changed since its index entry by size and whole-second

@@ -31,7 +31,9 @@ def pdeathsig_setpriv() -> str:
 #: bubblewrap (``$2...``) only if its parent is still the worker (``$1``). bubblewrap's own
 #: ``--die-with-parent`` is set later, inside it: a worker killed between the fork and that
 #: point left the box running its command, orphaned, after the child's lease could have
-#: been handed over; a worker killed before ``setpriv`` set the signal sends none.
+#: been handed over; a worker killed before ``setpriv`` set the signal sends none. (A box
+#: that waits for its worker after ``setpriv`` needs no such shell: the worker, alive, says
+#: "go" only once the box said "up", after the signal was set: :meth:`.Box.argv`.)
 RUNNER_GUARD = '[ "$PPID" = "$1" ] || exit 137; shift; exec "$@"'
 
 #: The first lines of a worker's box command, given (as ``{fd}``) the read end of a pipe

@@ -6,8 +6,9 @@ A slot is a namespace held by a small shell (:data:`HOLD`, started as a box's ne
 ``unshare --net``, or ``--user --map-root-user --net`` for a worker that is not root),
 which applies the routes and rules once slirp4netns serves the namespace and then waits for
 the end of its stdin (the worker closing it, or dying). A box enters it with ``nsenter``
-(:func:`~swarm.agent.boxnet.wrapper`) and waits for its worker as before
-(:class:`~swarm.agent.sandbox.Launch`).
+(:func:`~swarm.agent.boxnet.enter`) and waits for its worker as before
+(:class:`~swarm.agent.sandbox.Launch`), unprivileged, after ``setpriv``
+(:meth:`~swarm.agent.sandbox.Box.argv`).
 
 A slot goes back to its pool only once the box that had it ended on its own: every process
 that was in the namespace but the holder was the box's, in the box's own pid namespace,
