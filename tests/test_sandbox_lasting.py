@@ -286,8 +286,10 @@ def test_a_box_started_ahead_outlives_the_thread_that_asked_and_runs_the_command
     asker = threading.Thread(target=env.warm)
     asker.start()
     asker.join()
-    wait_until(lambda: host_processes(str(env.workspace)) != [], "the box to start")
+    assert env._warming is not None
+    env._warming.result(timeout=30)  # started, with no command
     boxes = host_processes(str(env.workspace))
+    assert boxes
     for _ in range(3):
         done = env.execute("echo ran", 30)
         assert (done.output, done.exit_code) == ("ran\n", 0)
