@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from typing import Any
 
@@ -93,3 +94,19 @@ def test_ended_deadlines_are_not_kept_until_they_are_due() -> None:
         with Deadline(1800, lambda: None):
             pass
     assert ALARMS.pending() < 200
+
+
+def test_a_forked_child_has_none_of_its_parents_deadlines_and_its_own_expire() -> None:
+    with Deadline(60, lambda: None):
+        pid = os.fork()
+        if pid == 0:  # the child: exits 0 when it holds no deadline of its parent's
+            code = 1
+            try:
+                if ALARMS.pending() == 0:
+                    with Deadline(0.05, lambda: None) as own:
+                        wait_until(lambda: own.expired, "the child's deadline", timeout=10)
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -9,6 +9,7 @@ import heapq
 import itertools
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -76,6 +77,11 @@ class Alarms:
     are such (then they are dropped at once): calls end long before their deadline."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """No deadline, no thread: a new process's (a forked child has none of the parent's
+        calls, nor its thread, and maybe a lock another of its threads held)."""
         self._heap: list[tuple[float, int, Deadline]] = []
         self._ended = 0
         """Entries of the heap whose deadline is done."""
@@ -133,6 +139,7 @@ class Alarms:
 
 
 ALARMS = Alarms()
+os.register_at_fork(after_in_child=ALARMS.reset)
 
 
 class PastDeadline(Exception):
