@@ -585,3 +585,12 @@ def test_a_commit_is_git_commit_trees_own_written_without_a_git_process(
     assert subprocess.run(["git", "fsck", "--strict", "--no-dangling"], env=env,
                           capture_output=True, text=True).returncode == 0
     assert not list((repo / "objects" / first[:2]).glob("tmp_obj_*"))
+
+
+def test_a_commit_in_a_shared_repository_gets_the_groups_permissions(tmp_path: Path) -> None:
+    repo = tmp_path / "shared.git"
+    sh(tmp_path, "init", "-q", "--bare", "--shared=group", str(repo))
+    tree = subprocess.run(["git", "mktree"], input="", capture_output=True, text=True,
+                          env={**os.environ, "GIT_DIR": str(repo)}, check=True).stdout.strip()
+    sid = g.commit(repo, tree, [], "swarm: a child's work")
+    assert (repo / "objects" / sid[:2]).stat().st_mode & 0o2070 == 0o2070  # as git makes it

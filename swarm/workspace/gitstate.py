@@ -329,13 +329,23 @@ def commit(repo: Path, tree: str, parents: list[str], message: str,
     """A commit of ``tree`` in the repository ``repo`` (its git directory). A deterministic
     one is written here, the bytes ``git commit-tree`` writes with :data:`IDENT` (a git
     process less a child's capture: ~1-2 ms of CPU)."""
-    if deterministic and all(_OBJECT_ID.fullmatch(x) and len(x) == len(tree)
-                             for x in (tree, *parents)):
+    if deterministic and not _shared(repo) and all(
+            _OBJECT_ID.fullmatch(x) and len(x) == len(tree) for x in (tree, *parents)):
         return _write_commit(repo, tree, parents, message)
     args = ["commit-tree", tree, "-m", message]
     for parent in parents:
         args += ["-p", parent]
     return git(*args, repo=repo, env=IDENT if deterministic else None)
+
+
+@functools.lru_cache(maxsize=256)
+def _shared(repo: Path) -> bool:
+    """Whether ``repo``'s config may set ``core.sharedRepository`` (git gives the objects
+    it writes there a group's permissions: it writes them itself)."""
+    try:
+        return "sharedrepository" in (repo / "config").read_text(errors="replace").lower()
+    except OSError:
+        return False
 
 
 def _write_commit(repo: Path, tree: str, parents: list[str], message: str) -> str:
