@@ -10,12 +10,19 @@ from typing import Any
 import pytest
 import redis as redis_lib
 
-from swarm.agent import compaction
+from swarm.agent import compaction, context
 from swarm.agent.approval import approve_all, deny_all
 from swarm.agent.loop import INTERRUPTED_BY_USER, Agent, Observer
 from swarm.config import Settings
 from swarm.domain.history import problems
-from swarm.domain.messages import ChatResult, Message, OnEvent, StreamEvent, Usage
+from swarm.domain.messages import (
+    TOKENS_BEYOND_BYTES,
+    ChatResult,
+    Message,
+    OnEvent,
+    StreamEvent,
+    Usage,
+)
 from swarm.domain.spawn import SpawnCall
 from swarm.errors import Interrupted, LockError, RepeatedCalls, TaskTooLarge, TurnLimitReached
 from swarm.llm.client import LLMClient
@@ -265,6 +272,35 @@ def test_no_figure_alone_compacts_the_conversation(model_server: ScriptedModelSe
     contents = [m.get("content") for m in agent.messages]
     assert contents[1:3] == ["the first task", "first answer"]
     assert compaction.EMERGENCY not in contents and notices == []
+
+
+class Unencodable:
+    """A value ``json.dumps`` refuses: a history holding it fails where it is encoded."""
+
+
+class History:
+    """What :func:`context.used_tokens` reads of an agent; its tools encode to ``tools``
+    bytes, or fail the test when asked for (None)."""
+
+    def __init__(self, messages: list[Message], tools: int | None = None) -> None:
+        self.messages, self.tools = messages, tools
+
+    @property
+    def tools_bytes(self) -> int:
+        assert self.tools is not None, "the tools were encoded"
+        return self.tools
+
+
+def test_a_plausible_token_count_encodes_neither_the_history_nor_the_tools() -> None:
+    # It was encoded after every model call and tool result (7 times a child of 3 commands).
+    history = History([{"role": "user", "content": "x" * 40_000, "odd": Unencodable()}])
+    result = ChatResult({"role": "assistant", "content": "ok"}, Usage(30_000, 10, 30_010))
+    assert context.used_tokens(history, result) == 30_010  # type: ignore[arg-type]
+    # A count the history's bytes cannot hold is still capped by them.
+    messages: list[Message] = [{"role": "user", "content": "x" * 100}]
+    result.usage = Usage(10**12, 1, 10**12 + 1)
+    cap = len(json.dumps(messages).encode()) + 300 + TOKENS_BEYOND_BYTES
+    assert context.used_tokens(History(messages, 300), result) == cap  # type: ignore[arg-type]
 
 
 def test_a_cut_answer_is_told_to_the_model_with_its_tool_results(

@@ -1,14 +1,18 @@
-"""What keeps a model call bounded, on its own: a cut answer's JSON closed so its start can
-be read, and token counts checked against the bytes exchanged."""
+"""What keeps a model call bounded, on its own: its deadline, a cut answer's JSON closed so
+its start can be read, and token counts checked against the bytes exchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import threading
 from typing import Any
 
 import pytest
 
-from swarm.llm.bounds import close_cut_json, implausible_usage
+from swarm.llm.bounds import ALARMS, Deadline, close_cut_json, implausible_usage
+from tests.helpers import wait_until
 
 COMPLETION = {"id": "x", "choices": [{"index": 0, "message": {
     "role": "assistant", "content": 'caf\u00e9 "q" \\ \U0001f600 end',
@@ -63,3 +67,46 @@ def test_what_cannot_be_read_is_none_or_empty(text: str) -> None:
 ])
 def test_figures_are_checked_against_the_bytes_exchanged(usage: Any, why: str) -> None:
     assert implausible_usage(usage, 1_000, 100, 40_000) == why
+
+
+def test_deadlines_open_at_once_share_one_thread() -> None:
+    # A thread per model call was a thread start and stop per call in a worker.
+    with Deadline(60, lambda: None):
+        before = threading.active_count()
+        with contextlib.ExitStack() as stack:
+            for _ in range(20):
+                stack.enter_context(Deadline(60, lambda: None))
+            assert threading.active_count() == before
+
+
+def test_a_deadline_expires_before_a_later_one_and_an_ended_one_never() -> None:
+    fired: list[str] = []
+    with Deadline(0.05, lambda: fired.append("ended")):
+        pass  # its call ended in time
+    with Deadline(60, lambda: fired.append("late")) as late, \
+            Deadline(0.2, lambda: fired.append("due")) as due:  # due before what is waited for
+        wait_until(lambda: due.expired, "the deadline due first to expire", timeout=10)
+        assert fired == ["due"] and not late.expired
+
+
+def test_ended_deadlines_are_not_kept_until_they_are_due() -> None:
+    for _ in range(1000):
+        with Deadline(1800, lambda: None):
+            pass
+    assert ALARMS.pending() < 200
+
+
+def test_a_forked_child_has_none_of_its_parents_deadlines_and_its_own_expire() -> None:
+    with Deadline(60, lambda: None):
+        pid = os.fork()
+        if pid == 0:  # the child: exits 0 when it holds no deadline of its parent's
+            code = 1
+            try:
+                if ALARMS.pending() == 0:
+                    with Deadline(0.05, lambda: None) as own:
+                        wait_until(lambda: own.expired, "the child's deadline", timeout=10)
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

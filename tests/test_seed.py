@@ -628,3 +628,39 @@ def test_a_hosts_threads_asking_for_one_seed_at_once_look_for_it_once_and_fetch_
     assert sorted(got)[:-1] == [0] * 19 and got.count(0) == 19  # one fetched
     assert len(looked) <= 2, looked
     assert g.has(into, sid)
+
+
+@pytest.mark.parametrize("object_format", ["sha1", "sha256"])
+def test_a_commit_is_git_commit_trees_own_written_without_a_git_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, object_format: str) -> None:
+    # commit-tree was one of a capture's git processes (~1-2 ms of CPU each).
+    repo = tmp_path / "r.git"
+    sh(tmp_path, "init", "-q", "--bare", f"--object-format={object_format}", str(repo))
+    env = {**os.environ, "GIT_DIR": str(repo), **g.IDENT}
+    tree = subprocess.run(["git", "mktree"], input="", env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+    def by_git(*parents: str) -> str:
+        args = [x for p in parents for x in ("-p", p)]
+        return subprocess.run(["git", "commit-tree", tree, *args, "-m", "swarm: a child's work"],
+                              env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+    first, second = by_git(), by_git(by_git())
+    shutil.rmtree(repo / "objects" / first[:2])
+    monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
+    assert g.commit(repo, tree, [], "swarm: a child's work") == first
+    assert g.commit(repo, tree, [first], "swarm: a child's work") == second
+    assert g.commit(repo, tree, [first, second], "m") != second
+    monkeypatch.undo()
+    assert subprocess.run(["git", "fsck", "--strict", "--no-dangling"], env=env,
+                          capture_output=True, text=True).returncode == 0
+    assert not list((repo / "objects" / first[:2]).glob("tmp_obj_*"))
+
+
+def test_a_commit_in_a_shared_repository_gets_the_groups_permissions(tmp_path: Path) -> None:
+    repo = tmp_path / "shared.git"
+    sh(tmp_path, "init", "-q", "--bare", "--shared=group", str(repo))
+    tree = subprocess.run(["git", "mktree"], input="", capture_output=True, text=True,
+                          env={**os.environ, "GIT_DIR": str(repo)}, check=True).stdout.strip()
+    sid = g.commit(repo, tree, [], "swarm: a child's work")
+    assert (repo / "objects" / sid[:2]).stat().st_mode & 0o2070 == 0o2070  # as git makes it

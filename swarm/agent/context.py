@@ -27,8 +27,15 @@ def used_tokens(agent: Agent, result: ChatResult, since: int | None = None) -> i
         return estimate_tokens(agent.messages)
     extra = agent.messages[since:] if since is not None else []
     used = result.usage.total_tokens + estimate_tokens(extra)
+    if used <= TOKENS_BEYOND_BYTES or used <= TOKENS_BEYOND_BYTES + text_size(agent.messages):
+        return used  # under the cap however the messages encode: they need not be
     most = len(json.dumps(agent.messages, ensure_ascii=False).encode())
     return min(used, most + agent.tools_bytes + TOKENS_BEYOND_BYTES)
+
+
+def text_size(messages: list[Message]) -> int:
+    """Characters of the messages' text contents: at most the bytes of their JSON."""
+    return sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
 
 
 def crisis_index(messages: list[Message]) -> int | None:

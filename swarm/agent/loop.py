@@ -110,8 +110,8 @@ class Agent:
     run_start: int | None = field(default=None, init=False)
     """The session's turn count when :meth:`run` gave the current task."""
     _noticed: set[str] = field(default_factory=set, init=False)
-    tools_bytes: int = field(default=0, init=False)
-    """The size of the tools offered at the last model call (:func:`context.used_tokens`)."""
+    _offered: list[dict[str, Any]] | None = field(default=None, init=False, repr=False)
+    """The tools offered at the last model call."""
     background: Background = field(init=False)
     """Its children started with ``background: true`` (:mod:`swarm.agent.background`)."""
 
@@ -123,6 +123,13 @@ class Agent:
     @property
     def messages(self) -> list[Message]:
         return self.session.messages
+
+    @property
+    def tools_bytes(self) -> int:
+        """The size of the tools offered at the last model call (:func:`context.used_tokens`),
+        encoded only when asked: most calls' token counts need no cap."""
+        return 0 if self._offered is None else \
+            len(json.dumps(self._offered, ensure_ascii=False).encode())
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -275,7 +282,7 @@ class Agent:
             if self.before_step is not None:
                 self.before_step(self)
             raise
-        self.tools_bytes = len(json.dumps(tools, ensure_ascii=False).encode())
+        self._offered = tools
         for kind, text in result.notices.items():
             if kind not in self._noticed:  # once a run
                 self._noticed.add(kind)

@@ -5,13 +5,20 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
+import logging
+import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from swarm.domain.messages import CHARS_PER_TOKEN, TOKENS_BEYOND_BYTES, Usage
+
+log = logging.getLogger(__name__)
 
 BYTES_PER_CHAR = 6
 """Bytes of JSON one character of an answer may take (``\\u00e9``): a body or stream event
@@ -28,8 +35,9 @@ model's context length is not known."""
 
 class Deadline:
     """The end of one try of a model call, ``seconds`` after it starts: then ``abort`` runs
-    (from a timer thread: it shuts the call's sockets, so a blocked read returns at once)
-    and :attr:`expired` is set. Use as a context manager around the try."""
+    (from the process's alarm thread, :class:`Alarms`: it shuts the call's sockets, so a
+    blocked read returns at once) and :attr:`expired` is set. Use as a context manager
+    around the try."""
 
     def __init__(self, seconds: float, abort: Callable[[], object]) -> None:
         self.seconds = seconds
@@ -37,19 +45,19 @@ class Deadline:
         self.received = 0
         """Bytes of the answer read so far (by :meth:`chunks`)."""
         self._abort = abort
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
+        self.done = False
+        """Its try ended (or it expired): it is no longer due."""
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
         self.expired = True
         self._abort()
 
     def __enter__(self) -> Deadline:
-        self._timer.start()
+        ALARMS.add(time.monotonic() + self.seconds, self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._timer.cancel()
+        ALARMS.cancel(self)
 
     def chunks(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         """``chunks``, counted in :attr:`received`; raises :class:`PastDeadline` once the
@@ -59,6 +67,79 @@ class Deadline:
             if self.expired:
                 raise PastDeadline
             yield chunk
+
+
+class Alarms:
+    """One thread that expires every :class:`Deadline` of the process when it is due, a
+    thread a call was a thread start and stop per model call (a worker makes thousands).
+
+    A deadline whose call ended stays in the heap until it is due or until most entries
+    are such (then they are dropped at once): calls end long before their deadline."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """No deadline, no thread: a new process's (a forked child has none of the parent's
+        calls, nor its thread, and maybe a lock another of its threads held)."""
+        self._heap: list[tuple[float, int, Deadline]] = []
+        self._ended = 0
+        """Entries of the heap whose deadline is done."""
+        self._count = itertools.count()
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def add(self, when: float, deadline: Deadline) -> None:
+        """Expire ``deadline`` at ``when`` (``time.monotonic()``) unless cancelled first."""
+        with self._cond:
+            heapq.heappush(self._heap, (when, next(self._count), deadline))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="swarm-deadlines",
+                                                daemon=True)
+                self._thread.start()
+            elif self._heap[0][2] is deadline:  # due before what the thread waits for
+                self._cond.notify()
+
+    def cancel(self, deadline: Deadline) -> None:
+        with self._cond:
+            if deadline.done:
+                return
+            deadline.done = True
+            self._ended += 1
+            if self._ended > 64 and 2 * self._ended > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].done]
+                heapq.heapify(self._heap)
+                self._ended = 0
+
+    def pending(self) -> int:
+        """Entries the heap holds (ended ones included)."""
+        with self._cond:
+            return len(self._heap)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                due = self._next_due()
+                due.done = True
+            try:
+                due.expire()
+            except Exception:  # the thread must outlive one broken abort
+                log.exception("aborting a model call at its deadline failed")
+
+    def _next_due(self) -> Deadline:
+        """Wait (the lock held) for the next deadline due and not done, and pop it."""
+        while True:
+            while self._heap and self._heap[0][2].done:
+                heapq.heappop(self._heap)
+                self._ended -= 1
+            now = time.monotonic()
+            if self._heap and self._heap[0][0] <= now:
+                return heapq.heappop(self._heap)[2]
+            self._cond.wait(self._heap[0][0] - now if self._heap else None)
+
+
+ALARMS = Alarms()
+os.register_at_fork(after_in_child=ALARMS.reset)
 
 
 class PastDeadline(Exception):
