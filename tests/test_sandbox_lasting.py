@@ -329,3 +329,14 @@ def test_a_run_in_its_own_mount_namespace_starts_its_box_there(outside_tmp: Path
         assert out == [""]
     finally:
         subprocess.run(["umount", "-l", str(ws / "inner")], check=True)
+
+
+def test_no_box_is_started_ahead_once_the_environment_was_closed(env: LocalEnvironment) -> None:
+    """A run whose workspace arrives after it closed its environment (cancelled, or its
+    model failed, before its first step) starts no box that nothing would close."""
+    env.close()
+    env.warm()
+    if env._warming is not None:
+        env._warming.result(timeout=30)
+    assert env._box is None
+    assert host_processes(str(env.workspace)) == []

@@ -664,3 +664,34 @@ def test_a_commit_in_a_shared_repository_gets_the_groups_permissions(tmp_path: P
                           env={**os.environ, "GIT_DIR": str(repo)}, check=True).stdout.strip()
     sid = g.commit(repo, tree, [], "swarm: a child's work")
     assert (repo / "objects" / sid[:2]).stat().st_mode & 0o2070 == 0o2070  # as git makes it
+
+
+def test_a_whole_snapshot_is_one_pack_whatever_the_repository_says_of_pack_sizes(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sh(repo, "config", "pack.packSizeLimit", "1m")
+    for i in range(3):  # 3 MB that compress to nothing less
+        (repo / f"big{i}.bin").write_bytes(os.urandom(1 << 20))
+    sh(repo, "add", "-A")
+    sh(repo, "commit", "-qm", "big")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
+    child = seeds(redis, tmp_path / "home-b", "hostb").child(SWARM, "a1", sid)
+    assert (child.path / "big2.bin").read_bytes() == (repo / "big2.bin").read_bytes()
+
+
+def test_a_whole_snapshot_git_cannot_read_leaves_nothing_in_the_repository(
+        redis: redis_lib.Redis, tmp_path: Path) -> None:
+    """Its pack and index are removed again, so a later fetch writes them anew."""
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
+    data = SnapshotStore(redis).get(sid)[1]
+    end = data.index(b"\n", len(g.PACK_HEAD))
+    size = int(data[len(g.PACK_HEAD):end].split()[2])
+    broken = data[:end + 1] + bytes(size) + data[end + 1 + size:]  # an index of zeros
+    other = tmp_path / "other.git"
+    sh(tmp_path, "init", "-q", "--bare", str(other))
+    with pytest.raises(WorkspaceError, match="could not be put"):
+        g.unbundle(other, sid, broken)
+    assert list((other / "objects" / "pack").iterdir()) == []
+    g.unbundle(other, sid, data)
+    assert g.has(other, sid)

@@ -52,7 +52,7 @@ class Threads:
             job = self._jobs.get()
             try:
                 job()
-            except Exception:
+            except BaseException:  # the thread never ends: a box dies with its thread
                 log.exception("a background job failed")
 
     def soon(self, job: Callable[[], object]) -> None:

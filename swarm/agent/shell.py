@@ -274,6 +274,8 @@ class LocalEnvironment:
         self._box: LastingBox | None = None
         self._box_lock = threading.Lock()
         self._warming: futures.Future[None] | None = None
+        self._closed = False
+        """Set by :meth:`close`: no box is started ahead after it."""
 
     def warm(self) -> None:
         """Start the lasting box now, before any command (a child's model thinks
@@ -285,7 +287,7 @@ class LocalEnvironment:
         (a run's, with its view), which the box must copy: the first command starts it
         there."""
         if self.choice.box is None or not self.lasting or self._warming is not None \
-                or netslots.own_mounts():
+                or self._closed or netslots.own_mounts(unknown=True):
             return
         self._warming = later.BOXES.submit(self._warm)
 
@@ -293,7 +295,7 @@ class LocalEnvironment:
         box = self.choice.box
         assert box is not None
         with self._box_lock:
-            if self._box is None:
+            if self._box is None and not self._closed:
                 # A failure here is the first command's to report: it tries again.
                 with contextlib.suppress(ToolError, OSError):
                     self._prepare(box)
@@ -309,6 +311,7 @@ class LocalEnvironment:
         """End the box the commands ran in, and whatever is left in it (idempotent)."""
         self._warmed()  # a box starting now would outlive the close
         with self._box_lock:
+            self._closed = True
             box, self._box = self._box, None
         if box is not None:
             box.close()

@@ -497,7 +497,8 @@ def _pack_objects(repo: Path, args: list[str], revs: str, cwd: Path | None = Non
     window = [] if "--thin" in args else ["-c", "pack.window=0"]
     try:
         done = subprocess.run(
-            ["git", "-c", "pack.compression=1", *window, "pack-objects", "--revs",
+            ["git", "-c", "pack.compression=1", "-c", "pack.packSizeLimit=0", *window,
+             "pack-objects", "--revs",
              "--delta-base-offset", "-q", *args], input=revs.encode(), capture_output=True,
             timeout=300, env=_environ({"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo)}),
             cwd=cwd or repo)
@@ -511,11 +512,17 @@ def _pack_objects(repo: Path, args: list[str], revs: str, cwd: Path | None = Non
 
 def _whole(repo: Path, sha: str) -> bytes:
     with tempfile.TemporaryDirectory(prefix="swarm-pack-") as tmp:
-        name = _pack_objects(repo, [str(Path(tmp) / "p")], f"{sha}\n", cwd=Path(tmp))
-        name_ = name.decode().strip()
-        index = (Path(tmp) / f"p-{name_}.idx").read_bytes()
-        pack = (Path(tmp) / f"p-{name_}.pack").read_bytes()
-    return PACK_HEAD + f"{sha} {name_} {len(index)}\n".encode() + index + pack
+        names = _pack_objects(repo, [str(Path(tmp) / "p")],
+                              f"{sha}\n", cwd=Path(tmp)).decode().split()
+        if len(names) != 1:
+            raise WorkspaceError(f"git pack-objects made {len(names)} packs of {sha[:12]}, "
+                                 "not one")
+        try:
+            index = (Path(tmp) / f"p-{names[0]}.idx").read_bytes()
+            pack = (Path(tmp) / f"p-{names[0]}.pack").read_bytes()
+        except OSError as exc:
+            raise WorkspaceError(f"the pack of {sha[:12]} cannot be read: {exc}") from None
+    return PACK_HEAD + f"{sha} {names[0]} {len(index)}\n".encode() + index + pack
 
 
 def unbundle(repo: Path, sha: str, data: bytes) -> None:
@@ -527,19 +534,29 @@ def unbundle(repo: Path, sha: str, data: bytes) -> None:
     if data.startswith(PACK_HEAD):
         end = data.index(b"\n", len(PACK_HEAD))
         commit, name, size = data[len(PACK_HEAD):end].decode().split()
-        if commit != sha or not all(c in "0123456789abcdef" for c in name) or \
-                len(name) not in (40, 64):
-            raise WorkspaceError(f"the stored snapshot {sha[:12]} is not what it says")
         body = memoryview(data)[end + 1:]
+        if commit != sha or not all(c in "0123456789abcdef" for c in name) or \
+                len(name) not in (40, 64) or not size.isdigit() or \
+                not 0 < int(size) < len(body):
+            raise WorkspaceError(f"the stored snapshot {sha[:12]} is not what it says")
         packs = repo / "objects" / "pack"
         packs.mkdir(parents=True, exist_ok=True)
-        for suffix, part in ((".pack", body[int(size):]), (".idx", body[:int(size)])):
-            final = packs / f"pack-{name}{suffix}"
-            if not final.exists():
-                temp = packs / f".tmp-{os.getpid()}-{threading.get_ident()}-{name}{suffix}"
-                temp.write_bytes(part)
-                os.replace(temp, final)
-        keep(repo, sha)  # git checks there that the commit is in the pack
+        written: list[Path] = []
+        try:
+            for suffix, part in ((".pack", body[int(size):]), (".idx", body[:int(size)])):
+                final = packs / f"pack-{name}{suffix}"
+                if not final.exists():
+                    temp = packs / f".tmp-{os.getpid()}-{threading.get_ident()}-{name}{suffix}"
+                    temp.write_bytes(part)
+                    os.replace(temp, final)
+                    written.append(final)
+            keep(repo, sha)  # git reads there, through the index, that the commit is in it
+        except (OSError, WorkspaceError) as exc:
+            for path in reversed(written):  # a later fetch writes them again
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise WorkspaceError(f"the stored snapshot {sha[:12]} could not be put in "
+                                 f"{repo}: {exc}") from None
         return
     with tempfile.TemporaryDirectory(prefix="swarm-bundle-") as tmp:
         path = Path(tmp) / "b.bundle"

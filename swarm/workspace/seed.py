@@ -313,6 +313,8 @@ class Seeds:
                 g.unbundle(into, sid, data)
                 self.store.fetched(sid, self.host, len(data))
                 _PRESENT.add(key)
+                with _PRESENT_LOCK:
+                    _FETCHING.pop(key, None)  # its waiters hold it; later ones need none
                 return fetched + len(data)
 
     def child(self, swarm_id: str, agent_id: str, seed: str) -> Workspace:

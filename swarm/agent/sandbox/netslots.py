@@ -87,14 +87,14 @@ def _end(holder: subprocess.Popen[bytes]) -> None:
         holder.wait(timeout=5)
 
 
-def own_mounts() -> bool:
+def own_mounts(unknown: bool = False) -> bool:
     """Whether the calling thread works in a mount namespace other than its process's (a
-    run's, :func:`swarm.workspace.views.isolate`)."""
+    run's, :func:`swarm.workspace.views.isolate`); ``unknown`` where /proc cannot tell."""
     try:
         mine = os.stat(f"/proc/self/task/{threading.get_native_id()}/ns/mnt").st_ino
         process = os.stat(f"/proc/{os.getpid()}/ns/mnt").st_ino
     except OSError:
-        return False
+        return unknown
     return mine != process
 
 
