@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -383,7 +384,10 @@ CTRL_C = "kill -INT $PPID; sleep 30"
 
 def expect_interrupted(run: Callable[[], object]) -> None:
     """``run()`` must raise Interrupted; a KeyboardInterrupt getting out fails the test
-    (instead of stopping the whole session)."""
+    (instead of stopping the whole session). Ctrl-C raises KeyboardInterrupt here even
+    where the test session was started with SIGINT ignored (a shell's background job:
+    Python then leaves it ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         run()
     except Interrupted as exc:
@@ -392,6 +396,8 @@ def expect_interrupted(run: Callable[[], object]) -> None:
         pytest.fail("Ctrl-C got out of the loop as KeyboardInterrupt, not Interrupted")
     else:
         pytest.fail("the run was not interrupted")
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 class RecordingSpawner:
