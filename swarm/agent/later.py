@@ -27,25 +27,20 @@ class Threads:
     makes this object (``eager``) or, on first use, by :func:`soon`'s."""
 
     def __init__(self, count: int, name: str, eager: bool = False) -> None:
-        self.count, self.name = count, name
-        self.eager = eager
-        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
-        self._started = eager
+        self.count, self.name, self.eager = count, name, eager
+        self._begin()
+        os.register_at_fork(after_in_child=self._begin)  # a child has none of the parent's
+
+    def _begin(self) -> None:
         self._lock = threading.Lock()
-        if eager:
+        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self._started = self.eager
+        if self.eager:
             self._start()
-        os.register_at_fork(after_in_child=self._forked)
 
     def _start(self) -> None:
         for i in range(self.count):
             threading.Thread(target=self._run, daemon=True, name=f"{self.name}-{i}").start()
-
-    def _forked(self) -> None:  # a forked child has no thread of its parent's
-        self._lock = threading.Lock()
-        self._jobs = queue.SimpleQueue()
-        self._started = self.eager
-        if self.eager:
-            self._start()
 
     def _run(self) -> None:
         while True:
