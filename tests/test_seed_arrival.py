@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,87 @@ def test_a_second_fan_out_after_a_one_file_edit_moves_only_the_change(
     assert meta is not None and second != first
     # Stored, and moved to the host that held the first, as the change: not 1 MB again.
     assert meta.size < 30_000 and store.hosts(second)[host] < 30_000, (meta, store.hosts(second))
+    # No run crashed on its way (one whose thread stayed in its view's mount namespace
+    # could not leave it once a thread it started lived on: a model call's deadline thread).
+    assert " crashed" not in (hosts.base / "hosta.log").read_text()
+
+
+def processes(*words: bytes) -> list[int]:
+    """Pids of this machine's processes whose command line holds every one of ``words``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if all(word in line for word in words):
+                found.append(int(entry.name))
+    return found
+
+
+def until(check: Any, timeout: float = 30.0) -> bool:
+    """Whether ``check()`` came true within ``timeout`` seconds (polled: a model's answer
+    waits on it, and must not raise)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="views need a root worker")
+def test_a_view_childs_box_starts_while_its_model_thinks(
+        world: tuple[Hosts, str, Path], tmp_path: Path) -> None:
+    """A new seeded child's box starts once its workspace (a view) is made, while its model
+    thinks, its files arriving after its first request: its model's first answer waits
+    until the box runs, which a box started at the first command never would; the command
+    then runs in it and sees its files."""
+    hosts, _url, laptop = world
+    flag = tmp_path / "seeding-paused"
+    hosts.env["SWARM_FAULT"] = f"worker-seeding:{flag}"  # the worker waits there for us
+    hosts.start("hosta")
+    repo = git_repo(laptop / "repo")
+    (repo / "data.txt").write_text("ARRIVED-7\n")
+    views_at = str(hosts.home / "workspaces").encode()
+    boxed: list[bool] = []
+
+    def first(request: dict[str, Any]) -> Reply:
+        seeding = flag.exists()
+        flag.unlink(missing_ok=True)  # its files may come now
+        boxed.append(seeding and until(lambda: processes(b"bwrap", views_at)))
+        return cli("cat data.txt")
+
+    results: list[dict[str, Any]] = []
+
+    def collect(request: dict[str, Any]) -> Reply:
+        results.extend(json.loads(t) for t in tool_results(request))
+        return Reply(content="noted")
+
+    hosts.model.responder = ByTask({
+        "BOX-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "BOX-CHILD look"},
+                                                id="c")]), collect],
+        "BOX-CHILD": [first, last_result],
+    })
+    result = swarm_run(hosts, repo, "BOX-ROOT go")
+    assert result.exit_code == 0, result.stderr
+    assert boxed == [True]
+    (child,) = results
+    assert child["state"] == "done" and "ARRIVED-7" in child["answer"], child
+
+
+def test_a_workers_threads_share_its_mount_namespace(world: tuple[Hosts, str, Path]) -> None:
+    """Every thread of a worker works in the mount namespace it mounts views in (a thread
+    started before it made that namespace stayed in the host's, and the boxes started ahead
+    on it saw no view)."""
+    hosts, _url, _laptop = world
+    name = hosts.start("hosta")
+    (pid,) = processes(b"swarm\0worker", f"w@{name}".encode())
+    tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    assert len(tasks) > 3
+    spaces = {task.name: os.readlink(task / "ns" / "mnt") for task in tasks}
+    assert set(spaces.values()) == {os.readlink(f"/proc/{pid}/ns/mnt")}, spaces
 
 
 def test_a_child_whose_files_never_arrive_fails_saying_so(

@@ -229,3 +229,88 @@ def test_a_run_isolated_in_its_view_starts_boxes_that_copy_no_other_view(
     assert seen["isolated"] is True
     assert seen["during"] == (True, False) and seen["after"] == (True, True)
     assert seen.get("box", "file 0\n0\n") == "file 0\n0\n"  # its view, not the other
+
+
+_ISOLATIONS = r'''
+import json, os, subprocess, sys, threading
+from pathlib import Path
+from swarm.workspace import views
+
+assert views.private_mounts() and views._viewless is not None
+base = Path(sys.argv[1])
+tops = [base / "workspaces" / "s" / f"a{i}" for i in range(3)]
+for i, top in enumerate(tops):
+    top.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(top)], check=True)
+    (top / "f").write_text(f"view {i}")
+(base / "later").mkdir()  # mounted after private_mounts(), not a view
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(base / "later")], check=True)
+iso = views.Isolation(base / "workspaces", tops[1])
+seen = {}
+
+def ns():
+    return os.readlink(f"/proc/self/task/{threading.get_native_id()}/ns/mnt")
+
+def points():
+    with open(f"/proc/self/task/{threading.get_native_id()}/mountinfo") as table:
+        return [line.split()[4] for line in table if str(base) in line.split()[4]]
+
+def first():
+    with iso.entered() as inside:
+        seen["first"] = [inside, ns(), points(), (tops[1] / "f").read_text()]
+    seen["first_after"] = ns()
+    # A thread started now shares this thread's filesystem context (a library's, made
+    # lazily): it must not keep the thread from entering and leaving again.
+    started = threading.Event()
+    threading.Thread(target=lambda: (started.set(), threading.Event().wait()),
+                     daemon=True).start()
+    started.wait()
+    with iso.entered() as inside:
+        seen["again"] = [inside, ns()]
+    seen["again_after"] = ns()
+
+def second():
+    with iso.entered() as inside:
+        seen["second"] = [inside, ns(), (tops[1] / "f").read_text()]
+
+for target in (first, second):
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+iso.close()
+try:
+    iso.enter()
+    seen["closed"] = "entered"
+except OSError as exc:
+    seen["closed"] = str(exc)
+seen["process"] = [os.readlink("/proc/self/ns/mnt"), points()]
+print(json.dumps(seen))
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts tmpfs views in a namespace of its own")
+def test_an_isolation_is_a_copy_of_the_namespace_without_views_with_one_view_moved_in(
+        tmp_path: Path) -> None:
+    """A run's boxes start in a namespace copied from the one the worker had before any
+    view (a few mounts, whatever number of views the worker has: copying the worker's, each
+    run's start took a lock of all the kernel's mounts for as long as it copied them all,
+    and each unmount an RCU grace period), with its own view moved in; threads enter it for
+    a box's start and go back; one started meanwhile does not keep them there; once
+    closed, nobody enters it."""
+    import json
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _ISOLATIONS, str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    process_ns, process_points = seen["process"]
+    inside, first_ns, first_points, text = seen["first"]
+    assert inside and first_ns != process_ns and text == "view 1"
+    # Its view alone: not the others, nor what the worker mounted after it began.
+    assert first_points == [str(tmp_path / "workspaces" / "s" / "a1")]
+    assert len(process_points) == 4  # the worker keeps them all
+    assert seen["first_after"] == process_ns
+    assert seen["again"] == [True, first_ns] and seen["again_after"] == process_ns
+    assert seen["second"] == [True, first_ns, "view 1"]  # the same namespace, entered
+    assert "has ended" in seen["closed"]

@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from pathlib import Path
 
@@ -222,6 +222,10 @@ class _Group:
         return bool(self.members)
 
 
+Mounts = Callable[[], contextlib.AbstractContextManager[object]]
+"""A block in the mount namespace a box must be started in (:attr:`LocalEnvironment.mounts`)."""
+
+
 class LocalEnvironment:
     """An :class:`~swarm.agent.protocols.Environment` running ``bash -c`` on this host."""
 
@@ -276,6 +280,9 @@ class LocalEnvironment:
         self._warming: futures.Future[None] | None = None
         self._closed = False
         """Set by :meth:`close`: no box is started ahead after it."""
+        self.mounts: Mounts | None = None
+        """The mount namespace the boxes start in, entered for each start (a run's in a
+        view: :class:`swarm.workspace.views.Isolation`); None: the starting thread's."""
 
     def warm(self) -> None:
         """Start the lasting box now, before any command (a child's model thinks
@@ -283,11 +290,11 @@ class LocalEnvironment:
         (:data:`~swarm.agent.later.BOXES`: a box dies with the thread that started it,
         whose parent-death signal it has, so never on a thread that ends); its first
         command waits for it, or starts it itself while it is still queued. Nothing to do
-        unconfined, for a box per command, or on a thread in a mount namespace of its own
-        (a run's, with its view), which the box must copy: the first command starts it
-        there."""
+        unconfined, for a box per command, or called from a thread in a mount namespace of
+        its own without :attr:`mounts`, which the box must copy: the first command starts
+        it there."""
         if self.choice.box is None or not self.lasting or self._warming is not None \
-                or self._closed or netslots.own_mounts(unknown=True):
+                or self._closed or (self.mounts is None and netslots.own_mounts(unknown=True)):
             return
         self._warming = later.BOXES.submit(self._warm)
 
@@ -300,6 +307,11 @@ class LocalEnvironment:
                 with contextlib.suppress(ToolError, OSError):
                     self._prepare(box)
                     self._lasting(box)
+
+    def _mounted(self) -> contextlib.AbstractContextManager[object]:
+        """Where a box starts: in :attr:`mounts`, else where the calling thread is. (An
+        OSError: its run has ended.)"""
+        return self.mounts() if self.mounts is not None else contextlib.nullcontext()
 
     def _warmed(self) -> None:
         """:meth:`warm`'s start withdrawn while still queued, else waited for."""
@@ -372,8 +384,9 @@ class LocalEnvironment:
             if box is None:
                 proc = subprocess.Popen(self.argv(command, fd), **popen)  # type: ignore[call-overload]
             else:
-                launch = Launch(box, lambda hs: self.argv(command, fd, hs),
-                                pass_fds=(fd, *alive), **popen)
+                with self._mounted():
+                    launch = Launch(box, lambda hs: self.argv(command, fd, hs),
+                                    pass_fds=(fd, *alive), **popen)
                 proc = launch.proc
         except OSError as exc:
             raise ToolError(f"cannot start bash: {exc}; is bash installed and on PATH?") from exc
@@ -417,10 +430,14 @@ class LocalEnvironment:
                                runner=os.getpid() if self.die_with_runner else None,
                                alive=runner_pipe() if self.die_with_runner else None)
         try:  # its environment is not kept: a box starts once a child (a command otherwise)
-            self._box.start(self._env or self._new_env())
+            with self._mounted():
+                self._box.start(self._env or self._new_env())
         except Failed:
             self._box, self.lasting = None, False
             return None
+        except OSError:  # from mounts: the run has ended
+            self._box = None
+            raise
         weakref.finalize(self, self._box.close)  # one dropped without close() (a test's)
         return self._box
 

@@ -58,21 +58,24 @@ def worker(concurrency: int, queues: str, hostname: str | None, pool: str, logle
     malloc.tune(sys.argv[1:])  # first: glibc's allocator set for a thread a live child
     import threading
 
+    from swarm.workspace import views
+
+    # The copy-on-write views of children's workspaces are mounted in this process's own
+    # mount namespace (where it may make one): they go away with it, however it ends.
+    # First: a thread started before (importing the sandbox starts some) would stay in
+    # the host's, and the boxes it starts with it, where no view is mounted.
+    views.private_mounts()
     from swarm.agent import sandbox, tools
     from swarm.agent.probe import tool_versions
     from swarm.runtime.build import tools_cache
     from swarm.runtime.local import exit_with_parent, started_for_a_run
     from swarm.secrets import hide_from_proc
-    from swarm.workspace import views
 
     # Agents' commands are this process's children: keep the API key and the Redis URL
     # out of what they can read in /proc/$PPID/environ.
     hide_from_proc(sys.argv[1:])
     more_open_files(concurrency)
     malloc.untune()
-    # The copy-on-write views of children's workspaces are mounted in this process's own
-    # mount namespace (where it may make one): they go away with it, however it ends.
-    views.private_mounts()
     settings = settings_from()
     choice = sandbox.for_worker(settings)
     click.echo(f"sandbox: {choice.summary}", err=True)

@@ -13,10 +13,13 @@ workspace (found, restored, continued) are made before the agent, as they always
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 from swarm.workspace.seed import Workspace
+
+log = logging.getLogger(__name__)
 
 
 class Arrival:
@@ -33,6 +36,9 @@ class Arrival:
         self._workspace: Workspace | None = None
         self._error: BaseException | None = None
         self._arrived = False
+        self._lock = threading.Lock()
+        self._made = False
+        self._on_made: Callable[[Workspace], None] | None = None
 
     @classmethod
     def there(cls, workspace: Workspace) -> Arrival:
@@ -49,13 +55,29 @@ class Arrival:
                          name=f"seed-{expected.top.name}").start()
         return arrival
 
+    def when_made(self, hook: Callable[[Workspace], None]) -> None:
+        """Run ``hook`` on the thread that makes the workspace, as soon as it is made and
+        before a wait returns it (its errors are logged); not when it was made already,
+        nor when it could not be."""
+        with self._lock:
+            if not self._made:
+                self._on_made = hook
+
     def _make(self, make: Callable[[], Workspace]) -> None:
         try:
             self._workspace = make()
         except BaseException as exc:  # raised in the run's thread by wait()
             self._error = exc
         finally:
-            self._done.set()
+            with self._lock:
+                self._made, hook = True, self._on_made
+            try:
+                if hook is not None and self._workspace is not None:
+                    hook(self._workspace)
+            except Exception:
+                log.exception("a hook on a workspace made failed")
+            finally:
+                self._done.set()
 
     @property
     def ready(self) -> bool:

@@ -58,8 +58,8 @@ log = logging.getLogger(__name__)
 class _Here:
     """What a run learnt when its workspace arrived (see ``ChildRunner._arrived``)."""
 
-    isolated: bool = False
-    """Its thread is in a mount namespace of its own (:func:`swarm.workspace.views.isolate`)."""
+    isolation: views.Isolation | None = None
+    """The mount namespace its boxes start in (a view's, sandboxed), closed as it ends."""
     before: Listing | None = None
     """Its workspace's listing as the run began (None: a view, which tells what changed)."""
 
@@ -190,8 +190,8 @@ class ChildRunner:
             return self._work_in(claimed, arrival, seeds, here)
         finally:
             try:
-                if here.isolated:
-                    views.rejoin()
+                if here.isolation is not None:
+                    here.isolation.close()
             finally:
                 made = arrival.settled()
                 if made is not None:
@@ -240,6 +240,7 @@ class ChildRunner:
         try:
             agent = child_agent(self, claimed, arrival, seeds, session, model, control, tree)
             arrival.hook = lambda ws: self._arrived(ws, agent, expected, run, here)
+            arrival.when_made(lambda ws: self._made(ws, agent, expected, here))
             if arrival.ready:
                 arrival.arrive()
             # Its children's work lands before it goes on (a check runs in its box).
@@ -275,22 +276,39 @@ class ChildRunner:
             self.ledger.finish_swarm(swarm_id, state)
         return {"run": run.id, "state": state}
 
+    def _made(self, workspace: Workspace, agent: Agent, expected: Workspace,
+              here: _Here) -> None:
+        """A new seeded child's workspace was made while its model thinks (on the thread
+        that made it): its box starts now, not at its first command."""
+        self._fit(workspace, agent, expected, here)
+        if isinstance(agent.env, LocalEnvironment):
+            agent.env.warm()
+
     def _arrived(self, workspace: Workspace, agent: Agent, expected: Workspace,
                  run: RunRecord, here: _Here) -> None:
         """The run's thread has its workspace, before its first tool call."""
-        # Its boxes copy its thread's mounts: there, no other child's view.
-        here.isolated = workspace.view is not None and self.sandbox.box is not None and \
-            views.isolate(self.settings.home / "workspaces", workspace.top)
+        self._fit(workspace, agent, expected, here)
         # A view tells what changed from its upper folder; other workspaces are compared
         # with a listing taken as the run began.
         here.before = run_listing(workspace, run) if workspace.view is None else None
-        if workspace.view != expected.view and isinstance(agent.env, LocalEnvironment):
-            # No view could be made after all: a full checkout, no view's git to bind.
-            agent.env.linked = None
         if isinstance(agent.env, LocalEnvironment):
             # Its box starts while its model thinks (a new child's workspace is there before
             # its first request): its first command does not wait for it.
             agent.env.warm()
+
+    def _fit(self, workspace: Workspace, agent: Agent, expected: Workspace,
+             here: _Here) -> None:
+        """The run's environment for the workspace made (by the first hook of the two)."""
+        if not isinstance(agent.env, LocalEnvironment) or here.isolation is not None:
+            return
+        if workspace.view != expected.view:
+            # No view could be made after all: a full checkout, no view's git to bind.
+            agent.env.linked = None
+        if workspace.view is not None and self.sandbox.box is not None:
+            # A box copies the mounts of the thread that starts it: its own are started in
+            # a namespace where no other child's view is mounted.
+            here.isolation = views.Isolation(self.settings.home / "workspaces", workspace.top)
+            agent.env.mounts = here.isolation.entered
 
     def _send_home(self, workspace: Workspace, seeds: Seeds, claimed: Claimed,
                    result: dict[str, Any], changes: bool) -> dict[str, str] | None:
