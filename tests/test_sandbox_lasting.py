@@ -116,6 +116,14 @@ def test_a_command_cannot_reach_its_runners_channel(env: LocalEnvironment) -> No
     assert env.execute("echo still", 30).output == "still\n"
 
 
+def test_a_command_holds_no_descriptor_but_its_input_and_output(env: LocalEnvironment) -> None:
+    """A command gets its input (``/dev/null``) and its output pipe, nothing of its runner
+    (the worker's socket, the lifeline, its wake-up pipe, the last command's output)."""
+    for _ in range(2):
+        result = env.execute("ls /proc/$$/fd | tr '\\n' ' '; readlink /proc/$$/fd/0", 30)
+        assert (result.output, result.exit_code) == ("0 1 2 /dev/null\n", 0), result.output
+
+
 def test_a_timed_out_command_is_killed_and_the_box_goes_on(env: LocalEnvironment) -> None:
     """SIGTERM reaches the command's process group through the runner (a trap sees it),
     SIGKILL after the grace when it stays, and what it started is gone; the box it ran in
