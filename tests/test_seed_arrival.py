@@ -163,6 +163,24 @@ def processes(*words: bytes) -> list[int]:
     return found
 
 
+def lone_child(hosts: Hosts, repo: Path, tag: str,
+               first: Any) -> tuple[Result, list[dict[str, Any]]]:
+    """A root in ``repo`` with one child whose first answer is ``first(request)``: the
+    ``swarm run`` and the child's results as its root saw them."""
+    results: list[dict[str, Any]] = []
+
+    def collect(request: dict[str, Any]) -> Reply:
+        results.extend(json.loads(t) for t in tool_results(request))
+        return Reply(content="noted")
+
+    hosts.model.responder = ByTask({
+        f"{tag}-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": f"{tag}-CHILD look"},
+                                                   id="c")]), collect],
+        f"{tag}-CHILD": [first, last_result],
+    })
+    return swarm_run(hosts, repo, f"{tag}-ROOT go"), results
+
+
 def until(check: Any, timeout: float = 30.0) -> bool:
     """Whether ``check()`` came true within ``timeout`` seconds (polled: a model's answer
     waits on it, and must not raise)."""
@@ -196,18 +214,7 @@ def test_a_view_childs_box_starts_while_its_model_thinks(
         boxed.append(seeding and until(lambda: processes(b"bwrap", views_at)))
         return cli("cat data.txt")
 
-    results: list[dict[str, Any]] = []
-
-    def collect(request: dict[str, Any]) -> Reply:
-        results.extend(json.loads(t) for t in tool_results(request))
-        return Reply(content="noted")
-
-    hosts.model.responder = ByTask({
-        "BOX-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "BOX-CHILD look"},
-                                                id="c")]), collect],
-        "BOX-CHILD": [first, last_result],
-    })
-    result = swarm_run(hosts, repo, "BOX-ROOT go")
+    result, results = lone_child(hosts, repo, "BOX", first)
     assert result.exit_code == 0, result.stderr
     assert boxed == [True]
     (child,) = results
@@ -216,8 +223,8 @@ def test_a_view_childs_box_starts_while_its_model_thinks(
 
 def test_a_workers_threads_share_its_mount_namespace(world: tuple[Hosts, str, Path]) -> None:
     """Every thread of a worker works in the mount namespace it mounts views in (a thread
-    started before it made that namespace stayed in the host's, and the boxes started ahead
-    on it saw no view)."""
+    started before it made that namespace stayed in the host's, and what it started with
+    it: boxes, network slots)."""
     hosts, _url, _laptop = world
     name = hosts.start("hosta")
     (pid,) = processes(b"swarm\0worker", f"w@{name}".encode())
@@ -243,18 +250,7 @@ def test_a_child_whose_files_never_arrive_fails_saying_so(
         flag.unlink()
         return cli("cat README")
 
-    results: list[dict[str, Any]] = []
-
-    def collect(request: dict[str, Any]) -> Reply:
-        results.extend(json.loads(t) for t in tool_results(request))
-        return Reply(content="noted")
-
-    hosts.model.responder = ByTask({
-        "LOST-ROOT": [Reply(tool_calls=[ToolCall("agent", {"message": "LOST-CHILD look"},
-                                                 id="c")]), collect],
-        "LOST-CHILD": [first, last_result],
-    })
-    result = swarm_run(hosts, repo, "LOST-ROOT go")
+    result, results = lone_child(hosts, repo, "LOST", first)
     assert result.exit_code == 0, result.stderr
     (child,) = results
     assert child["state"] == "failed", child

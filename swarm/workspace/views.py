@@ -99,15 +99,9 @@ def isolate(views_under: Path, keep: Path) -> bool:
         alone = _alone(keep)
         if alone is not None:
             return alone
+    if not _away(_CLONE_FS | _CLONE_NEWNS):
+        return False
     libc = _libc()
-    try:
-        home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/mnt", os.O_RDONLY)
-    except OSError:
-        return False
-    if libc.unshare(_CLONE_FS | _CLONE_NEWNS) != 0:
-        os.close(home)
-        return False
-    _own.fd = home
     with contextlib.suppress(OSError):
         _check(libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
     under, kept = f"{views_under.resolve()}/", str(keep.resolve())
@@ -200,21 +194,33 @@ class Isolation:
             os.close(fd)
 
 
-def _join(fd: int, new: bool = False) -> bool:
-    """Move the calling thread into the mount namespace ``fd`` (``new``: into a copy of
-    it of its own) until :func:`rejoin`."""
+def _away(flags: int) -> bool:
+    """``unshare(flags)`` for the calling thread, whose mount namespace :func:`rejoin` goes
+    back to; False (nothing changed) where it may not."""
     if getattr(_own, "fd", None) is not None:
         return False
-    libc = _libc()
     try:
         home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/mnt", os.O_RDONLY)
     except OSError:
         return False
-    # setns to a mount namespace refuses a thread sharing its filesystem context.
-    if libc.unshare(_CLONE_FS) != 0 or libc.setns(fd, _CLONE_NEWNS) != 0:
+    if _libc().unshare(flags) != 0:
         os.close(home)
         return False
     _own.fd = home
+    return True
+
+
+def _join(fd: int, new: bool = False) -> bool:
+    """Move the calling thread into the mount namespace ``fd`` (``new``: into a copy of
+    it of its own) until :func:`rejoin`."""
+    # setns to a mount namespace refuses a thread sharing its filesystem context.
+    if not _away(_CLONE_FS):
+        return False
+    libc = _libc()
+    if libc.setns(fd, _CLONE_NEWNS) != 0:
+        os.close(_own.fd)
+        _own.fd = None
+        return False
     if new and libc.unshare(_CLONE_NEWNS) != 0:
         rejoin()
         return False
