@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import uuid
 from dataclasses import replace
@@ -695,3 +696,19 @@ def test_a_whole_snapshot_git_cannot_read_leaves_nothing_in_the_repository(
     assert list((other / "objects" / "pack").iterdir()) == []
     g.unbundle(other, sid, data)
     assert g.has(other, sid)
+
+
+def test_a_whole_snapshot_is_taken_of_a_repository_on_another_file_system_than_tmp(
+        redis: redis_lib.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git writes a pack in its repository and renames it to where it is asked to: not a
+    temporary folder on another file system (a /tmp on tmpfs, a repository on disk),
+    where the rename fails (EXDEV) and the fan-out with it."""
+    elsewhere = Path("/dev/shm")
+    if not elsewhere.is_dir() or elsewhere.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second file system for the temporary folder (/dev/shm)")
+    monkeypatch.setattr(tempfile, "tempdir", str(elsewhere))
+    repo = make_repo(tmp_path / "repo")
+    sid = seeds(redis, tmp_path / "home-a", "laptop").take(repo, SWARM, tree_of=g.discover(repo))
+    child = seeds(redis, tmp_path / "home-b", "hostb").child(SWARM, "a1", sid)
+    assert (child.path / "committed.txt").read_text() == "base\n"
+    assert list((repo / ".git" / "objects" / "pack").glob("*swarm*")) == []  # nothing left

@@ -511,7 +511,12 @@ def _pack_objects(repo: Path, args: list[str], revs: str, cwd: Path | None = Non
 
 
 def _whole(repo: Path, sha: str) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="swarm-pack-") as tmp:
+    # git writes the pack in the repository, then renames it to the name given: a folder
+    # on the repository's file system (a /tmp elsewhere fails with EXDEV), where git looks
+    # for no pack (only files directly in objects/pack are).
+    packs = repo / "objects" / "pack"
+    packs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".swarm-pack-", dir=packs) as tmp:
         names = _pack_objects(repo, [str(Path(tmp) / "p")],
                               f"{sha}\n", cwd=Path(tmp)).decode().split()
         if len(names) != 1:
