@@ -120,8 +120,47 @@ def test_a_command_holds_no_descriptor_but_its_input_and_output(env: LocalEnviro
     """A command gets its input (``/dev/null``) and its output pipe, nothing of its runner
     (the worker's socket, the lifeline, its wake-up pipe, the last command's output)."""
     for _ in range(2):
-        result = env.execute("ls /proc/$$/fd | tr '\\n' ' '; readlink /proc/$$/fd/0", 30)
-        assert (result.output, result.exit_code) == ("0 1 2 /dev/null\n", 0), result.output
+        result = env.execute("ls /proc/$$/fd; readlink /proc/$$/fd/0", 30)
+        assert (result.output, result.exit_code) == ("0\n1\n2\n/dev/null\n", 0), result.output
+
+
+_SPAWN = r'''
+import posix, sys
+runner = {"__name__": "runner"}
+exec(open(sys.argv[1]).read(), runner)
+if sys.argv[2] == "fork":
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("setsid")  # as where libc has no POSIX_SPAWN_SETSID
+    posix.posix_spawnp = refuse
+r, w = posix.pipe()
+pid = runner["start"](b"echo ran; ls /proc/$$/fd; read -a f < /proc/$$/stat; "
+                      b"[ ${f[5]} = $$ ] && echo leader; grep SigIgn /proc/$$/status", w)
+posix.close(w)
+out = b""
+while True:
+    chunk = posix.read(r, 65536)
+    if not chunk:
+        break
+    out += chunk
+posix.waitpid(pid, 0)
+sys.stdout.write(out.decode())
+'''
+
+
+@pytest.mark.parametrize("way", ["spawn", "fork"])
+def test_the_runner_starts_a_command_alone_in_its_session_with_default_signals(
+        way: str) -> None:
+    """Spawned (or forked, where libc cannot start a session with posix_spawn): the
+    command leads a session of its own, holds its input and output only, and ignores no
+    signal Python ignores (SIGPIPE, SIGXFSZ)."""
+    from swarm.agent.sandbox.lasting import RUNNER
+
+    done = subprocess.run([sys.executable, "-c", _SPAWN, str(RUNNER), way],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    ran, *fds, leader, ignored = done.stdout.splitlines()
+    assert (ran, fds, leader) == ("ran", ["0", "1", "2"], "leader"), done.stdout
+    assert int(ignored.split()[1], 16) & (1 << 12 | 1 << 24) == 0, ignored
 
 
 def test_a_timed_out_command_is_killed_and_the_box_goes_on(env: LocalEnvironment) -> None:

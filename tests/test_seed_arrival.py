@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from swarm.agent import sandbox
 from swarm.cli import main
 from swarm.store import keys
 from swarm.store.connection import connect
@@ -192,13 +193,14 @@ def until(check: Any, timeout: float = 30.0) -> bool:
     return True
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="views need a root worker")
+@pytest.mark.skipif(os.geteuid() != 0 or not sandbox.probe().ok,
+                    reason="views need a root worker, boxes bubblewrap")
 def test_a_view_childs_box_starts_while_its_model_thinks(
         world: tuple[Hosts, str, Path], tmp_path: Path) -> None:
     """A new seeded child's box starts once its workspace (a view) is made, while its model
     thinks, its files arriving after its first request: its model's first answer waits
     until the box runs, which a box started at the first command never would; the command
-    then runs in it and sees its files."""
+    then sees its files."""
     hosts, _url, laptop = world
     flag = tmp_path / "seeding-paused"
     hosts.env["SWARM_FAULT"] = f"worker-seeding:{flag}"  # the worker waits there for us
@@ -221,6 +223,7 @@ def test_a_view_childs_box_starts_while_its_model_thinks(
     assert child["state"] == "done" and "ARRIVED-7" in child["answer"], child
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a worker has a mount namespace of its own as root")
 def test_a_workers_threads_share_its_mount_namespace(world: tuple[Hosts, str, Path]) -> None:
     """Every thread of a worker works in the mount namespace it mounts views in (a thread
     started before it made that namespace stayed in the host's, and what it started with
@@ -228,6 +231,7 @@ def test_a_workers_threads_share_its_mount_namespace(world: tuple[Hosts, str, Pa
     hosts, _url, _laptop = world
     name = hosts.start("hosta")
     (pid,) = processes(b"swarm\0worker", f"w@{name}".encode())
+    assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
     tasks = list(Path(f"/proc/{pid}/task").iterdir())
     assert len(tasks) > 3
     spaces = {task.name: os.readlink(task / "ns" / "mnt") for task in tasks}

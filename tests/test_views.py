@@ -238,6 +238,7 @@ from swarm.workspace import views
 
 assert views.private_mounts() and views._viewless is not None
 base = Path(sys.argv[1])
+seen = {"cwd": os.getcwd()}  # the process stays in its folder
 tops = [base / "workspaces" / "s" / f"a{i}" for i in range(3)]
 for i, top in enumerate(tops):
     top.mkdir(parents=True)
@@ -246,7 +247,6 @@ for i, top in enumerate(tops):
 (base / "later").mkdir()  # mounted after private_mounts(), not a view
 subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(base / "later")], check=True)
 iso = views.Isolation(base / "workspaces", tops[1])
-seen = {}
 
 def ns():
     return os.readlink(f"/proc/self/task/{threading.get_native_id()}/ns/mnt")
@@ -258,7 +258,7 @@ def points():
 def first():
     with iso.entered() as inside:
         seen["first"] = [inside, ns(), points(), (tops[1] / "f").read_text()]
-    seen["first_after"] = ns()
+    seen["first_after"] = [ns(), os.getcwd()]
     # A thread started now shares this thread's filesystem context (a library's, made
     # lazily): it must not keep the thread from entering and leaving again.
     started = threading.Event()
@@ -295,13 +295,14 @@ def test_an_isolation_is_a_copy_of_the_namespace_without_views_with_one_view_mov
     view (a few mounts, whatever number of views the worker has: copying the worker's, each
     run's start took a lock of all the kernel's mounts for as long as it copied them all,
     and each unmount an RCU grace period), with its own view moved in; threads enter it for
-    a box's start and go back; one started meanwhile does not keep them there; once
-    closed, nobody enters it."""
+    a box's start and go back, to their folder too; one started meanwhile does not keep
+    them there; once closed, nobody enters it; the worker stays in its folder."""
     import json
     import sys
 
+    (tmp_path / "here").mkdir()
     out = subprocess.run([sys.executable, "-c", _ISOLATIONS, str(tmp_path)],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path / "here")
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     process_ns, process_points = seen["process"]
@@ -310,7 +311,9 @@ def test_an_isolation_is_a_copy_of_the_namespace_without_views_with_one_view_mov
     # Its view alone: not the others, nor what the worker mounted after it began.
     assert first_points == [str(tmp_path / "workspaces" / "s" / "a1")]
     assert len(process_points) == 4  # the worker keeps them all
-    assert seen["first_after"] == process_ns
+    # Back in the worker's namespace and folder (setns moves a thread to the root).
+    assert seen["first_after"] == [process_ns, str(tmp_path / "here")]
+    assert seen["cwd"] == str(tmp_path / "here")
     assert seen["again"] == [True, first_ns] and seen["again_after"] == process_ns
     assert seen["second"] == [True, first_ns, "view 1"]  # the same namespace, entered
     assert "has ended" in seen["closed"]

@@ -435,8 +435,10 @@ class LocalEnvironment:
         except Failed:
             self._box, self.lasting = None, False
             return None
-        except OSError:  # from mounts: the run has ended
-            self._box = None
+        except OSError:  # from mounts: the run has ended, or its thread is stuck away
+            started, self._box = self._box, None
+            if started is not None:
+                started.close()
             raise
         weakref.finalize(self, self._box.close)  # one dropped without close() (a test's)
         return self._box

@@ -189,11 +189,13 @@ class ChildRunner:
         try:
             return self._work_in(claimed, arrival, seeds, here)
         finally:
+            # Once made (its hook may make the run's namespace as the run ends), no box
+            # starts in that namespace any more; then the view goes.
+            made = arrival.settled()
             try:
                 if here.isolation is not None:
                     here.isolation.close()
             finally:
-                made = arrival.settled()
                 if made is not None:
                     seeds.unmount(made)  # a view is mounted while a run works in it
 

@@ -38,7 +38,7 @@ from swarm.workspace import gitstate as g
 
 log = logging.getLogger(__name__)
 
-_MS_REC, _MS_SLAVE, _MNT_DETACH, _CLONE_NEWNS = 0x4000, 0x80000, 2, 0x20000
+_MS_REC, _MS_SLAVE, _MNT_DETACH, _CLONE_NEWNS, _CLONE_FS = 0x4000, 0x80000, 2, 0x20000, 0x200
 
 
 def _libc() -> ctypes.CDLL:
@@ -53,9 +53,10 @@ def _check(result: int, what: str) -> None:
 
 def private_mounts() -> bool:
     """Move this process into a mount namespace of its own (mounts of the host still
-    reach it; its own reach nobody), so the views it mounts go away with it. Call it
-    before any thread starts (one started before stays in the old namespace: a
-    RuntimeError); False (nothing changed) where that is not allowed."""
+    reach it; its own reach nobody), so the views it mounts go away with it, and keep a
+    copy of it as it is, without views (:data:`_viewless`). Call it before any thread
+    starts (one started before stays in the old namespace): a RuntimeError where one
+    runs. False (nothing changed) where the process may not."""
     if threading.active_count() > 1:
         raise RuntimeError("private_mounts() must be called before any thread starts: "
                            f"{', '.join(t.name for t in threading.enumerate())} run already")
@@ -64,24 +65,26 @@ def private_mounts() -> bool:
         return False
     with contextlib.suppress(OSError):
         _check(libc.mount(None, b"/", None, _MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
-    global _viewless
-    # A copy of it as it is now, without views, for isolate() to copy (the host's mounts
-    # still reach it); the process stays in the first.
-    process = os.open("/proc/self/ns/mnt", os.O_RDONLY)
-    try:
-        if libc.unshare(_CLONE_NEWNS) == 0:
-            _viewless = os.open("/proc/self/ns/mnt", os.O_RDONLY)
-            _check(libc.setns(process, _CLONE_NEWNS), "setns back to the worker's namespace")
-    finally:
-        os.close(process)
+    # The copy is made by a thread that ends with it: the process goes back nowhere (a
+    # setns back would move its folder to / and need CAP_SYS_CHROOT).
+    thread = threading.Thread(target=_copy_viewless, name="swarm-viewless")
+    thread.start()
+    thread.join()
     return True
+
+
+def _copy_viewless() -> None:
+    global _viewless
+    if _libc().unshare(_CLONE_FS | _CLONE_NEWNS) == 0:
+        with contextlib.suppress(OSError):
+            _viewless = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/mnt",
+                                os.O_RDONLY)
 
 
 _viewless: int | None = None
 """The process's mount namespace as :func:`private_mounts` made it, before any view."""
 
 
-_CLONE_FS = 0x200
 _own = threading.local()
 
 
@@ -95,10 +98,8 @@ def isolate(views_under: Path, keep: Path) -> bool:
     (nothing changed) where this thread may not."""
     if getattr(_own, "fd", None) is not None:
         return False
-    if _viewless is not None:
-        alone = _alone(keep)
-        if alone is not None:
-            return alone
+    if _viewless is not None and _alone(keep):
+        return True
     if not _away(_CLONE_FS | _CLONE_NEWNS):
         return False
     libc = _libc()
@@ -113,26 +114,27 @@ def isolate(views_under: Path, keep: Path) -> bool:
     return True
 
 
-_OPEN_TREE, _MOVE_MOUNT = 428, 429  # the same number on every architecture since 5.2
+_OPEN_TREE, _MOVE_MOUNT = 428, 429  # on every architecture but alpha (+110), since 5.2
 _OPEN_TREE_CLONE, _AT_RECURSIVE, _MOVE_MOUNT_F_EMPTY_PATH, _AT_FDCWD = 1, 0x8000, 4, -100
 
 
-def _alone(keep: Path) -> bool | None:
+def _alone(keep: Path) -> bool:
     """:func:`isolate` by copying the namespace without views (:data:`_viewless`: a few
     mounts) and moving a clone of ``keep``'s view there, not by copying the process's
     (every view) and unmounting all but one: that copy holds a lock of the whole kernel's
     mounts, and each unmount waits for an RCU grace period; 300 runs starting at once
-    took 0.1 s so, 3.4 s the other way (median 1 ms against 1.5 s each). None where the
-    kernel has no ``open_tree`` (before 5.2): nothing changed."""
+    took 0.19 s so, 3.4 s the other way (median 2 ms against 1.5 s each). False (nothing
+    changed) where it cannot: a kernel without ``open_tree`` (before 5.2), a thread that
+    may not ``setns`` (without CAP_SYS_CHROOT)."""
     libc = _libc()
     libc.syscall.restype = ctypes.c_long
     path = str(keep.resolve()).encode()
     tree = libc.syscall(_OPEN_TREE, _AT_FDCWD, path,
                         _OPEN_TREE_CLONE | _AT_RECURSIVE | os.O_CLOEXEC)
     if tree < 0:
-        return None
+        return False
     try:
-        if not _join(_viewless, new=True):  # type: ignore[arg-type]
+        if _viewless is None or not _join(_viewless, new=True):
             return False
         if libc.syscall(_MOVE_MOUNT, tree, b"", _AT_FDCWD, path, _MOVE_MOUNT_F_EMPTY_PATH) != 0:
             rejoin()
@@ -161,6 +163,8 @@ class Isolation:
     def enter(self) -> bool:
         """Move the calling thread in; False (nothing changed) where it may not, OSError
         once closed."""
+        if getattr(_own, "fd", None) is not None:
+            raise OSError("this thread could not go back to the worker's mount namespace")
         with self._lock:
             if self._closed:
                 raise OSError(f"the run working in {self.keep} has ended")
@@ -195,18 +199,24 @@ class Isolation:
 
 
 def _away(flags: int) -> bool:
-    """``unshare(flags)`` for the calling thread, whose mount namespace :func:`rejoin` goes
-    back to; False (nothing changed) where it may not."""
+    """``unshare(flags)`` for the calling thread, whose mount namespace and folder
+    :func:`rejoin` goes back to; False (nothing changed) where it may not."""
     if getattr(_own, "fd", None) is not None:
         return False
     try:
         home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/mnt", os.O_RDONLY)
     except OSError:
         return False
+    try:
+        folder: int | None = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # a folder removed since
+        folder = None
     if _libc().unshare(flags) != 0:
         os.close(home)
+        if folder is not None:
+            os.close(folder)
         return False
-    _own.fd = home
+    _own.fd, _own.folder = home, folder
     return True
 
 
@@ -217,9 +227,8 @@ def _join(fd: int, new: bool = False) -> bool:
     if not _away(_CLONE_FS):
         return False
     libc = _libc()
-    if libc.setns(fd, _CLONE_NEWNS) != 0:
-        os.close(_own.fd)
-        _own.fd = None
+    if libc.setns(fd, _CLONE_NEWNS) != 0:  # still home: only its filesystem context is new
+        _forget()
         return False
     if new and libc.unshare(_CLONE_NEWNS) != 0:
         rejoin()
@@ -227,16 +236,27 @@ def _join(fd: int, new: bool = False) -> bool:
     return True
 
 
+def _forget() -> None:
+    """Drop what :func:`_away` kept."""
+    for fd in (_own.fd, getattr(_own, "folder", None)):
+        if fd is not None:
+            os.close(fd)
+    _own.fd = _own.folder = None
+
+
 def rejoin() -> None:
-    """Back to the process's mount namespace after :func:`isolate`."""
+    """Back to the process's mount namespace after :func:`isolate`, and to the folder the
+    thread was in (``setns`` moved it to the namespace's root). An OSError where it cannot
+    go back: the thread then stays marked away, and no :class:`Isolation` lets it in."""
     fd = getattr(_own, "fd", None)
     if fd is None:
         return
-    _own.fd = None
-    try:
-        _check(_libc().setns(fd, _CLONE_NEWNS), "setns to the worker's mount namespace")
-    finally:
-        os.close(fd)
+    _check(_libc().setns(fd, _CLONE_NEWNS), "setns to the worker's mount namespace")
+    folder = getattr(_own, "folder", None)
+    if folder is not None:
+        with contextlib.suppress(OSError):
+            os.fchdir(folder)
+    _forget()
 
 
 def _unescape(field: bytes) -> str:

@@ -83,23 +83,52 @@ def ready_now(fds: "list[int]", timeout: "int | None") -> "list[int]":
     return [fd for fd, _ in poller.poll(timeout)]
 
 
+#: Signals Python ignores, which a command must not inherit so.
+DEFAULT = (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
+
+
 def start(command: bytes, out: int) -> int:
     """Start ``command`` in bash, in a session of its own, its output to ``out``: its pid,
     or -1 (said to ``out``) where it cannot start. ``posix_spawn`` (a vfork: ~0.6 ms of
-    CPU less than a fork of this interpreter a command); every other descriptor of the
-    runner is close-on-exec (:func:`main`)."""
+    CPU less than a fork of this interpreter a command; a fork where its libc cannot make
+    a session so); every other descriptor of the runner is close-on-exec (:func:`main`)."""
+    argv = [b"bash", b"-c", command]
     try:
-        return os.posix_spawnp(
-            b"bash", [b"bash", b"-c", command], os.environ, setsid=True,
-            setsigdef=(signal.SIGCHLD, signal.SIGPIPE),  # Python ignores SIGPIPE
-            file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                          (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)])
-    except (OSError, NotImplementedError) as exc:  # the latter: a libc without setsid there
+        try:
+            return os.posix_spawnp(
+                b"bash", argv, os.environ, setsid=True, setsigdef=DEFAULT,
+                file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                              (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)])
+        except NotImplementedError:  # no POSIX_SPAWN_SETSID (glibc before 2.26)
+            return forked(argv, out)
+    except OSError as exc:
         try:  # noqa: SIM105
             os.write(out, f"cannot start bash: {exc}\n".encode())
         except OSError:
             pass
         return -1
+
+
+def forked(argv: "list[bytes]", out: int) -> int:
+    """:func:`start` by fork and exec."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()
+        os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        for number in DEFAULT:
+            signal.signal(number, signal.SIG_DFL)
+        for folder in os.environ.get(b"PATH", b"/usr/bin:/bin").split(b":"):
+            try:  # noqa: SIM105
+                os.execv((folder or b".") + b"/" + argv[0], argv)
+            except OSError:
+                pass
+        os.write(2, b"cannot start bash: not found\n")
+    finally:
+        os._exit(127)
 
 
 def main() -> None:
