@@ -229,11 +229,26 @@ def holder_pid(lives: list[Life], host: str, at: float) -> int:
     return 0
 
 
+#: Seconds between a worker's kill and its box's end within which a line that found no
+#: worker (pid 1: its box orphaned as the collector looked) is its own dying command.
+ORPHANED_BY_KILL = 0.5
+
+
+def killed_then(lives: list[Life], host: str, pid: int, at: float) -> bool:
+    """Whether worker ``pid`` of ``host`` was killed within :data:`ORPHANED_BY_KILL`
+    seconds of ``at`` (its end is noted once it was reaped, a moment after)."""
+    return any(life.host == host and life.pid == pid and
+               abs(life.ended - at) <= ORPHANED_BY_KILL for life in lives)
+
+
 def zombies(lines: list[Line], runs: dict[tuple[int, int], str], timeline: dict[str, list[Mark]],
             lives: list[Life]) -> list[Violation]:
     """Journal lines written when their attempt no longer held the run: after another
     claim, a park or the settlement (an attempt is a worker process: host and pid; a line
-    whose worker is unknown, pid 0, is checked against the claim's host only)."""
+    whose worker is unknown, pid 0, is checked against the claim's host only). A line
+    whose box was orphaned as the collector looked (pid 1) is its holder's when the holder
+    was killed that very moment (its box dies with it a few ms later); else a box outlived
+    its worker, a zombie."""
     out: list[Violation] = []
     for line in lines:
         run = runs.get((line.parent, line.child))
@@ -250,6 +265,9 @@ def zombies(lines: list[Line], runs: dict[tuple[int, int], str], timeline: dict[
                                            f"({last.time:.3f})", run))
             continue
         owner = (last.host, holder_pid(lives, last.host, last.time))
+        if line.pid == 1 and line.host == owner[0] and \
+                killed_then(lives, owner[0], owner[1], line.time):
+            continue
         if owner != (line.host, line.pid if line.pid else owner[1]):
             out.append(Violation("zombie", f"{line} while the run was held by {owner} "
                                            f"(claimed {last.time:.3f})", run))
