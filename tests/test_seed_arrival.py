@@ -211,8 +211,8 @@ def test_a_view_childs_box_starts_while_its_model_thinks(
     boxed: list[bool] = []
 
     def first(request: dict[str, Any]) -> Reply:
-        seeding = flag.exists()
-        flag.unlink(missing_ok=True)  # its files may come now
+        seeding = until(flag.exists)  # the worker holds its files back there
+        flag.unlink(missing_ok=True)  # they may come now
         boxed.append(seeding and until(lambda: processes(b"bwrap", views_at)))
         return cli("cat data.txt")
 
