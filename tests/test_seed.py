@@ -712,3 +712,26 @@ def test_a_whole_snapshot_is_taken_of_a_repository_on_another_file_system_than_t
     child = seeds(redis, tmp_path / "home-b", "hostb").child(SWARM, "a1", sid)
     assert (child.path / "committed.txt").read_text() == "base\n"
     assert list((repo / ".git" / "objects" / "pack").glob("*swarm*")) == []  # nothing left
+
+
+def test_a_whole_snapshots_pack_swapped_for_a_link_in_the_repository_is_not_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pack is written in the repository, which a box of the root's writes: a command
+    there that swaps the index git wrote for a link to a file only the user can read (a
+    key) gets an error, not that file stored with the snapshot."""
+    repo = make_repo(tmp_path / "repo")
+    secret = tmp_path / "id_key"
+    secret.write_text("PRIVATE-KEY-BYTES\n")
+    made = g._pack_objects
+
+    def swapped(repo_: Path, args: list[str], revs: str, cwd: Path | None = None) -> bytes:
+        names = made(repo_, args, revs, cwd)
+        index = Path(args[0] + f"-{names.decode().split()[0]}.idx")
+        index.unlink()
+        index.symlink_to(secret)
+        return names
+
+    monkeypatch.setattr(g, "_pack_objects", swapped)
+    sha = g.commit(repo / ".git", g.write_tree(g.discover(repo)), [], "swarm seed")
+    with pytest.raises(WorkspaceError, match="cannot be read"):
+        assert b"PRIVATE-KEY-BYTES" not in g.bundle(repo / ".git", sha)

@@ -31,6 +31,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -514,20 +515,36 @@ def _whole(repo: Path, sha: str) -> bytes:
     # git writes the pack in the repository, then renames it to the name given: a folder
     # on the repository's file system (a /tmp elsewhere fails with EXDEV), where git looks
     # for no pack (only files directly in objects/pack are).
+    # A box of the root's writes there too: the files are read from the folder made (its
+    # descriptor), as regular files only (not a link it put in their place).
     packs = repo / "objects" / "pack"
     packs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".swarm-pack-", dir=packs) as tmp:
-        names = _pack_objects(repo, [str(Path(tmp) / "p")],
-                              f"{sha}\n", cwd=Path(tmp)).decode().split()
-        if len(names) != 1:
-            raise WorkspaceError(f"git pack-objects made {len(names)} packs of {sha[:12]}, "
-                                 "not one")
+        folder = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            index = (Path(tmp) / f"p-{names[0]}.idx").read_bytes()
-            pack = (Path(tmp) / f"p-{names[0]}.pack").read_bytes()
-        except OSError as exc:
-            raise WorkspaceError(f"the pack of {sha[:12]} cannot be read: {exc}") from None
+            names = _pack_objects(repo, [str(Path(tmp) / "p")],
+                                  f"{sha}\n", cwd=Path(tmp)).decode().split()
+            if len(names) != 1:
+                raise WorkspaceError(f"git pack-objects made {len(names)} packs of "
+                                     f"{sha[:12]}, not one")
+            try:
+                index = _regular(folder, f"p-{names[0]}.idx")
+                pack = _regular(folder, f"p-{names[0]}.pack")
+            except OSError as exc:
+                raise WorkspaceError(f"the pack of {sha[:12]} cannot be read: {exc}") from None
+        finally:
+            os.close(folder)
     return PACK_HEAD + f"{sha} {names[0]} {len(index)}\n".encode() + index + pack
+
+
+def _regular(folder: int, name: str) -> bytes:
+    """The bytes of the regular file ``name`` in the folder ``folder`` (OSError for a link,
+    or anything else)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    with open(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{name} is not a regular file")
+        return file.read()
 
 
 def unbundle(repo: Path, sha: str, data: bytes) -> None:
