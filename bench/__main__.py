@@ -86,6 +86,11 @@ def parser() -> argparse.ArgumentParser:
                    "with the range (default 3)")
     g.add_argument("--repeat-max", type=int, default=200,
                    help="larger N run once (default 200)")
+    g.add_argument("--warm-up", type=int, default=3, metavar="N",
+                   help="children of the warm-up job before the measured ones (default 3); as "
+                   "wide as the widest N, the boxes' network slots and cgroups, which a "
+                   "worker keeps for a minute after a wide job, are made before the "
+                   "measured jobs instead of in the first of them")
     g.add_argument("--model-processes", type=int, default=-1, metavar="K",
                    help="the scripted model in K processes of its own on one port "
                    "(SO_REUSEPORT), so a wide job measures the swarm and not this process; "

@@ -106,6 +106,7 @@ def measure_job(cluster: Cluster, model: Any, n: int, turns: int, latency: float
         "peak_concurrent_model_requests": times.peak_concurrent_requests,
         "cpu_seconds": cpu, "cpu_total": round(sum(cpu.values()), 2),
         "machine_cpu_seconds": round(busy, 2),
+        "cpu_floor_s": round(busy / (os.cpu_count() or 1), 2),
         "cpu_ms_per_child": {k: round(v * 1000 / n, 2) for k, v in by_kind.items()},
         "redis_commands": after["commands"] - before["commands"],
         "redis_commandstats": {k: v - before["commandstats"].get(k, 0)
@@ -154,7 +155,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         client.close()
         log(f"scaling: cluster of {args.workers} x {args.concurrency} ready in "
             f"{time.perf_counter() - began:.1f} s")
-        warm = measure_job(cluster, model, min(3, max(sizes)), 1, 0.05, 64, pids)
+        warm = measure_job(cluster, model, min(args.warm_up, max(sizes)), 1, 0.05,
+                           max(64, args.warm_up), pids)
         log(f"scaling: warm-up N={warm['n']} {warm['wall']:.2f} s")
         for n in sizes:
             max_parallel = args.max_parallel or max(64, n)
@@ -174,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        "workers": args.workers, "concurrency": args.concurrency,
                        "max_parallel": args.max_parallel or "max(64, N)",
                        "repeats": args.repeats, "repeat_max": args.repeat_max,
-                       "model_processes": procs,
+                       "model_processes": procs, "warm_up": args.warm_up,
                        "child": f"{args.turns} turns of one command (echo) + 1 answer",
                        "ideal": "(turns + 3) x latency: root 2 calls + child turns + 1"},
             "jobs": jobs, "run_seconds": time.perf_counter() - began}
@@ -212,6 +214,11 @@ def report(out: dict[str, Any]) -> list[str]:
             f"{k} {v:.1f}" for k, v in big["cpu_seconds"].items())
             + (f"; the whole machine {big['machine_cpu_seconds']:.1f} (/proc/stat)"
                if "machine_cpu_seconds" in big else ""))
+        lines.append("  the whole machine's CPU over its cores, the least wall it allows (x "
+                     "ideal): " + "; ".join(
+                         f"N={j['n']}: {j['cpu_floor_s']:.2f} s "
+                         f"({j['cpu_floor_s'] / j['ideal']:.2f}x)"
+                         for j in out["jobs"] if "cpu_floor_s" in j))
         lines.append("  the turn gap after a child's first answer (its first command, and its "
                      "box's start), median / p95 / max ms: " + "; ".join(
                          f"N={j['n']}: " + " / ".join(fmt_ms(j['first_gap'][k]).strip()

@@ -731,6 +731,58 @@ def test_a_fork_bomb_in_one_box_does_not_stop_a_siblings_command(outside_tmp: Pa
     assert "limit of 64 processes and threads (SWARM_SANDBOX_PIDS)" in str(results), results
 
 
+
+@needs_sandbox
+@as_root
+@pytest.mark.parametrize("lasting", [True, False], ids=["lasting", "per-command"])
+def test_a_box_whose_first_process_cannot_join_its_cgroup_runs_nothing(
+        outside_tmp: Path, monkeypatch: pytest.MonkeyPatch, lasting: bool) -> None:
+    """bubblewrap waits for the worker itself (``--block-fd``), and goes on at the end of
+    that pipe: where its box cannot join its cgroup, the worker kills it first, so no
+    command runs without its limits (it says why)."""
+    from swarm.agent import cgroups
+
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    limits = cgroups.Limits(pids=64)
+    first = LocalEnvironment(ws, sandbox="bwrap", limits=limits, die_with_runner=True)
+    assert first.execute("true", 30).exit_code == 0  # the trial, and the cgroups made
+    first.close()
+
+    def refused(self: cgroups.Group, pid: int) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cgroups.Group, "join", refused)
+    env = LocalEnvironment(ws, sandbox="bwrap", limits=limits, die_with_runner=True,
+                           lasting=lasting)
+    result = env.execute("echo ran > ran", 30)
+    env.close()
+    assert result.exit_code != 0, result
+    assert "could not join its cgroup" in result.output, result.output
+    assert not (ws / "ran").exists(), "the command ran outside its cgroup"
+
+
+@needs_sandbox
+def test_a_box_with_no_routes_to_set_waits_for_its_worker_in_bubblewrap(
+        outside_tmp: Path) -> None:
+    """No shell between ``setpriv`` and bubblewrap where the box's network namespace is a
+    slot's (or none): bubblewrap names its box's first process and waits itself."""
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    env = LocalEnvironment(ws, sandbox="bwrap", die_with_runner=True)
+    assert env.execute("true", 30).exit_code == 0
+    box = env.choice.box
+    assert box is not None
+    from swarm.agent.sandbox.box import Handshake
+
+    shake = Handshake(7, 8, 9, 0 if box.net.mode != "user" else 1234, True)
+    argv = box.argv("true", ws, 3, runner=os.getpid(), alive_fd=5, handshake=shake)
+    bwrap = argv.index(box.binary)
+    assert "bash" not in argv[:bwrap] and "sh" not in argv[:bwrap], argv[:bwrap]
+    assert argv[argv.index("--info-fd") + 1] == "7"
+    assert argv[argv.index("--block-fd") + 1] == "8"
+    env.close()
+
 @pytest.fixture
 def other_netns() -> Iterator[str]:
     """A listener in another network namespace, joined to the host by a veth pair (as a

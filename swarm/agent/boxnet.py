@@ -15,7 +15,8 @@ link-local addresses as a cloud's metadata service, the operator's ``SWARM_SANDB
 routes and nftables rules for what ``SWARM_SANDBOX_ALLOW`` lets through, and only then
 runs the box, which drops every capability: it cannot change them. The box's own
 loopback is its own. (A box in a slot, or with no network of its own to set up, runs
-:data:`WRAPPER` after ``setpriv``, unprivileged: :meth:`~swarm.agent.sandbox.Box.argv`.)
+:data:`WRAPPER` after ``setpriv``, unprivileged, or, a worker's, has bubblewrap itself
+wait: :meth:`~swarm.agent.sandbox.Box.argv`.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
+import json
 import os
 import shutil
 import socket
@@ -245,9 +247,31 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def await_word(fd: int, timeout: float = 30.0) -> bool:
+#: Seconds a box has to say it is up.
+UP_TIMEOUT = 30.0
+
+
+def await_word(fd: int, timeout: float = UP_TIMEOUT) -> bool:
     """Whether the box said "up" on ``fd`` within ``timeout`` (False: it died first)."""
     return read_line(fd, timeout) == b"up"
+
+
+def read_json(fd: int, timeout: float) -> object:
+    """The JSON document a helper process writes on ``fd`` within ``timeout`` seconds
+    (bubblewrap's ``--info-fd``, which its box's first process may hold open past it), or
+    None when it ended or said nothing whole in time."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not readable(fd, left):
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return None
+        data += chunk
+        with contextlib.suppress(ValueError):
+            return json.loads(data)
 
 
 def read_line(fd: int, timeout: float) -> bytes:

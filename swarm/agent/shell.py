@@ -386,7 +386,7 @@ class LocalEnvironment:
             else:
                 with self._mounted():
                     launch = Launch(box, lambda hs: self.argv(command, fd, hs),
-                                    pass_fds=(fd, *alive), **popen)
+                                    pass_fds=(fd, *alive), lifeline=bool(alive), **popen)
                 proc = launch.proc
         except OSError as exc:
             raise ToolError(f"cannot start bash: {exc}; is bash installed and on PATH?") from exc

@@ -65,6 +65,12 @@ class Handshake(NamedTuple):
     holder: int = 0
     """The pid of the network slot's holder whose namespace it enters
     (:mod:`~swarm.agent.sandbox.netslots`); 0: it makes its own."""
+    direct: bool = False
+    """bubblewrap itself waits (no shell before it): it writes its box's first process's
+    pid as JSON on :attr:`up` (``--info-fd``) and, its box set up, waits for a byte or the
+    end of :attr:`go` (``--block-fd``). Only for a box with no routes to set whose program
+    checks the worker's lifeline first: at the end of :attr:`go` (the worker died) it goes
+    on to that check."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,8 @@ class Box:
         for the worker: after ``setpriv`` when it has no routes to set (in a network slot,
         or no network of its own), where it is the guard too (the worker's "go" comes only
         after its "up", said once the parent-death signal is set); else before ``setpriv``,
-        root in its new network namespace. With ``program`` (a lasting box's runner),
+        root in its new network namespace; or, :attr:`Handshake.direct`, bubblewrap waits
+        itself, after ``setpriv`` (no shell). With ``program`` (a lasting box's runner),
         bubblewrap runs that instead of ``bash -c command``: it must set the :data:`PIDS`
         limit itself."""
         ws = str(workspace.resolve())
@@ -138,7 +145,12 @@ class Box:
         setpriv = ["setpriv", *drop, *(["--pdeathsig", "KILL"] if guard else []), "--"] \
             if drop or guard else []
         user = self.net.mode == "user"
-        if handshake is not None and (not user or handshake.holder):
+        if handshake is not None and handshake.direct:
+            # As below, with no shell: bubblewrap says its box is up (its first process's
+            # pid, for the worker to move into its cgroup) and waits for the word.
+            assert not user or handshake.holder
+            box = [*(boxnet.enter(handshake.holder) if user else []), *setpriv]
+        elif handshake is not None and (not user or handshake.holder):
             # No route to set: the box waits for its worker after setpriv, unprivileged,
             # which makes it the guard too: the worker says "go" only once the box said
             # "up", after the parent-death signal was set (one shell less than
@@ -207,6 +219,8 @@ class Box:
                 box += ["--tmpfs", path, *(a for m in inside for a in ("--dir", m)),
                         "--remount-ro", path]
         box += ["--remount-ro", "/", "--chdir", ws, "--seccomp", str(seccomp_fd)]
+        if handshake is not None and handshake.direct:
+            box += ["--info-fd", str(handshake.up), "--block-fd", str(handshake.go)]
         if self.net.mode == "none" or (self.net.mode == "user" and handshake is None):
             box.append("--unshare-net")
         elif self.net.mode == "user":

@@ -93,7 +93,8 @@ class LastingBox:
                 self.box, lambda hs: self.box.argv("", self.workspace, fd, self.linked,
                                                    runner=self.runner, handshake=hs,
                                                    program=program),
-                pass_fds=passed, cwd=self.workspace, env=env, stdin=subprocess.DEVNULL,
+                pass_fds=passed, lifeline=self.alive is not None, cwd=self.workspace, env=env,
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             ours.close()

@@ -8,6 +8,7 @@ import atexit
 import contextlib
 import functools
 import os
+import signal
 import subprocess
 from collections.abc import Callable
 from typing import Any
@@ -38,12 +39,16 @@ class Launch:
     removes the cgroup and says which limit, if any, the kernel enforced."""
 
     def __init__(self, box: Box, build: Callable[[Handshake | None], list[str]],
-                 pass_fds: tuple[int, ...] = (), **popen: Any) -> None:
+                 pass_fds: tuple[int, ...] = (), lifeline: bool = False, **popen: Any) -> None:
         """Start ``build(handshake)``'s command (``handshake``: see :meth:`Box.argv`; None
         for a box that waits for nothing) with ``popen`` (:class:`subprocess.Popen`'s
         arguments); OSError when its cgroup cannot be made or it cannot start. A box with
         the user-mode network enters a network slot of this process's
-        (:mod:`~swarm.agent.sandbox.netslots`), or makes its own where none can be made."""
+        (:mod:`~swarm.agent.sandbox.netslots`), or makes its own where none can be made.
+        ``lifeline``: the command checks this process's lifeline before all else
+        (:data:`~swarm.agent.sandbox.lifeline.RUNNER_ALIVE`, a lasting box's runner), so
+        bubblewrap may wait for the worker itself where the box has no routes to set
+        (:attr:`Handshake.direct`): a shell less a box."""
         self.slirp: boxnet.Slirp | None = None
         self.slot: netslots.Slot | None = None
         self.group: cgroups.Group | None = None
@@ -66,8 +71,10 @@ class Launch:
         up_r, up_w = os.pipe()
         go_r, go_w = os.pipe()
         resolv = data_fd(boxnet.RESOLV.encode())
+        direct = lifeline and (box.net.mode != "user" or self.slot is not None)
         try:
-            shake = Handshake(up_w, go_r, resolv, self.slot.holder.pid if self.slot else 0)
+            shake = Handshake(up_w, go_r, resolv, self.slot.holder.pid if self.slot else 0,
+                              direct)
             self.proc = subprocess.Popen(build(shake), pass_fds=(*pass_fds, up_w, go_r, resolv),
                                          **popen)
         except BaseException:
@@ -82,7 +89,9 @@ class Launch:
             for fd in (up_w, go_r, resolv):
                 os.close(fd)
         try:
-            if boxnet.await_word(up_r):
+            if direct:
+                self._let_go(up_r, go_w)
+            elif boxnet.await_word(up_r):
                 if self.group is not None:
                     try:
                         self.group.join(self.proc.pid)
@@ -98,6 +107,33 @@ class Launch:
         finally:
             os.close(up_r)
             os.close(go_w)
+
+    def _let_go(self, info: int, go: int) -> None:
+        """bubblewrap waits itself (:attr:`Handshake.direct`): the box's first process,
+        named on ``info`` once made, joins the cgroup, then the word on ``go``. Where it
+        cannot, the box is killed before ``go`` ends (at its end bubblewrap goes on)."""
+        said = boxnet.read_json(info, boxnet.UP_TIMEOUT)
+        first = said.get("child-pid") if isinstance(said, dict) else None
+        first = first if isinstance(first, int) and not isinstance(first, bool) else 0
+        if first <= 0:  # it died first (its error is on its stderr), or said nonsense
+            self._kill(first)
+            return
+        if self.group is not None:
+            try:
+                self.group.join(first)
+            except OSError as exc:  # it runs nothing without its limits
+                self.notes.append(f"[the box could not join its cgroup: {exc}]")
+                self._kill(first)
+                return
+        os.write(go, b"g")
+
+    def _kill(self, first: int) -> None:
+        """Kill the box that waits (its first process, then bubblewrap)."""
+        if first > 0:  # bubblewrap's child, which it has not reaped: its pid is still its
+            with contextlib.suppress(OSError):
+                os.kill(first, signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait()
 
     def _drop_group(self) -> None:
         if self.group is not None:
