@@ -16,6 +16,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_lib
@@ -753,13 +754,66 @@ def test_a_box_whose_first_process_cannot_join_its_cgroup_runs_nothing(
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(cgroups.Group, "join", refused)
+    shakes = _recorded_handshakes(monkeypatch)
     env = LocalEnvironment(ws, sandbox="bwrap", limits=limits, die_with_runner=True,
                            lasting=lasting)
     result = env.execute("echo ran > ran", 30)
     env.close()
+    assert shakes and all(h.direct for h in shakes), shakes  # bubblewrap waited itself
     assert result.exit_code != 0, result
     assert "could not join its cgroup" in result.output, result.output
     assert not (ws / "ran").exists(), "the command ran outside its cgroup"
+
+
+class _Interrupted(BaseException):
+    """An interrupt (as KeyboardInterrupt, which pytest would take for its own)."""
+
+
+@needs_sandbox
+@as_root
+@pytest.mark.parametrize("lasting", [True, False], ids=["lasting", "per-command"])
+def test_a_box_whose_start_is_interrupted_before_the_word_is_killed_and_runs_nothing(
+        outside_tmp: Path, monkeypatch: pytest.MonkeyPatch, lasting: bool) -> None:
+    """Whatever stops the worker between a box's start and its word (an exception, an
+    interrupt) kills the box first: bubblewrap would go on at the end of its pipe, its
+    command outside its cgroup and out of the worker's sight."""
+    from swarm.agent import cgroups
+
+    ws = outside_tmp / "ws"
+    ws.mkdir()
+    limits = cgroups.Limits(pids=64)
+    first = LocalEnvironment(ws, sandbox="bwrap", limits=limits, die_with_runner=True)
+    assert first.execute("true", 30).exit_code == 0
+    first.close()
+
+    def interrupted(self: cgroups.Group, pid: int) -> None:
+        raise _Interrupted
+
+    monkeypatch.setattr(cgroups.Group, "join", interrupted)
+    shakes = _recorded_handshakes(monkeypatch)
+    env = LocalEnvironment(ws, sandbox="bwrap", limits=limits, die_with_runner=True,
+                           lasting=lasting)
+    with pytest.raises(_Interrupted):
+        env.execute("echo ran > ran; sleep 30", 30)
+    assert shakes and all(h.direct for h in shakes), shakes
+    wait_until(lambda: not _box_processes(ws), "the box's processes to be gone", timeout=10)
+    assert not (ws / "ran").exists(), "the command ran after the worker was interrupted"
+
+
+def _recorded_handshakes(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The handshakes the boxes started from now on were built with."""
+    from swarm.agent.sandbox.box import Box
+
+    shakes: list[Any] = []
+    argv = Box.argv
+
+    def recording(self: Box, *args: Any, **kwargs: Any) -> list[str]:
+        if kwargs.get("handshake") is not None:
+            shakes.append(kwargs["handshake"])
+        return argv(self, *args, **kwargs)
+
+    monkeypatch.setattr(Box, "argv", recording)
+    return shakes
 
 
 @needs_sandbox

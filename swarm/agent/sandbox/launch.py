@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from swarm.agent import boxnet, cgroups
@@ -111,25 +112,43 @@ class Launch:
     def _let_go(self, info: int, go: int) -> None:
         """bubblewrap waits itself (:attr:`Handshake.direct`): the box's first process,
         named on ``info`` once made, joins the cgroup, then the word on ``go``. Where it
-        cannot, the box is killed before ``go`` ends (at its end bubblewrap goes on)."""
-        said = boxnet.read_json(info, boxnet.UP_TIMEOUT)
-        first = said.get("child-pid") if isinstance(said, dict) else None
-        first = first if isinstance(first, int) and not isinstance(first, bool) else 0
-        if first <= 0:  # it died first (its error is on its stderr), or said nonsense
-            self._kill(first)
-            return
-        if self.group is not None:
-            try:
-                self.group.join(first)
-            except OSError as exc:  # it runs nothing without its limits
-                self.notes.append(f"[the box could not join its cgroup: {exc}]")
-                self._kill(first)
+        cannot, or anything else stops this meanwhile (an exception, an interrupt), the box
+        is killed before ``go`` ends: at its end bubblewrap goes on."""
+        first = 0
+        try:
+            said = boxnet.read_json(info, boxnet.UP_TIMEOUT)
+            named = said.get("child-pid") if isinstance(said, dict) else None
+            if isinstance(named, int) and not isinstance(named, bool) and self._ours(named):
+                first = named
+            if not first:  # it died first (its error is on its stderr), or said nonsense
+                self._kill(0)
                 return
-        os.write(go, b"g")
+            if self.group is not None:
+                try:
+                    self.group.join(first)
+                except OSError as exc:  # it runs nothing without its limits
+                    self.notes.append(f"[the box could not join its cgroup: {exc}]")
+                    self._kill(first)
+                    return
+            os.write(go, b"g")
+        except BaseException:
+            self._kill(first)
+            self.finish()
+            raise
+
+    def _ours(self, pid: int) -> bool:
+        """Whether process ``pid`` is bubblewrap's child (its box's first process), not one
+        that got its number after it died (bubblewrap reaps it)."""
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            return pid > 0 and int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid
+        except (OSError, IndexError, ValueError):
+            return False
 
     def _kill(self, first: int) -> None:
-        """Kill the box that waits (its first process, then bubblewrap)."""
-        if first > 0:  # bubblewrap's child, which it has not reaped: its pid is still its
+        """Kill the box that waits: its first process (while it is still bubblewrap's),
+        then bubblewrap."""
+        if first and self._ours(first):
             with contextlib.suppress(OSError):
                 os.kill(first, signal.SIGKILL)
         self.proc.kill()
