@@ -18,9 +18,11 @@ for p in manylinux2014_x86_64 manylinux_2_17_x86_64 manylinux_2_28_x86_64 linux_
 done
 python3 -m pip download -q --disable-pip-version-check -d "$out/wheels" -c constraints.txt \
   --python-version "$py" --implementation cp --only-binary=:all: "${platforms[@]}" \
-  "$(ls "$out"/wheels/swarm_agent-*.whl)" pip 2>&1 | grep -v "^WARNING: Location" || true
+  "$(ls "$out"/wheels/swarm_agent-*.whl)" pip 2>"$out/pip.log" \
+  || { grep -v "^WARNING: Location" "$out/pip.log"; echo "pip download failed (above)"; exit 1; }
 # The packages of the tools, and of every library they link but libc's.
 (cd "$out/debs" && apt-get download -q bubblewrap slirp4netns iproute2 libslirp0 libglib2.0-0 \
   libseccomp2 libcap2 libselinux1 libpcre2-8-0 libbpf1 libelf1 libmnl0 libbsd0 libmd0 \
-  zlib1g 2>&1 | grep -v "^Get:\|^Fetched\|unsandboxed" || true)
+  zlib1g >../apt.log 2>&1) || { cat "$out/apt.log"; echo "apt-get download failed (above)"; exit 1; }
+rm -f "$out/pip.log" "$out/apt.log"
 echo "$(ls "$out/wheels" | wc -l) wheels, $(ls "$out/debs" | wc -l) Debian packages, $(du -sh "$out" | cut -f1) in $out/"

@@ -2,7 +2,8 @@
 # Run on a lent machine (16 cores, no network), from the repository's root, with .device/
 # carried (bench/device/prepare.sh made it): installs swarm from .device/ and takes the width
 # figures of `python -m bench --only scaling`, without the sandbox and with it, into $OUT
-# (the device tool brings back what is under it): run.log, scaling-<sandbox>.txt and .json.
+# (the device tool brings back what is under it): run.log, scaling-<sandbox>.txt and
+# <sandbox>/scaling.json.
 # Knobs: DEVICE_SIZES (500,2000), DEVICE_WARM (2000), DEVICE_WORKERS (8),
 # DEVICE_CONCURRENCY (256), DEVICE_SANDBOX ("none auto").
 set -uo pipefail
@@ -31,7 +32,7 @@ for tool in bwrap slirp4netns ip; do
   printf '#!/bin/sh\nexec %s --library-path %s %s "$@"\n' "$loader" "$libs" "$real" \
     > "$wrappers/$tool"
   chmod +x "$wrappers/$tool"
-  echo "$tool: carried, $({ "$wrappers/$tool" --version || "$wrappers/$tool" -V; } 2>&1 | grep -v option | head -1)"
+  echo "$tool: carried, $({ "$wrappers/$tool" --version || "$wrappers/$tool" -V; } 2>&1 | grep -vi option | head -1)"
 done
 export PATH="$PATH:$wrappers"
 for v in $(compgen -e | grep '^PIP_'); do unset "$v"; done  # no pip settings of the machine's
@@ -47,7 +48,7 @@ fi
 PIP_CONFIG_FILE=/dev/null "${pip[@]}" install -q --disable-pip-version-check --no-index \
   --find-links .device/wheels swarm-agent || exit 1
 . "$venv/bin/activate"
-python -c "import swarm, celery, redis; print('swarm from', swarm.__file__)"
+python -c "import swarm, celery, redis; print('the bench runs this tree\'s swarm,', swarm.__file__, '(the environment holds its dependencies)')"
 trial=$(python -c "from swarm.agent import sandbox; p = sandbox.probe(); print('works' if p.ok else 'fails: ' + p.reason)")
 echo "the sandbox's trial: $trial"
 for sandbox in ${DEVICE_SANDBOX:-none auto}; do
@@ -56,9 +57,8 @@ for sandbox in ${DEVICE_SANDBOX:-none auto}; do
   python -m bench --only scaling --sizes "${DEVICE_SIZES:-500,2000}" \
     --warm-up "${DEVICE_WARM:-2000}" --workers "${DEVICE_WORKERS:-8}" \
     --concurrency "${DEVICE_CONCURRENCY:-256}" --sandbox "$sandbox" --no-seed --no-plot \
-    > "$out/scaling-$sandbox.txt" 2>&1
+    --results "$out/$sandbox" > "$out/scaling-$sandbox.txt" 2>&1
   echo "exit $?"
   grep -E "wall|least wall|CPU ms a child|sandbox" "$out/scaling-$sandbox.txt" | head -20
-  cp bench/results/scaling.json "$out/scaling-$sandbox.json" 2>/dev/null
 done
 echo "== done ($(date +%T))"
