@@ -735,3 +735,4 @@ def test_a_whole_snapshots_pack_swapped_for_a_link_in_the_repository_is_not_read
     sha = g.commit(repo / ".git", g.write_tree(g.discover(repo)), [], "swarm seed")
     with pytest.raises(WorkspaceError, match="cannot be read"):
         assert b"PRIVATE-KEY-BYTES" not in g.bundle(repo / ".git", sha)
+

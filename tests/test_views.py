@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from swarm.agent import sandbox
+from swarm.agent import grants, sandbox
 from swarm.agent.sandbox import UID
 from swarm.agent.shell import LocalEnvironment
 from swarm.store.snapshots import SnapshotStore
@@ -100,6 +100,63 @@ def test_children_share_one_checkout_and_never_see_each_others_writes(
                   delta)
     assert changed.split() == ["d0/f0.txt", "d1/f1.txt", "new.txt", "untracked.txt"]
 
+
+
+@pytest.mark.parametrize("box_uid", [None, UID], ids=["user", "root"])
+def test_a_delta_snapshots_checkout_links_its_bases_unchanged_files(
+        tmp_path: Path, box_uid: int | None) -> None:
+    """A host that checked the previous snapshot out writes only what changed for the next
+    (a delta over it): its other files are links to the previous checkout's, which keeps
+    its own contents; the new index is clean against the new files."""
+    if box_uid is not None and os.geteuid() != 0:
+        pytest.skip("ACL entries for another uid need root")
+    repo = make_repo(tmp_path / "repo")
+    (repo / "d0" / "link").symlink_to("f0.txt")
+    (repo / "to-d1").symlink_to("d1")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "links")
+    first = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "d1" / "f1.txt").write_text("changed\n")
+    (repo / "d2" / "f2.txt").unlink()
+    (repo / "d3").mkdir()
+    (repo / "d3" / "new.txt").write_text("new\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "edit")
+    second = git(repo, "rev-parse", "HEAD").strip()
+    trees, odb = tmp_path / "trees", repo / ".git"
+    old, _ = views.shared_checkout(odb, first, trees, box_uid)
+    new, index = views.shared_checkout(odb, second, trees, box_uid, base=first)
+    assert (new / "d0" / "f0.txt").stat().st_ino == (old / "d0" / "f0.txt").stat().st_ino
+    assert os.readlink(new / "d0" / "link") == "f0.txt" and os.readlink(new / "to-d1") == "d1"
+    assert (new / "d1" / "f1.txt").read_text() == "changed\n"
+    assert (old / "d1" / "f1.txt").read_text() == "file 1\n"  # the base's, untouched
+    assert not (new / "d2" / "f2.txt").exists() and (old / "d2" / "f2.txt").exists()
+    assert (new / "d3" / "new.txt").read_text() == "new\n"
+    env = {**os.environ, "GIT_DIR": str(odb), "GIT_WORK_TREE": str(new),
+           "GIT_INDEX_FILE": str(index)}
+    assert subprocess.run(["git", "diff-files", "--quiet"], cwd=new, env=env).returncode == 0
+    assert subprocess.run(["git", "write-tree"], cwd=new, env=env, capture_output=True,
+                          text=True).stdout.strip() == git(repo, "rev-parse", "HEAD^{tree}").strip()
+    if box_uid is not None:  # the new file and folder are the box's to write, as the others
+        for path in (new / "d3", new / "d3" / "new.txt", new / "d0" / "f0.txt"):
+            entries = grants.decode(os.getxattr(path, grants.ACCESS))
+            assert any(tag == grants.USER and uid == box_uid and perm & 6 == 6
+                       for tag, perm, uid in entries), (path, entries)
+
+
+def test_a_shared_checkouts_index_is_newer_than_every_file_it_holds(tmp_path: Path) -> None:
+    """git tells a file's age in whole seconds: an entry as new as its index is "racily
+    clean", and every git using a copy of the index (each child's capture) read the file
+    again (a 50 MB checkout, ~110 ms a capture). The host's checkout leaves none."""
+    repo = make_repo(tmp_path / "repo")
+    sid = git(repo, "rev-parse", "HEAD").strip()
+    _, index = views.shared_checkout(repo / ".git", sid, tmp_path / "trees")
+    out = subprocess.run(["git", "ls-files", "--debug"], capture_output=True, text=True,
+                         check=True, env={**os.environ, "GIT_DIR": str(repo / ".git"),
+                                          "GIT_INDEX_FILE": str(index)}).stdout
+    seconds = [int(line.split()[1].split(":")[0]) for line in out.splitlines()
+               if line.strip().startswith("mtime:")]
+    assert len(seconds) == 30 and max(seconds) < int(index.stat().st_mtime), seconds
 
 def test_an_unmounted_view_is_mounted_again_with_its_changes(
         redis: redis_lib.Redis, home: Path) -> None:

@@ -413,9 +413,11 @@ class Seeds:
 
     def _view(self, repo: Path, path: Path, branch: str, start: str, seed: str,
               index: Path) -> Path:
+        trees = self.home / "seeds" / "trees"
         with _locked(self.home / "seeds" / "locks" / f"tree-{seed}.lock"):
-            lower, shared = views.shared_checkout(repo, seed, self.home / "seeds" / "trees",
-                                                  self.box_uid)
+            # A delta's base checked out here already lends it its unchanged files.
+            base = "" if (trees / seed).is_dir() else self._base_of(seed)
+            lower, shared = views.shared_checkout(repo, seed, trees, self.box_uid, base)
         folder = path.parent / ".views" / path.name
         self.unmount_view(folder, path, remove=True)
         folder.mkdir(parents=True)
@@ -523,6 +525,11 @@ class Seeds:
                                                                     str(top))),
                      swarm_id, new=True)
         return sid
+
+    def _base_of(self, seed: str) -> str:
+        """The snapshot ``seed`` is stored as a delta over ("": a whole one, or gone)."""
+        meta = self.store.meta(seed)
+        return meta.base if meta is not None else ""
 
     def _lineage_of(self, seed: str) -> str:
         """The lineage of the stored snapshot ``seed`` ("": gone, or from before

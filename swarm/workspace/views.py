@@ -30,10 +30,12 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from swarm.agent.grants import grant_tree
+from swarm.errors import WorkspaceError
 from swarm.workspace import gitstate as g
 
 log = logging.getLogger(__name__)
@@ -320,19 +322,19 @@ def _probe(home: Path) -> str:
     return ""
 
 
-def shared_checkout(repo: Path, sid: str, trees: Path,
-                    box_uid: int | None = None) -> tuple[Path, Path]:
+def shared_checkout(repo: Path, sid: str, trees: Path, box_uid: int | None = None,
+                    base: str = "") -> tuple[Path, Path]:
     """The host's read-only checkout of commit ``sid`` of ``repo`` under ``trees`` and its
     git index: made once (the caller holds the host's lock for ``sid``). With ``box_uid``
     (a root worker's sandbox uid), that uid may write its files through a view, by ACL
-    entries set here once: set through each view, they would copy every file up."""
+    entries set here once: set through each view, they would copy every file up. With
+    ``base`` (the snapshot ``sid`` is a delta over) checked out here already, its files are
+    linked, not written again, and git writes only what changed (:func:`_linked_copy`)."""
     files, index = trees / sid, trees / f"{sid}.index"
     if files.is_dir() and index.is_file():
         granted = trees / f"{sid}.uid-{box_uid}"
         if box_uid is not None and not granted.exists():  # made before a box needed it
             grant_tree(files, box_uid)
-            g.git("update-index", "-q", "--refresh", repo=repo, cwd=files,
-                  env={"GIT_WORK_TREE": str(files), "GIT_INDEX_FILE": str(index)})
             granted.touch()
         return files, index
     trees.mkdir(parents=True, exist_ok=True)
@@ -341,20 +343,83 @@ def shared_checkout(repo: Path, sid: str, trees: Path,
         temp_index = tmp / "index"
         env = {"GIT_DIR": str(repo), "GIT_WORK_TREE": str(tmp / "files"),
                "GIT_INDEX_FILE": str(temp_index)}
-        (tmp / "files").mkdir()
-        g.git("-c", f"checkout.workers={min(8, os.cpu_count() or 1)}", "read-tree", "-u",
-              "--reset", sid, cwd=tmp / "files", env=env)
+        if not _derived(trees, base, box_uid, tmp / "files", temp_index, sid, env):
+            (tmp / "files").mkdir()
+            g.git("-c", f"checkout.workers={min(8, os.cpu_count() or 1)}", "read-tree", "-u",
+                  "--reset", sid, cwd=tmp / "files", env=env)
         if box_uid is not None:  # before the refresh: an ACL entry changes a file's ctime
             grant_tree(tmp / "files", box_uid)
             (trees / f"{sid}.uid-{box_uid}").touch()
-        # Entries git wrote as "racily clean" (a file as new as the index) would be read
-        # again by every child: checked here, once.
+        # The index, written last, must be newer than its files: an entry as new as its
+        # index is "racily clean", read again by every git that uses the index (each
+        # child's capture read a 50 MB checkout again, ~110 ms).
+        _settle_times(tmp / "files")
         g.git("update-index", "-q", "--refresh", cwd=tmp / "files", env=env)
         os.replace(temp_index, index)
         os.rename(tmp / "files", files)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return files, index
+
+
+def _settle_times(top: Path) -> None:
+    """Put the modification time of each file under ``top`` written in the last second
+    (git's index tells a file's age in whole seconds) two seconds back, but for files
+    linked from elsewhere (another checkout's, whose index holds their times)."""
+    recent = time.time() - 1
+    for _, _, names, fd in os.fwalk(top, follow_symlinks=False):
+        for name in names:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if st.st_mtime >= recent and st.st_nlink == 1:
+                os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns - 2_000_000_000),
+                         dir_fd=fd, follow_symlinks=False)
+
+
+def _derived(trees: Path, base: str, box_uid: int | None, files: Path, index: Path,
+             sid: str, env: dict[str, str]) -> bool:
+    """Whether ``sid``'s files and ``index`` were made from the checkout of ``base`` under
+    ``trees`` (see :func:`shared_checkout`); where they could not be (none, or it went
+    meanwhile), nothing is left of the attempt."""
+    if not _derivable(trees, base, box_uid):
+        return False
+    try:
+        _linked_copy(trees / base, files)
+        shutil.copy2(trees / f"{base}.index", index)
+        # git replaces (unlinks, then writes) each file that changed: never one of the
+        # base's, which its views read.
+        g.git("read-tree", "-m", "-u", base, sid, cwd=files, env=env)
+        return True
+    except (OSError, WorkspaceError) as exc:
+        log.warning("the checkout of %s is written whole (its base's could not lend its "
+                    "files: %s)", sid[:12], exc)
+        shutil.rmtree(files, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            index.unlink()
+        return False
+
+
+def _derivable(trees: Path, base: str, box_uid: int | None) -> bool:
+    """Whether the checkout of ``base`` under ``trees`` is whole (its index written last)
+    and its files open to ``box_uid`` (a linked file keeps its ACL entries, and
+    :func:`~swarm.agent.grants.grant_tree` grants no file with another link)."""
+    if not base or not (trees / base).is_dir() or not (trees / f"{base}.index").is_file():
+        return False
+    return box_uid is None or (trees / f"{base}.uid-{box_uid}").exists()
+
+
+def _linked_copy(source: Path, into: Path) -> None:
+    """``source``'s folders made again under ``into``, each file (a symbolic link too) a
+    hard link to ``source``'s: no file's data written, and no new inode but the folders'
+    (writing 5,000 files again was most of a second fan-out's cost on a host)."""
+    for folder, dirs, names, fd in os.fwalk(source, follow_symlinks=False):
+        rel = os.path.relpath(folder, source)
+        target = into if rel == "." else into / rel
+        target.mkdir(mode=stat.S_IMODE(os.fstat(fd).st_mode))
+        # A link to a folder is listed with the folders (and not gone into).
+        links = [d for d in dirs
+                 if stat.S_ISLNK(os.stat(d, dir_fd=fd, follow_symlinks=False).st_mode)]
+        for name in [*names, *links]:
+            os.link(name, target / name, src_dir_fd=fd, follow_symlinks=False)
 
 
 def changed(lower: Path, upper: Path, limit: int) -> list[str] | None:
