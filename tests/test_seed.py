@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from swarm.workspace import gitstate as g
 from swarm.workspace import homecoming, parked
 from swarm.workspace.listing import listing
 from swarm.workspace.seed import EMPTY, Seeds, folder_cache
+from tests.helpers import wait_until
 
 SWARM = "sseedtest"
 
@@ -736,3 +738,27 @@ def test_a_whole_snapshots_pack_swapped_for_a_link_in_the_repository_is_not_read
     with pytest.raises(WorkspaceError, match="cannot be read"):
         assert b"PRIVATE-KEY-BYTES" not in g.bundle(repo / ".git", sha)
 
+
+def test_a_swarm_kept_index_reads_no_file_again_for_a_changed_ctime_alone(
+        tmp_path: Path) -> None:
+    """The host changes the ctime of a shared checkout's files without changing them (ACL
+    entries, the links of the next snapshot's checkout): a capture through an index swarm
+    keeps does not read them all again for it, and still sees a file that changed. Read
+    from the files' access times (a read after a change of ctime moves it: relatime)."""
+    top, odb, index = tmp_path / "ws", g.ensure_bare(tmp_path / "odb.git"), tmp_path / "index"
+    top.mkdir()
+    files = [top / f"f{i}.txt" for i in range(20)]
+    for i, path in enumerate(files):
+        path.write_text(f"file {i}\n")
+        past = path.stat().st_mtime - 60  # not "racily clean", which git reads again anyway
+        os.utime(path, (past, past))
+    first = g.write_tree(top, odb=odb, index=index)
+    made = int(time.time())  # git compares times in whole seconds: the change comes later
+    wait_until(lambda: int(time.time()) > made, "the next second", timeout=5)
+    for path in files:  # the access time put back: its ctime changes, nothing else
+        os.utime(path, (path.stat().st_mtime - 30, path.stat().st_mtime))
+    read_before = [path.stat().st_atime_ns for path in files]
+    assert g.write_tree(top, odb=odb, index=index) == first
+    assert [path.stat().st_atime_ns for path in files] == read_before, "files read again"
+    files[5].write_text("changed\n")
+    assert g.write_tree(top, odb=odb, index=index) != first

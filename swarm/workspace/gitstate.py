@@ -321,7 +321,7 @@ def write_tree(top: Path | WorkTree, *, odb: Path | None = None,
         assert odb is not None and index is not None
         index.parent.mkdir(parents=True, exist_ok=True)
         return _add_and_write(top, {"GIT_DIR": str(odb), "GIT_WORK_TREE": str(top),
-                                    "GIT_INDEX_FILE": str(index)}, keep)
+                                    "GIT_INDEX_FILE": str(index)}, keep, UNTRUSTED_CTIME)
     with tempfile.TemporaryDirectory(prefix="swarm-tree-") as tmp:
         temp = Path(tmp) / "index"
         with contextlib.suppress(FileNotFoundError):
@@ -330,8 +330,17 @@ def write_tree(top: Path | WorkTree, *, odb: Path | None = None,
         return _add_and_write(top.top, top.env(temp), keep)
 
 
-def _add_and_write(folder: Path, env: dict[str, str], keep: Path | None) -> str:
-    git("-c", f"core.excludesFile={_excludes(folder)}", "-c", "core.autocrlf=false",
+#: How git reads the indexes swarm keeps of its own folders (a child's workspace, the
+#: host's shared checkouts): a file's ctime is not a change. The host changes those of a
+#: shared checkout's files without changing them (ACL entries, the links of the next
+#: snapshot's checkout); their size, mtime and inode still tell (a view's file its child
+#: wrote is a new inode in its upper folder).
+UNTRUSTED_CTIME = ("-c", "core.trustctime=false")
+
+
+def _add_and_write(folder: Path, env: dict[str, str], keep: Path | None,
+                   config: tuple[str, ...] = ()) -> str:
+    git(*config, "-c", f"core.excludesFile={_excludes(folder)}", "-c", "core.autocrlf=false",
         "add", "-A", "--ignore-errors", "--", ".", cwd=folder, env=env)
     tree = git("write-tree", cwd=folder, env=env)
     if keep is not None:

@@ -354,7 +354,8 @@ def shared_checkout(repo: Path, sid: str, trees: Path, box_uid: int | None = Non
         # index is "racily clean", read again by every git that uses the index (each
         # child's capture read a 50 MB checkout again, ~110 ms).
         _settle_times(tmp / "files")
-        g.git("update-index", "-q", "--refresh", cwd=tmp / "files", env=env)
+        g.git(*g.UNTRUSTED_CTIME, "update-index", "-q", "--refresh", cwd=tmp / "files",
+              env=env)
         os.replace(temp_index, index)
         os.rename(tmp / "files", files)
     finally:
@@ -387,7 +388,7 @@ def _derived(trees: Path, base: str, box_uid: int | None, files: Path, index: Pa
         shutil.copy2(trees / f"{base}.index", index)
         # git replaces (unlinks, then writes) each file that changed: never one of the
         # base's, which its views read.
-        g.git("read-tree", "-m", "-u", base, sid, cwd=files, env=env)
+        g.git(*g.UNTRUSTED_CTIME, "read-tree", "-m", "-u", base, sid, cwd=files, env=env)
         return True
     except (OSError, WorkspaceError) as exc:
         log.warning("the checkout of %s is written whole (its base's could not lend its "
