@@ -5,6 +5,7 @@ child or the shared checkout, and what it changed is read from its upper folder.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -149,6 +150,71 @@ def test_a_delta_snapshots_checkout_links_its_bases_unchanged_files(
             assert any(tag == grants.USER and uid == box_uid and perm & 6 == 6
                        for tag, perm, uid in entries), (path, entries)
 
+
+
+def _two_snapshots(tmp_path: Path) -> tuple[Path, str, str]:
+    """A repository with a snapshot and a second one that changes ``d1/f1.txt``."""
+    repo = make_repo(tmp_path / "repo")
+    first = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "d1" / "f1.txt").write_text("changed\n")
+    git(repo, "commit", "-qam", "edit")
+    return repo, first, git(repo, "rev-parse", "HEAD").strip()
+
+
+def _next_second() -> None:
+    made = int(time.time())  # git compares times in whole seconds
+    wait_until(lambda: int(time.time()) > made, "the next second", timeout=5)
+
+
+def test_changes_land_in_a_checkout_linked_from_another(tmp_path: Path) -> None:
+    """A parent working in a view of a linked checkout (its files' ctime changed by the
+    links after its index recorded them) gets its children's changes written: git's
+    two-tree merge took every linked file for one changed since and refused."""
+    from swarm.workspace.homecoming import write_changes
+
+    repo, first, second = _two_snapshots(tmp_path)
+    trees, odb = tmp_path / "trees", repo / ".git"
+    views.shared_checkout(odb, first, trees)
+    _next_second()
+    top, shared = views.shared_checkout(odb, second, trees, base=first)
+    index, keep = tmp_path / "index", tmp_path / "keep"
+    shutil.copy2(shared, index)
+    old = g.write_tree(top, odb=odb, index=index, keep=keep)
+    (repo / "d0" / "f0.txt").write_text("from a child\n")  # a linked file, changed
+    git(repo, "commit", "-qam", "child")
+    write_changes(odb, top, old, git(repo, "rev-parse", "HEAD^{tree}").strip(), keep,
+                  trust_ctime=False)
+    assert (top / "d0" / "f0.txt").read_text() == "from a child\n"
+    assert (trees / first / "d0" / "f0.txt").read_text() == "file 0\n"  # the base's kept
+
+
+def test_a_linked_checkout_whose_base_lost_files_meanwhile_is_written_whole(
+        tmp_path: Path) -> None:
+    """The sweep removes a forgotten snapshot's checkout without the lock: files gone from
+    the base while the next one links them must not be missing from the next one."""
+    repo, first, second = _two_snapshots(tmp_path)
+    trees, odb = tmp_path / "trees", repo / ".git"
+    views.shared_checkout(odb, first, trees)
+    shutil.rmtree(trees / first / "d2")
+    new, _ = views.shared_checkout(odb, second, trees, base=first)
+    assert sorted(p.name for p in (new / "d2").iterdir()) == \
+        sorted(f"f{i}.txt" for i in range(2, 30, 3))
+    assert (new / "d0" / "f0.txt").stat().st_ino != (trees / first / "d0" / "f0.txt").stat().st_ino
+
+
+def test_a_linked_checkout_is_not_granted_to_another_box_uid(tmp_path: Path) -> None:
+    """A linked file keeps the ACL entries of the checkout it came from, and no grant
+    reaches a file with another link: such a checkout refuses a box uid it was not made
+    for (the child gets a full checkout), instead of saying it is granted."""
+    if os.geteuid() != 0:
+        pytest.skip("ACL entries for another uid need root")
+    repo, first, second = _two_snapshots(tmp_path)
+    trees, odb = tmp_path / "trees", repo / ".git"
+    views.shared_checkout(odb, first, trees)
+    views.shared_checkout(odb, second, trees, base=first)
+    with pytest.raises(OSError, match="made for another sandbox uid"):
+        views.shared_checkout(odb, second, trees, UID)
+    assert not (trees / f"{second}.uid-{UID}").exists()
 
 def test_a_shared_checkouts_index_is_newer_than_every_file_it_holds(tmp_path: Path) -> None:
     """git tells a file's age in whole seconds: an entry as new as its index is "racily

@@ -331,10 +331,11 @@ def write_tree(top: Path | WorkTree, *, odb: Path | None = None,
 
 
 #: How git reads the indexes swarm keeps of its own folders (a child's workspace, the
-#: host's shared checkouts): a file's ctime is not a change. The host changes those of a
-#: shared checkout's files without changing them (ACL entries, the links of the next
-#: snapshot's checkout); their size, mtime and inode still tell (a view's file its child
-#: wrote is a new inode in its upper folder).
+#: host's shared checkouts, a plain folder's): a file's ctime is not a change. The host
+#: changes those of a shared checkout's files without changing them (ACL entries, the
+#: links of the next snapshot's checkout). A file's size and mtime still tell, as they do
+#: for :func:`~swarm.workspace.views.changed`: a rewrite of the same size whose writer put
+#: its mtime back (``cp -p``, ``touch -r``) goes unseen.
 UNTRUSTED_CTIME = ("-c", "core.trustctime=false")
 
 

@@ -498,7 +498,8 @@ class _Tree:
     def write(self, tree: str) -> None:
         """Make the work tree hold ``tree`` now."""
         if tree != self.written:
-            write_changes(self.parent.odb, self.parent.top, self.written, tree, self.index)
+            write_changes(self.parent.odb, self.parent.top, self.written, tree, self.index,
+                          trust_ctime=self.parent.tree_of is not None)
             self.written = tree
 
     def finish(self) -> tuple[int, int, int]:
@@ -599,17 +600,20 @@ def _land_one(seeds: Seeds | None, parent: Parent, tree: _Tree, body: dict[str, 
     return LANDED
 
 
-def write_changes(repo: Path, top: Path, old: str, new: str, index: Path) -> None:
+def write_changes(repo: Path, top: Path, old: str, new: str, index: Path,
+                  trust_ctime: bool = True) -> None:
     """Make the work tree ``top`` go from tree ``old`` to tree ``new`` of ``repo`` through
     ``index`` (an index of ``old`` whose file times are the work tree's: the work tree's
     own index is not touched), by git's two-tree merge: it writes and removes only the
     paths that differ, never through a link in a folder of their path, never a file
     changed since ``old`` was read or one it does not know (``WorkspaceError`` instead:
     nothing is written), and leaves a folder that is not empty (a submodule's) in place.
-    ``index`` then holds ``new``."""
+    ``index`` then holds ``new``. ``trust_ctime``: False for an index swarm keeps
+    (:data:`~swarm.workspace.gitstate.UNTRUSTED_CTIME`)."""
     env = {"GIT_DIR": str(repo), "GIT_COMMON_DIR": str(repo), "GIT_WORK_TREE": str(top),
            "GIT_INDEX_FILE": str(index)}
-    g.git("read-tree", "-m", "-u", old, new, cwd=top, env=env)
+    config = () if trust_ctime else g.UNTRUSTED_CTIME
+    g.git(*config, "read-tree", "-m", "-u", old, new, cwd=top, env=env)
 
 
 def _files_aside(seeds: Seeds, body: dict[str, Any], delta: str, swarm_id: str,
@@ -669,6 +673,6 @@ def rebase(seeds: Seeds, ws: Workspace, seed: str, swarm_id: str,
         shutil.copy2(new.index, index)  # the fresh checkout's, file times included
         env = {"GIT_DIR": str(odb), "GIT_COMMON_DIR": str(odb), "GIT_WORK_TREE": str(new.top),
                "GIT_INDEX_FILE": str(index)}
-        g.ok("update-index", "-q", "--refresh", cwd=new.top, env=env)
-        write_changes(odb, new.top, fresh, merged, index)
+        g.ok(*g.UNTRUSTED_CTIME, "update-index", "-q", "--refresh", cwd=new.top, env=env)
+        write_changes(odb, new.top, fresh, merged, index, trust_ctime=False)
     return new, conflicts

@@ -49,7 +49,7 @@ def restore(seeds: Seeds, swarm_id: str, agent_id: str, seed: str, sealed: str) 
         dot = path / ".git"
         env = {"GIT_DIR": str(dot), "GIT_WORK_TREE": str(path),
                "GIT_INDEX_FILE": str(dot / "index")}
-        g.git("read-tree", "-u", "-m", seed, sealed, cwd=path, env=env)
+        g.git(*g.UNTRUSTED_CTIME, "read-tree", "-u", "-m", seed, sealed, cwd=path, env=env)
         g.git("read-tree", seed, cwd=path, env=env)
     except WorkspaceError as exc:
         raise WorkspaceLost(f"the workspace of {agent_id} could not be restored on "

@@ -334,6 +334,9 @@ def shared_checkout(repo: Path, sid: str, trees: Path, box_uid: int | None = Non
     if files.is_dir() and index.is_file():
         granted = trees / f"{sid}.uid-{box_uid}"
         if box_uid is not None and not granted.exists():  # made before a box needed it
+            if _linked(files):  # its linked files keep what they were given, no more
+                raise OSError(f"the shared checkout of {sid[:12]} was made for another "
+                              "sandbox uid: its linked files cannot be granted to this one")
             grant_tree(files, box_uid)
             granted.touch()
         return files, index
@@ -363,6 +366,16 @@ def shared_checkout(repo: Path, sid: str, trees: Path, box_uid: int | None = Non
     return files, index
 
 
+def _linked(top: Path) -> bool:
+    """Whether a file under ``top`` has another link (a checkout made from another's)."""
+    for _, _, names, fd in os.fwalk(top, follow_symlinks=False):
+        for name in names:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                return True
+    return False
+
+
 def _settle_times(top: Path) -> None:
     """Put the modification time of each file under ``top`` written in the last second
     (git's index tells a file's age in whole seconds) two seconds back, but for files
@@ -389,6 +402,9 @@ def _derived(trees: Path, base: str, box_uid: int | None, files: Path, index: Pa
         # git replaces (unlinks, then writes) each file that changed: never one of the
         # base's, which its views read.
         g.git(*g.UNTRUSTED_CTIME, "read-tree", "-m", "-u", base, sid, cwd=files, env=env)
+        # Every file there (the sweep takes no lock: it may have removed a forgotten base's
+        # files meanwhile, which git would take for deletions).
+        g.git(*g.UNTRUSTED_CTIME, "diff-files", "--quiet", cwd=files, env=env)
         return True
     except (OSError, WorkspaceError) as exc:
         log.warning("the checkout of %s is written whole (its base's could not lend its "
