@@ -145,6 +145,11 @@ def test_a_second_fan_out_after_a_one_file_edit_moves_only_the_change(
     assert meta is not None and second != first
     # Stored, and moved to the host that held the first, as the change: not 1 MB again.
     assert meta.size < 30_000 and store.hosts(second)[host] < 30_000, (meta, store.hosts(second))
+    trees = hosts.base / "disk-hosta" / "seeds" / "trees"
+    if (trees / first).is_dir():  # views (a root worker): the second's files link the first's
+        assert (trees / second / "f000.bin").stat().st_ino == \
+            (trees / first / "f000.bin").stat().st_ino
+        assert (trees / second / "f042.bin").read_text().endswith("one more line\n")
     # No run crashed on its way (one whose thread stayed in its view's mount namespace
     # could not leave it once a thread it started lived on: a model call's deadline thread).
     assert " crashed" not in (hosts.base / "hosta.log").read_text()
