@@ -19,6 +19,8 @@ class ProcStat:
 
     state: str
     """``R``, ``S``, ``D``, ``T``, ``Z`` (zombie: exited, not reaped yet), ..."""
+    ppid: int
+    """The parent's pid."""
     pgrp: int
     """The process group id."""
     start: str
@@ -40,10 +42,10 @@ def parse_stat(text: str) -> ProcStat | None:
     if not paren or len(fields) < 20:
         return None
     try:
-        pgrp = int(fields[2])
+        ppid, pgrp = int(fields[1]), int(fields[2])
     except ValueError:
         return None
-    return ProcStat(state=fields[0], pgrp=pgrp, start=fields[19])
+    return ProcStat(state=fields[0], ppid=ppid, pgrp=pgrp, start=fields[19])
 
 
 def read_stat(pid: int) -> ProcStat | None:

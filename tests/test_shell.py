@@ -195,7 +195,7 @@ def test_a_group_of_only_zombies_is_dead() -> None:
 
 def test_parse_stat() -> None:
     text = f"77 (a) b (c)) Z 1 99 {' '.join(['0'] * 16)} 123456 0\n"
-    assert procs.parse_stat(text) == procs.ProcStat(state="Z", pgrp=99, start="123456")
+    assert procs.parse_stat(text) == procs.ProcStat(state="Z", ppid=1, pgrp=99, start="123456")
     assert procs.parse_stat("77 (x) S 1 2") is None
     assert procs.parse_stat("") is None
     own = procs.read_stat(os.getpid())

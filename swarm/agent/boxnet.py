@@ -30,13 +30,16 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from swarm.agent import later
 from swarm.agent.fds import readable
+
+T = TypeVar("T")
 
 GATEWAY = "10.0.2.2"
 DNS = "10.0.2.3"
@@ -260,31 +263,37 @@ def read_json(fd: int, timeout: float) -> object:
     """The JSON document a helper process writes on ``fd`` within ``timeout`` seconds
     (bubblewrap's ``--info-fd``, which its box's first process may hold open past it), or
     None when it ended or said nothing whole in time."""
+    def whole(data: bytes) -> tuple[object] | None:
+        try:
+            return (json.loads(data),)
+        except ValueError:
+            return None
+
+    said = _read_until(fd, timeout, 4096, whole)
+    return said[0] if said is not None else None
+
+
+def read_line(fd: int, timeout: float) -> bytes:
+    """The line a helper process says on ``fd`` within ``timeout`` seconds, without its end
+    (b"" when it ended, or said nothing whole in time)."""
+    line = _read_until(fd, timeout, 64, lambda data: data[:-1] if data.endswith(b"\n") else None)
+    return line if line is not None else b""
+
+
+def _read_until(fd: int, timeout: float, size: int, whole: Callable[[bytes], T | None]
+                ) -> T | None:
+    """``whole(data)`` of what ``fd`` said so far, once it is not None, within ``timeout``
+    seconds (reads of ``size`` bytes); None when ``fd`` ended or the time ran out first."""
     deadline = time.monotonic() + timeout
     data = b""
     while True:
         left = deadline - time.monotonic()
         if left <= 0 or not readable(fd, left):
             return None
-        chunk = os.read(fd, 4096)
+        chunk = os.read(fd, size)
         if not chunk:
             return None
         data += chunk
-        with contextlib.suppress(ValueError):
-            return json.loads(data)
-
-
-def read_line(fd: int, timeout: float) -> bytes:
-    """The line a helper process says on ``fd`` within ``timeout`` seconds, without its end
-    (b"" when it ended, or said nothing whole in time)."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while not data.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0 or not readable(fd, left):
-            return b""
-        chunk = os.read(fd, 64)
-        if not chunk:
-            return b""
-        data += chunk
-    return data[:-1]
+        done = whole(data)
+        if done is not None:
+            return done

@@ -11,9 +11,9 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from swarm import procs
 from swarm.agent import boxnet, cgroups
 from swarm.agent.cgroups import Limits
 from swarm.agent.sandbox import netslots
@@ -139,11 +139,8 @@ class Launch:
     def _ours(self, pid: int) -> bool:
         """Whether process ``pid`` is bubblewrap's child (its box's first process), not one
         that got its number after it died (bubblewrap reaps it)."""
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            return pid > 0 and int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid
-        except (OSError, IndexError, ValueError):
-            return False
+        stat = procs.read_stat(pid) if pid > 0 else None
+        return stat is not None and stat.ppid == self.proc.pid
 
     def _kill(self, first: int) -> None:
         """Kill the box that waits: its first process (while it is still bubblewrap's),
